@@ -1,0 +1,261 @@
+"""An in-context value prior in the spirit of V0: frozen embeddings + a head fitted on the context at query time.
+
+V0 (``v05_value_prior_osla.txt``, "The V0 Value Model: Architecture and Training") is a frozen embedding backbone,
+a trained query adapter and a TabPFN in-context head. :class:`EmbeddingInContextPrior` keeps the frozen backbone
+and the in-context head but needs no pre-training: the head (:mod:`trl_ext.priors.heads`) is fitted on the
+context set :math:`C_\\pi` sampled from the :class:`~trl_ext.priors.SupportBuffer` each step (Workflow Step 1)
+and calibrated on it (leave-one-out / cross-validated log-loss), so it shrinks to the context success rate when
+the embeddings carry no signal. Its output :math:`p` becomes :math:`V = 2p - 1` for the fusion of Eq. 6-9.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import Prompt, ValuePrior, prompt_text
+from .heads import InContextHead, KernelHead, LogisticHead, TabPFNHead, jeffreys_mean
+from .table_format import prompt_key
+
+__all__ = ["EmbeddingInContextPrior", "hf_mean_pool_embedder"]
+
+_HEADS = ("kernel", "logistic", "tabpfn")
+
+
+def hf_mean_pool_embedder(
+    model: Any,
+    tokenizer: Any,
+    batch_size: int = 32,
+    max_length: int = 512,
+    *,
+    device: Any = None,
+    copy: bool = True,
+) -> Callable[[list[str]], np.ndarray]:
+    """Build ``embed(texts) -> (n, d)`` from a Hugging Face causal LM: mean of the last hidden states over tokens.
+
+    The model is frozen: with ``copy=True`` (default) a deep copy is taken first, so passing the policy that is
+    about to be trained gives a frozen snapshot of the *starting* policy; the copy is put in eval mode with
+    ``requires_grad=False`` and run under ``torch.inference_mode``.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        Anything returning ``hidden_states`` with ``output_hidden_states=True`` (causal LMs, encoders, PEFT models).
+    tokenizer : transformers tokenizer
+        Used without its padding side or pad token: sequences are padded manually (pad id: ``pad_token_id``, else
+        ``eos_token_id``, else 0; padded positions are masked out, so the id does not matter).
+    batch_size : int >= 1
+    max_length : int >= 1
+        Longer prompts are truncated to their first ``max_length`` tokens.
+    device : torch.device or str, optional
+        Default: the model's device.
+    copy : bool
+        Deep-copy the model before freezing it (set False to embed with a model you already froze/own).
+
+    Returns
+    -------
+    callable
+        ``embed(texts: list[str]) -> numpy.ndarray`` of shape ``(len(texts), hidden_size)``, float32. Texts are
+        processed in length-sorted batches and returned in input order.
+
+    Raises
+    ------
+    ValueError
+        (from ``embed``) if a text tokenizes to zero tokens.
+    """
+    import torch
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"hf_mean_pool_embedder: batch_size must be an int >= 1, got {batch_size!r}.")
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"hf_mean_pool_embedder: max_length must be an int >= 1, got {max_length!r}.")
+    frozen = _copy.deepcopy(model) if copy else model
+    frozen.eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    if device is None:
+        device = next(frozen.parameters()).device
+    else:
+        frozen.to(device)
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+
+    def embed(texts: list[str]) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("embed expects a list of strings, not a single string.")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("embed: no texts given.")
+        ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+        empty = [i for i, t in enumerate(ids) if len(t) == 0]
+        if empty:
+            raise ValueError(f"embed: texts at positions {empty[:5]} tokenize to zero tokens; give non-empty prompts.")
+        order = np.argsort([len(t) for t in ids], kind="stable")
+        out: list[np.ndarray | None] = [None] * len(texts)
+        with torch.inference_mode():
+            for s in range(0, len(order), batch_size):
+                idx = order[s : s + batch_size]
+                width = max(len(ids[i]) for i in idx)
+                inp = torch.full((len(idx), width), pad_id, dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for r, i in enumerate(idx):
+                    inp[r, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
+                    mask[r, : len(ids[i])] = 1
+                inp, mask = inp.to(device), mask.to(device)
+                hs = frozen(input_ids=inp, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+                m = mask.unsqueeze(-1).to(hs.dtype)
+                pooled = ((hs * m).sum(1) / m.sum(1)).float().cpu().numpy()
+                for r, i in enumerate(idx):
+                    out[i] = pooled[r]
+        return np.stack(out).astype(np.float32)
+
+    return embed
+
+
+class EmbeddingInContextPrior(ValuePrior):
+    """Frozen prompt embeddings + an in-context probabilistic head fitted on the context at query time.
+
+    Parameters
+    ----------
+    embed_fn : callable
+        ``embed(list[str]) -> array (n, d)``; e.g. :func:`hf_mean_pool_embedder` or any sentence-embedding model.
+    head : {"kernel", "logistic", "tabpfn"} or InContextHead
+        ``"kernel"`` (default): :class:`~trl_ext.priors.heads.KernelHead`; ``"logistic"``:
+        :class:`~trl_ext.priors.heads.LogisticHead`; ``"tabpfn"``: :class:`~trl_ext.priors.heads.TabPFNHead`
+        (needs the ``tabpfn`` package and ``tabpfn_model_path``; never downloads). An instance is used as is.
+    head_kwargs : dict, optional
+        Options of the head class (e.g. ``{"kernel": "rbf"}``, ``{"l2_grid": [1.0]}``,
+        ``{"model_path": ...}``).
+    tabpfn_model_path : str, optional
+        Shortcut for ``head_kwargs["model_path"]`` with ``head="tabpfn"``.
+    empty_context_probability : float in [0, 1]
+        Returned for every target when the context is empty (cold start); default 0.5 (``V = 0``).
+    min_context : int >= 2
+        With ``0 < N < min_context`` context pairs, or when all context outcomes are equal (a degenerate context,
+        nothing to discriminate), every target gets the context's Beta(1/2, 1/2) posterior mean
+        :math:`(\\sum y + 1/2)/(N + 1)` (see :func:`~trl_ext.priors.heads.jeffreys_mean`), without embedding.
+    cache_size : int >= 0
+        Bounded LRU cache of embeddings keyed by prompt (0 disables caching).
+    text_fn : callable, optional
+        Prompt -> text fed to ``embed_fn``; default :func:`~trl_ext.priors.base.prompt_text` (conversations are
+        rendered as ``role: content`` lines).
+
+    Attributes
+    ----------
+    last_info : dict
+        ``{"mode": "empty" | "degenerate" | "head", "n_context": N, **head.last_fit}`` of the last call.
+    cache_hits, cache_misses : int
+    """
+
+    def __init__(
+        self,
+        embed_fn: Callable[[list[str]], Any],
+        *,
+        head: str | InContextHead = "kernel",
+        head_kwargs: dict | None = None,
+        tabpfn_model_path: str | None = None,
+        empty_context_probability: float = 0.5,
+        min_context: int = 4,
+        cache_size: int = 8192,
+        text_fn: Callable[[Prompt], str] = prompt_text,
+    ):
+        if not callable(embed_fn):
+            raise TypeError(f"EmbeddingInContextPrior: embed_fn must be callable, got {type(embed_fn).__name__}.")
+        if not (np.isfinite(empty_context_probability) and 0.0 <= empty_context_probability <= 1.0):
+            raise ValueError(
+                f"EmbeddingInContextPrior: empty_context_probability must be in [0, 1], got {empty_context_probability}."
+            )
+        if not isinstance(min_context, int) or min_context < 2:
+            raise ValueError(f"EmbeddingInContextPrior: min_context must be an int >= 2, got {min_context!r}.")
+        if not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"EmbeddingInContextPrior: cache_size must be an int >= 0, got {cache_size!r}.")
+        kw = dict(head_kwargs or {})
+        if isinstance(head, InContextHead):
+            if kw or tabpfn_model_path:
+                raise ValueError("EmbeddingInContextPrior: head_kwargs/tabpfn_model_path only apply to a head name.")
+            self.head = head
+        elif head == "kernel":
+            self.head = KernelHead(**kw)
+        elif head == "logistic":
+            self.head = LogisticHead(**kw)
+        elif head == "tabpfn":
+            if tabpfn_model_path is not None:
+                kw.setdefault("model_path", tabpfn_model_path)
+            self.head = TabPFNHead(**kw)
+        else:
+            raise ValueError(f"EmbeddingInContextPrior: head must be one of {_HEADS} or an InContextHead, got {head!r}.")
+        self.embed_fn = embed_fn
+        self.empty_context_probability = float(empty_context_probability)
+        self.min_context = min_context
+        self.cache_size = cache_size
+        self.text_fn = text_fn
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._dim: int | None = None
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.last_info: dict = {}
+        self.name = f"EmbeddingInContextPrior(head={self.head.name})"
+
+    def embed(self, prompts: Sequence[Prompt]) -> np.ndarray:
+        """Embeddings ``(len(prompts), d)`` float64, through the LRU cache; ``embed_fn`` is called once for the
+        misses (deduplicated).
+
+        Raises
+        ------
+        ValueError
+            If ``embed_fn`` returns the wrong shape, NaN/inf, or a dimension that differs from earlier calls.
+        """
+        texts = [self.text_fn(p) for p in prompts]
+        keys = [prompt_key(t, 32) for t in texts]
+        found: dict[str, np.ndarray] = {}
+        todo: dict[str, str] = {}
+        for k, t in zip(keys, texts):
+            if k in found or k in todo:
+                continue
+            if k in self._cache:
+                self._cache.move_to_end(k)
+                found[k] = self._cache[k]
+                self.cache_hits += 1
+            else:
+                todo[k] = t
+        if todo:
+            self.cache_misses += len(todo)
+            raw = self.embed_fn(list(todo.values()))
+            if hasattr(raw, "detach"):
+                raw = raw.detach().float().cpu().numpy()
+            E = np.asarray(raw, dtype=np.float64)
+            if E.ndim != 2 or E.shape[0] != len(todo):
+                raise ValueError(f"{self.name}: embed_fn returned shape {E.shape}; expected ({len(todo)}, d).")
+            if not np.all(np.isfinite(E)):
+                raise ValueError(f"{self.name}: embed_fn returned NaN/inf embeddings; check the embedding model.")
+            if self._dim is not None and E.shape[1] != self._dim:
+                raise ValueError(f"{self.name}: embed_fn returned dimension {E.shape[1]}, earlier calls gave {self._dim}.")
+            self._dim = E.shape[1]
+            for k, e in zip(todo, E):
+                found[k] = e
+                if self.cache_size:
+                    self._cache[k] = e
+                    if len(self._cache) > self.cache_size:
+                        self._cache.popitem(last=False)
+        return np.stack([found[k] for k in keys])
+
+    def _predict(self, target_prompts, context_prompts, context_outcomes):
+        n, m = len(context_prompts), len(target_prompts)
+        if n == 0:
+            self.last_info = {"mode": "empty", "n_context": 0}
+            return np.full(m, self.empty_context_probability)
+        if n < self.min_context or np.ptp(context_outcomes) == 0:
+            self.last_info = {"mode": "degenerate", "n_context": n}
+            return np.full(m, jeffreys_mean(context_outcomes))
+        E = self.embed(list(context_prompts) + list(target_prompts))
+        p = self.head.fit_predict(E[:n], context_outcomes, E[n:])
+        self.last_info = {"mode": "head", "n_context": n, **self.head.last_fit}
+        return p
+
+    def clear_cache(self) -> None:
+        self._cache.clear()

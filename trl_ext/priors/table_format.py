@@ -1,0 +1,524 @@
+"""The offline value-table file format shared by :class:`~trl_ext.priors.TablePrior` and the BASIS builder.
+
+A value table stores, for each training prompt, the rewards of ``n`` reference rollouts scored with the training
+reward functions (BASIS, ``basis_batchwise_single_rollout.txt`` Section 4 "Offline value" and Appendix 10: the
+plug-in :math:`\\widehat V_\\beta(x)` of Eq. 2 needs the per-sample rewards, not only their mean, when rewards are
+not binary).
+
+File layout (JSON Lines, UTF-8)
+-------------------------------
+Line 1, the header::
+
+    {"format": "trl_ext.value_table", "version": 1,
+     "metadata": {"model": "...", "seed": 0, "reward_funcs": ["accuracy"], "created": "2026-...Z", ...}}
+
+Every following line is one prompt::
+
+    {"prompt_key": "3f2a9c0d1b7e4a55", "prompt": "1+2=", "n": 32, "mean_reward": 0.40625,
+     "rewards": [1.0, 0.0, ...], "reward_range": [0.0, 1.0], "question_id": null}
+
+- ``prompt_key``: :func:`prompt_key` of the prompt (first 16 hex chars of the SHA-256 of the text, or of the
+  canonical JSON of a conversation) unless the builder chose another key (e.g. a dataset row id); it must be
+  unique in the file.
+- ``prompt``: the prompt (text or list of messages); optional but recommended -- lookups then verify it, which
+  catches key collisions and tables built for another dataset.
+- ``n`` >= 1 samples, ``rewards`` (length ``n``, optional but needed for non-binary rewards), ``mean_reward``
+  (must equal the mean of ``rewards`` when both are present), ``reward_range`` ``[low, high]`` with
+  ``low < high`` and every reward inside it. ``question_id`` (any JSON scalar) and ``extra`` (a dict) are optional.
+
+Writers append one line per prompt and flush, so an interrupted build leaves at most one truncated last line;
+:func:`load_value_table` refuses it unless ``allow_truncated_tail=True`` and :class:`ValueTableWriter` repairs it
+on resume.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "TABLE_FORMAT",
+    "TABLE_VERSION",
+    "prompt_key",
+    "ValueTableRow",
+    "ValueTable",
+    "load_value_table",
+    "save_value_table",
+    "ValueTableWriter",
+]
+
+TABLE_FORMAT = "trl_ext.value_table"
+TABLE_VERSION = 1
+_MEAN_TOL = 1e-6
+
+
+def _canonical_prompt(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and not isinstance(prompt, bytes | bytearray):
+        msgs = list(prompt)
+        if all(isinstance(m, Mapping) for m in msgs):
+            return json.dumps([dict(m) for m in msgs], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    raise TypeError(
+        f"prompt_key: a prompt must be a str or a list of message dicts, got {type(prompt).__name__}: {prompt!r:.80}"
+    )
+
+
+def prompt_key(prompt: str | Sequence[Mapping[str, Any]], length: int = 16) -> str:
+    """Stable key of a prompt: the first ``length`` hex characters of its SHA-256.
+
+    Plain text is hashed as UTF-8. A conversation (list of message dicts) is hashed as canonical JSON
+    (keys sorted, no whitespace, non-ASCII kept), so key order inside a message does not matter but message order,
+    roles and content do. A string and a one-message conversation with the same text get different keys.
+
+    Parameters
+    ----------
+    prompt : str or list of dict
+    length : int, 8..64
+        Hex characters kept (16 = 64 bits: collisions are negligible below ~10^8 prompts).
+
+    Returns
+    -------
+    str
+    """
+    if not isinstance(length, int) or not 8 <= length <= 64:
+        raise ValueError(f"prompt_key: length must be an int in [8, 64], got {length!r}.")
+    return hashlib.sha256(_canonical_prompt(prompt).encode("utf-8")).hexdigest()[:length]
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+@dataclass
+class ValueTableRow:
+    """One prompt of a value table (see the module docstring for the field semantics).
+
+    Raises
+    ------
+    ValueError
+        From :meth:`validate` (called on construction) if the row is inconsistent.
+    """
+
+    prompt_key: str
+    n: int
+    mean_reward: float
+    reward_range: tuple[float, float]
+    rewards: list[float] | None = None
+    prompt: Any = None
+    question_id: Any = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        k = self.prompt_key
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"value table row: prompt_key must be a non-empty string, got {k!r}.")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"value table row {k}: n must be an int >= 1 (samples scored), got {self.n!r}.")
+        rr = self.reward_range
+        if not (isinstance(rr, Sequence) and len(rr) == 2 and all(_is_number(v) and math.isfinite(v) for v in rr)):
+            raise ValueError(f"value table row {k}: reward_range must be [low, high] finite numbers, got {rr!r}.")
+        low, high = float(rr[0]), float(rr[1])
+        if not low < high:
+            raise ValueError(f"value table row {k}: reward_range needs low < high, got {rr!r}.")
+        self.reward_range = (low, high)
+        if not (_is_number(self.mean_reward) and math.isfinite(self.mean_reward)):
+            raise ValueError(f"value table row {k}: mean_reward must be a finite number, got {self.mean_reward!r}.")
+        self.mean_reward = float(self.mean_reward)
+        tol = _MEAN_TOL * (high - low)
+        if not (low - tol <= self.mean_reward <= high + tol):
+            raise ValueError(f"value table row {k}: mean_reward {self.mean_reward} is outside reward_range {rr}.")
+        if self.rewards is not None:
+            r = self.rewards
+            if not (isinstance(r, Sequence) and all(_is_number(v) and math.isfinite(v) for v in r)):
+                raise ValueError(f"value table row {k}: rewards must be a list of finite numbers (no NaN/None).")
+            if len(r) != self.n:
+                raise ValueError(f"value table row {k}: n={self.n} but {len(r)} rewards are stored.")
+            if any(v < low - tol or v > high + tol for v in r):
+                raise ValueError(f"value table row {k}: a reward lies outside reward_range {list(rr)}.")
+            self.rewards = [float(v) for v in r]
+            m = sum(self.rewards) / len(self.rewards)
+            if abs(m - self.mean_reward) > max(tol, 1e-9):
+                raise ValueError(f"value table row {k}: mean_reward {self.mean_reward} != mean(rewards) {m}.")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"value table row {k}: extra must be a dict, got {type(self.extra).__name__}.")
+
+    @property
+    def success_probability(self) -> float:
+        """Mean reward mapped linearly from ``reward_range`` to ``[0, 1]``: ``(mean - low) / (high - low)``.
+
+        For a {0, 1} checker this is the empirical success rate; for {-1, 1} it is ``(mean + 1) / 2``; for bounded
+        non-binary rewards it is the normalized mean reward (the quantity V0.5's ``V = 2p - 1`` expects).
+        """
+        low, high = self.reward_range
+        return min(1.0, max(0.0, (self.mean_reward - low) / (high - low)))
+
+    @property
+    def is_binary(self) -> bool | None:
+        """True if every stored reward is an endpoint of ``reward_range``; None if ``rewards`` were not stored."""
+        if self.rewards is None:
+            return None
+        low, high = self.reward_range
+        return all(v == low or v == high for v in self.rewards)
+
+    def to_json(self) -> dict:
+        d = {
+            "prompt_key": self.prompt_key,
+            "prompt": self.prompt,
+            "n": self.n,
+            "mean_reward": self.mean_reward,
+            "rewards": self.rewards,
+            "reward_range": list(self.reward_range),
+            "question_id": self.question_id,
+        }
+        if self.extra:
+            d["extra"] = self.extra
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ValueTableRow:
+        if not isinstance(d, Mapping):
+            raise ValueError(f"value table row must be a JSON object, got {type(d).__name__}.")
+        missing = [f for f in ("prompt_key", "n", "mean_reward", "reward_range") if f not in d]
+        if missing:
+            raise ValueError(f"value table row is missing required fields {missing}: {str(dict(d))[:120]}")
+        known = {"prompt_key", "prompt", "n", "mean_reward", "rewards", "reward_range", "question_id", "extra"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"value table row {d.get('prompt_key')}: unknown fields {unknown} (put them in 'extra').")
+        return cls(
+            prompt_key=d["prompt_key"],
+            n=d["n"],
+            mean_reward=d["mean_reward"],
+            reward_range=tuple(d["reward_range"]) if isinstance(d["reward_range"], list) else d["reward_range"],
+            rewards=d.get("rewards"),
+            prompt=d.get("prompt"),
+            question_id=d.get("question_id"),
+            extra=d.get("extra") or {},
+        )
+
+    @classmethod
+    def from_rewards(
+        cls,
+        prompt: Any,
+        rewards: Sequence[float],
+        reward_range: tuple[float, float],
+        *,
+        key: str | None = None,
+        question_id: Any = None,
+        extra: dict | None = None,
+    ) -> ValueTableRow:
+        """Build a row from per-sample rewards (``n`` and ``mean_reward`` are derived; key defaults to
+        :func:`prompt_key` of ``prompt``)."""
+        r = [float(v) for v in rewards]
+        if not r:
+            raise ValueError("ValueTableRow.from_rewards: no rewards; a prompt needs at least one scored sample.")
+        return cls(
+            prompt_key=key if key is not None else prompt_key(prompt),
+            n=len(r),
+            mean_reward=sum(r) / len(r),
+            reward_range=tuple(reward_range),
+            rewards=r,
+            prompt=prompt,
+            question_id=question_id,
+            extra=dict(extra or {}),
+        )
+
+
+class ValueTable:
+    """In-memory value table: header metadata plus rows indexed by ``prompt_key``.
+
+    Parameters
+    ----------
+    rows : iterable of ValueTableRow
+    metadata : dict, optional
+        JSON-serializable; conventional keys: ``model``, ``seed``, ``reward_funcs`` (list of names), ``created``
+        (ISO 8601), ``n_samples``, ``dataset``.
+
+    Raises
+    ------
+    ValueError
+        On duplicate ``prompt_key``.
+    """
+
+    def __init__(self, rows: Iterable[ValueTableRow] = (), metadata: Mapping[str, Any] | None = None):
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self._rows: dict[str, ValueTableRow] = {}
+        for row in rows:
+            self.add(row)
+
+    def add(self, row: ValueTableRow) -> None:
+        """Add one row; duplicate keys are an error (a resumed build must skip finished prompts)."""
+        if not isinstance(row, ValueTableRow):
+            raise TypeError(f"ValueTable.add expects a ValueTableRow, got {type(row).__name__}.")
+        if row.prompt_key in self._rows:
+            raise ValueError(f"value table: duplicate prompt_key {row.prompt_key!r}.")
+        self._rows[row.prompt_key] = row
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._rows
+
+    def __iter__(self):
+        return iter(self._rows.values())
+
+    def keys(self) -> list[str]:
+        return list(self._rows)
+
+    def get(self, key: str) -> ValueTableRow | None:
+        return self._rows.get(key)
+
+    def lookup(self, prompt: Any, *, key_fn=prompt_key) -> ValueTableRow | None:
+        """Row for ``prompt`` (None if absent).
+
+        Raises
+        ------
+        ValueError
+            If a row exists under the key but stores a different prompt (key collision, or a table built from a
+            different dataset rendering).
+        """
+        row = self._rows.get(key_fn(prompt))
+        if row is not None and row.prompt is not None and _canonical_prompt(row.prompt) != _canonical_prompt(prompt):
+            raise ValueError(
+                f"value table: key {row.prompt_key!r} stores a different prompt ({str(row.prompt)[:60]!r}) than the "
+                f"one looked up ({str(prompt)[:60]!r}); the table was built for other prompts or with another key_fn."
+            )
+        return row
+
+    @property
+    def is_binary(self) -> bool | None:
+        """True if every row with stored rewards is binary; None if no row stores rewards."""
+        flags = [r.is_binary for r in self._rows.values() if r.rewards is not None]
+        return None if not flags else all(flags)
+
+    def check_compatible(
+        self,
+        *,
+        model: str | None = None,
+        reward_funcs: Sequence[str] | None = None,
+        seed: int | None = None,
+        strict: bool = False,
+    ) -> list[str]:
+        """Compare the header metadata with the training setup.
+
+        Parameters
+        ----------
+        model, reward_funcs, seed
+            Expected values; None skips the check. A key missing from the header counts as a mismatch.
+        strict : bool
+            Raise instead of warning.
+
+        Returns
+        -------
+        list of str
+            One message per mismatch (empty when compatible). Each is also issued as a ``UserWarning``.
+
+        Raises
+        ------
+        ValueError
+            If ``strict`` and there is a mismatch.
+        """
+        problems = []
+        for name, want in (("model", model), ("reward_funcs", list(reward_funcs) if reward_funcs else None),
+                           ("seed", seed)):
+            if want is None:
+                continue
+            have = self.metadata.get(name)
+            if have != want:
+                problems.append(f"value table was built with {name}={have!r}, training uses {name}={want!r}")
+        if problems and strict:
+            raise ValueError("; ".join(problems))
+        for p in problems:
+            warnings.warn(p, UserWarning, stacklevel=2)
+        return problems
+
+
+def _header(metadata: Mapping[str, Any]) -> dict:
+    md = dict(metadata)
+    md.setdefault("created", _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return {"format": TABLE_FORMAT, "version": TABLE_VERSION, "metadata": md}
+
+
+def _parse_header(line: str, path: str) -> dict:
+    try:
+        h = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line 1 is not JSON ({e}); not a trl_ext value table.") from e
+    if not isinstance(h, dict) or h.get("format") != TABLE_FORMAT:
+        raise ValueError(f"{path}: line 1 is not a value-table header (expected format={TABLE_FORMAT!r}).")
+    if h.get("version") != TABLE_VERSION:
+        raise ValueError(f"{path}: value-table version {h.get('version')!r} is not supported (expected {TABLE_VERSION}).")
+    md = h.get("metadata", {})
+    if not isinstance(md, dict):
+        raise ValueError(f"{path}: header metadata must be a JSON object.")
+    return md
+
+
+def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = False) -> ValueTable:
+    """Read a value table written by :func:`save_value_table` or :class:`ValueTableWriter`.
+
+    Parameters
+    ----------
+    path : str or PathLike
+    allow_truncated_tail : bool
+        If True, an unparsable *last* line without a trailing newline (an interrupted write) is skipped with a
+        ``UserWarning`` and counted in ``table.metadata["n_truncated_lines"]``. Corruption anywhere else is an error.
+
+    Returns
+    -------
+    ValueTable
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        On an empty file, a bad header, an unparsable or invalid row (the message gives the line number), or a
+        duplicate key.
+    """
+    path = os.fspath(path)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not text.strip():
+        raise ValueError(f"{path}: empty file; not a value table.")
+    lines = text.split("\n")
+    ends_with_newline = text.endswith("\n")
+    if ends_with_newline:
+        lines = lines[:-1]
+    md = _parse_header(lines[0], path)
+    table = ValueTable(metadata=md)
+    n_truncated = 0
+    for i, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        is_last = i == len(lines)
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            if is_last and not ends_with_newline and allow_truncated_tail:
+                warnings.warn(f"{path}: skipping truncated last line {i} (interrupted write).", UserWarning,
+                              stacklevel=2)
+                n_truncated += 1
+                continue
+            hint = " (an interrupted write? pass allow_truncated_tail=True to skip it)" if is_last else ""
+            raise ValueError(f"{path}: line {i} is not valid JSON{hint}: {e}") from e
+        try:
+            table.add(ValueTableRow.from_json(d))
+        except ValueError as e:
+            raise ValueError(f"{path}: line {i}: {e}") from e
+    if n_truncated:
+        table.metadata["n_truncated_lines"] = n_truncated
+    return table
+
+
+def save_value_table(path: str | os.PathLike, table: ValueTable) -> None:
+    """Write ``table`` to ``path`` (header line, then one row per line), atomically (temp file + rename).
+
+    ``metadata["created"]`` is filled with the current UTC time if absent.
+
+    Raises
+    ------
+    TypeError
+        If ``table`` is not a :class:`ValueTable` or its metadata is not JSON-serializable.
+    """
+    if not isinstance(table, ValueTable):
+        raise TypeError(f"save_value_table expects a ValueTable, got {type(table).__name__}.")
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(_header(table.metadata), ensure_ascii=False) + "\n")
+        for row in table:
+            f.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+class ValueTableWriter:
+    """Append rows to a value table one at a time (resumable builds).
+
+    On open, a new file gets the header. An existing file (``resume=True``) is read: its finished keys are in
+    :attr:`done_keys`, its metadata must agree with ``metadata`` on ``model``, ``reward_funcs`` and ``seed`` (else
+    ``ValueError``), and a truncated last line from an interrupted run is cut off (with a ``UserWarning``).
+
+    Parameters
+    ----------
+    path : str or PathLike
+    metadata : dict
+    resume : bool
+        If False and the file exists, raise ``FileExistsError``.
+
+    Examples
+    --------
+    >>> with ValueTableWriter("table.jsonl", {"model": "m", "seed": 0}) as w:  # doctest: +SKIP
+    ...     for prompt in prompts:
+    ...         if prompt_key(prompt) not in w.done_keys:
+    ...             w.write(ValueTableRow.from_rewards(prompt, score(prompt), (0.0, 1.0)))
+    """
+
+    def __init__(self, path: str | os.PathLike, metadata: Mapping[str, Any], *, resume: bool = True):
+        self.path = os.fspath(path)
+        self.done_keys: set[str] = set()
+        if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+            if not resume:
+                raise FileExistsError(f"{self.path} exists; pass resume=True to continue it or remove it.")
+            self._repair_tail()
+            existing = load_value_table(self.path)
+            for name in ("model", "reward_funcs", "seed"):
+                if name in metadata and existing.metadata.get(name) != metadata[name]:
+                    raise ValueError(
+                        f"{self.path}: cannot resume, the existing table has {name}={existing.metadata.get(name)!r} "
+                        f"but this build uses {name}={metadata[name]!r}; use a new path."
+                    )
+            self.metadata = existing.metadata
+            self.done_keys = set(existing.keys())
+            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        else:
+            self.metadata = _header(metadata)["metadata"]
+            self._f = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self._f.write(json.dumps({"format": TABLE_FORMAT, "version": TABLE_VERSION, "metadata": self.metadata},
+                                     ensure_ascii=False) + "\n")
+            self._f.flush()
+
+    def _repair_tail(self) -> None:
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            raise ValueError(f"{self.path}: the header line itself is truncated; remove the file and rebuild.")
+        warnings.warn(f"{self.path}: removing a truncated last line left by an interrupted write.", UserWarning,
+                      stacklevel=3)
+        with open(self.path, "r+b") as f:
+            f.truncate(cut)
+
+    def write(self, row: ValueTableRow) -> None:
+        """Append one row and flush. Raises ``ValueError`` if its key was already written."""
+        if not isinstance(row, ValueTableRow):
+            raise TypeError(f"ValueTableWriter.write expects a ValueTableRow, got {type(row).__name__}.")
+        if row.prompt_key in self.done_keys:
+            raise ValueError(f"{self.path}: prompt_key {row.prompt_key!r} is already in the table.")
+        self._f.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
+        self._f.flush()
+        self.done_keys.add(row.prompt_key)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> ValueTableWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
