@@ -1,3 +1,302 @@
-"""(in progress)"""
+"""Classic baselines and advantages on ragged groups, plus the advantage-estimator registry.
 
-__all__: list[str] = []
+Conventions shared by every function here (see ``docs/estimators.md``):
+
+* ``rewards`` is a flat 1-D array of length ``N`` (numpy or torch); ``group_ids`` gives each rollout's prompt
+  (any labels; groups may have different sizes and need not be contiguous).
+* **NaN rewards** mark unscorable rollouts (TRL 1.16 writes NaN when every reward function returns ``None``).
+  They are excluded from every mean/std, their advantage is exactly 0, and they are *counted* in
+  :attr:`AdvantageResult.n_nan` -- never silently zeroed.
+* Outputs are float64 numpy arrays of shape ``(N,)``.
+
+Formulas
+--------
+GRPO (group mean):        A_i = (r_i - mean_g) / (std_g + eps)     (``scale="group"``; TRL 1.16 ``scale_rewards``)
+RLOO (leave-one-out):     A_i = r_i - (sum_g - r_i) / (n_g - 1)
+REINFORCE++ (batch mean): A_i = (r_i - mean_batch) [/ (std_batch + eps)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._validation import as_float_array, check_nonneg_scalar, factorize_groups
+
+__all__ = [
+    "AdvantageResult",
+    "ADVANTAGE_ESTIMATORS",
+    "register_advantage_estimator",
+    "get_advantage_estimator",
+    "group_mean_baseline",
+    "leave_one_out_baseline",
+    "batch_mean_baseline",
+    "grpo_advantages",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
+    "group_stats",
+]
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Advantages plus the bookkeeping a trainer must log.
+
+    Attributes
+    ----------
+    advantages : ndarray, shape (N,)
+        Final advantages; exactly 0 for NaN rewards and for documented degenerate cases.
+    baselines : ndarray, shape (N,)
+        The baseline subtracted from each reward (NaN where undefined, e.g. an all-NaN group).
+    scale : ndarray, shape (N,)
+        The divisor applied after centring (1.0 when unscaled), including any eps guard.
+    n_nan : int
+        Number of NaN (unscorable) rewards excluded from the baselines and given advantage 0.
+    n_groups : int
+        Number of distinct group ids.
+    n_zero_std_groups : int
+        Groups whose finite rewards are all equal (the shut-gate count; TRL's ``frac_reward_zero_std`` per group).
+    n_degenerate : int
+        Rollouts whose advantage was set to 0 by a documented fallback other than NaN (e.g. RLOO singletons).
+    extras : dict
+        Estimator-specific diagnostics (e.g. V0.5 fusion weights).
+    """
+
+    advantages: np.ndarray
+    baselines: np.ndarray
+    scale: np.ndarray
+    n_nan: int
+    n_groups: int
+    n_zero_std_groups: int
+    n_degenerate: int = 0
+    extras: dict = field(default_factory=dict)
+
+    def __array__(self, dtype=None, copy=None):  # lets np.asarray(result) give the advantages
+        return self.advantages if dtype is None else self.advantages.astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------- registry
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., AdvantageResult]] = {}
+
+
+def register_advantage_estimator(name: str) -> Callable[[Callable[..., AdvantageResult]], Callable[..., AdvantageResult]]:
+    """Decorator registering ``fn(rewards, group_ids, **kwargs) -> AdvantageResult`` under ``name``.
+
+    Mirrors verl's ``register_adv_est`` (``verl/trainer/ppo/core_algos.py``). Registering a *different* function
+    under an existing name raises ``ValueError``; re-registering the same function (module reload) is a no-op.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"estimator name must be a non-empty string, got {name!r}.")
+
+    def decorator(fn: Callable[..., AdvantageResult]) -> Callable[..., AdvantageResult]:
+        old = ADVANTAGE_ESTIMATORS.get(name)
+        if old is not None and getattr(old, "__qualname__", None) != getattr(fn, "__qualname__", None):
+            raise ValueError(f"advantage estimator {name!r} is already registered to {old!r}; pick another name.")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_advantage_estimator(name: str) -> Callable[..., AdvantageResult]:
+    """Return the estimator registered under ``name`` (``KeyError`` listing the known names otherwise)."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown advantage estimator {name!r}; registered: {sorted(ADVANTAGE_ESTIMATORS)}") from None
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _prepare(rewards: Any, group_ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    r = as_float_array(rewards, "rewards", ndim=1)
+    codes, uniq = factorize_groups(group_ids, r.shape[0])
+    return r, codes, ~np.isnan(r), int(uniq.shape[0])
+
+
+def group_stats(rewards: Any, group_ids: Any, ddof: int = 1) -> dict[str, np.ndarray]:
+    """Per-group count, mean and std of the finite rewards, in order of first appearance of each group.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (N,)
+    group_ids : array_like, shape (N,)
+    ddof : {0, 1}
+        Delta degrees of freedom of the std (1 = Bessel, TRL's ``nanstd``). A group with ``count <= ddof``
+        gets std NaN.
+
+    Returns
+    -------
+    dict with ``count`` (G,), ``mean`` (G,) (NaN for all-NaN groups), ``std`` (G,), ``codes`` (N,).
+    """
+    r, codes, ok, n_groups = _prepare(rewards, group_ids)
+    return _group_stats(r, codes, ok, n_groups, ddof)
+
+
+def _group_stats(r, codes, ok, n_groups, ddof):
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof must be 0 or 1, got {ddof!r}.")
+    rz = np.where(ok, r, 0.0)
+    count = np.bincount(codes, weights=ok.astype(np.float64), minlength=n_groups)
+    total = np.bincount(codes, weights=rz, minlength=n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / count
+        dev2 = np.where(ok, (r - mean[codes]) ** 2, 0.0)
+        ss = np.bincount(codes, weights=dev2, minlength=n_groups)
+        std = np.sqrt(ss / (count - ddof))
+    std = np.where(count > ddof, std, np.nan)
+    return {"count": count, "mean": mean, "std": std, "codes": codes, "sum": total}
+
+
+def _zero_std_groups(stats: dict[str, np.ndarray]) -> int:
+    cnt, std = stats["count"], stats["std"]
+    # a group with >= 1 finite reward whose finite rewards are all equal
+    return int(np.sum((cnt >= 1) & ((cnt == 1) | np.isclose(np.nan_to_num(std, nan=0.0), 0.0, atol=1e-12))))
+
+
+# --------------------------------------------------------------------------------------------- baselines
+def group_mean_baseline(rewards: Any, group_ids: Any) -> np.ndarray:
+    """GRPO's group-mean baseline b_i = mean of the finite rewards in i's group.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (N,)
+        NaN marks an unscorable rollout; it is excluded from the mean.
+    group_ids : array_like, shape (N,)
+
+    Returns
+    -------
+    ndarray, shape (N,)
+        The baseline of each rollout's group (NaN only for groups whose rewards are all NaN).
+    """
+    r, codes, ok, g = _prepare(rewards, group_ids)
+    return _group_stats(r, codes, ok, g, 1)["mean"][codes]
+
+
+def leave_one_out_baseline(rewards: Any, group_ids: Any) -> np.ndarray:
+    """RLOO baseline b_i = (sum_g - r_i) / (n_g - 1) over the finite rewards of i's group.
+
+    For a NaN reward the baseline is the mean of all finite siblings (it has nothing to leave out).
+    A rollout that is the only finite reward in its group has no sibling: its baseline is NaN (and
+    :func:`rloo_advantages` gives it advantage 0 and counts it in ``n_degenerate``).
+    """
+    r, codes, ok, g = _prepare(rewards, group_ids)
+    st = _group_stats(r, codes, ok, g, 1)
+    cnt, tot = st["count"][codes], st["sum"][codes]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loo = np.where(ok, (tot - np.where(ok, r, 0.0)) / (cnt - 1), tot / cnt)
+    return np.where(ok & (cnt <= 1), np.nan, loo)
+
+
+def batch_mean_baseline(rewards: Any) -> np.ndarray:
+    """REINFORCE++ global baseline: the mean of all finite rewards in the batch, broadcast to shape (N,).
+
+    Raises ``ValueError`` when every reward is NaN (there is nothing to average).
+    """
+    r = as_float_array(rewards, "rewards", ndim=1)
+    ok = ~np.isnan(r)
+    if not ok.any():
+        raise ValueError("every reward is NaN; batch_mean_baseline needs at least one scorable reward.")
+    return np.full(r.shape, r[ok].mean())
+
+
+# --------------------------------------------------------------------------------------------- advantages
+@register_advantage_estimator("grpo")
+def grpo_advantages(rewards: Any, group_ids: Any, scale: str = "group", eps: float = 1e-4, ddof: int = 1) -> AdvantageResult:
+    """GRPO advantages, as TRL 1.16's ``GRPOTrainer`` computes them, on ragged groups.
+
+    A_i = (r_i - mean_g) / (s + eps), with s = std_g (``scale="group"``), the std of all finite rewards in the
+    batch (``"batch"``), or no division (``"none"``).
+
+    Parameters
+    ----------
+    rewards, group_ids : array_like, shape (N,)
+    scale : {"group", "batch", "none"}
+    eps : float >= 0
+        Guard added to the std (TRL uses 1e-4).
+    ddof : {0, 1}
+        1 = Bessel-corrected std (TRL's ``nanstd``). The measurement-discipline paper's worked eight-attempt
+        example ("The same group, all the way through the tie-break") uses the population std, ``ddof=0``.
+
+    Returns
+    -------
+    AdvantageResult
+        NaN rewards -> advantage 0 (counted in ``n_nan``). A group with a single finite reward has
+        r_i - mean_g = 0, so its advantage is 0 under every ``scale``; an all-equal group likewise.
+    """
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}.")
+    eps = check_nonneg_scalar(eps, "eps")
+    r, codes, ok, g = _prepare(rewards, group_ids)
+    st = _group_stats(r, codes, ok, g, ddof)
+    base = st["mean"][codes]
+    centred = np.where(ok, r - base, 0.0)
+    if scale == "group":
+        s = np.nan_to_num(st["std"][codes], nan=0.0) + eps
+    elif scale == "batch":
+        fin = r[ok]
+        s_b = fin.std(ddof=ddof) if fin.size > ddof else 0.0
+        s = np.full(r.shape, s_b + eps)
+    else:
+        s = np.ones_like(r)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        adv = np.where(centred == 0.0, 0.0, centred / s)
+    return AdvantageResult(adv, base, s, int((~ok).sum()), g, _zero_std_groups(st))
+
+
+@register_advantage_estimator("rloo")
+def rloo_advantages(rewards: Any, group_ids: Any, normalize: bool = False, eps: float = 1e-4) -> AdvantageResult:
+    """RLOO advantages A_i = r_i - (sum_g - r_i)/(n_g - 1), optionally whitened over the batch.
+
+    Matches TRL 1.16's ``RLOOTrainer`` (``normalize_advantages`` whitens over the scorable rows with the
+    Bessel std + eps). **Singleton fallback:** a rollout that is the only finite reward of its group has no
+    leave-one-out baseline; its advantage is 0 and it is counted in ``n_degenerate`` (TRL yields 0/0 = NaN
+    and then zeroes it the same way, but without a count).
+    """
+    eps = check_nonneg_scalar(eps, "eps")
+    r, codes, ok, g = _prepare(rewards, group_ids)
+    st = _group_stats(r, codes, ok, g, 1)
+    cnt, tot = st["count"][codes], st["sum"][codes]
+    single = ok & (cnt <= 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        base = np.where(ok & ~single, (tot - np.where(ok, r, 0.0)) / (cnt - 1), np.nan)
+    adv = np.where(ok & ~single, r - base, np.nan)
+    s = np.ones_like(r)
+    if normalize:
+        live = ~np.isnan(adv)
+        if live.sum() > 1:
+            m, sd = adv[live].mean(), adv[live].std(ddof=1)
+            adv = (adv - m) / (sd + eps)
+            s = np.full(r.shape, sd + eps)
+    adv = np.nan_to_num(adv, nan=0.0)
+    return AdvantageResult(adv, base, s, int((~ok).sum()), g, _zero_std_groups(st), n_degenerate=int(single.sum()))
+
+
+@register_advantage_estimator("reinforce_pp")
+def reinforce_pp_advantages(
+    rewards: Any, group_ids: Any = None, normalize: bool = True, eps: float = 1e-4, ddof: int = 1
+) -> AdvantageResult:
+    """REINFORCE++ advantages: A_i = (r_i - mean_batch) / (std_batch + eps) (``normalize=False`` skips the division).
+
+    ``group_ids`` is optional (used only for the ``n_groups``/``n_zero_std_groups`` diagnostics); the baseline is
+    the global mean of the finite rewards. Raises when every reward is NaN.
+    """
+    eps = check_nonneg_scalar(eps, "eps")
+    r = as_float_array(rewards, "rewards", ndim=1)
+    if group_ids is None:
+        group_ids = np.zeros(r.shape[0], dtype=np.int64)
+    r, codes, ok, g = _prepare(r, group_ids)
+    base = batch_mean_baseline(r)
+    fin = r[ok]
+    if normalize:
+        sd = fin.std(ddof=ddof) if fin.size > ddof else 0.0
+        s = np.full(r.shape, sd + eps)
+    else:
+        s = np.ones_like(r)
+    centred = np.where(ok, r - base, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        adv = np.where(centred == 0.0, 0.0, centred / s)
+    st = _group_stats(r, codes, ok, g, 1)
+    return AdvantageResult(adv, base, s, int((~ok).sum()), g, _zero_std_groups(st))
