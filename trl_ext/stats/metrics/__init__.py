@@ -1,0 +1,1 @@
+"""``evaluate``-loadable metrics shipped with trl_ext; load with ``evaluate.load(trl_ext.stats.metric_path(name))``."""

@@ -1,0 +1,1 @@
+"""The ``accuracy_with_floor`` evaluate metric (see ``accuracy_with_floor.py``)."""
