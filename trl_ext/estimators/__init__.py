@@ -13,11 +13,11 @@ Each submodule declares ``__all__``; the public API is re-exported here.
 - :mod:`.tiebreak` -- checker + epsilon x within-class rank blends (``rlvr_measurement_discipline.txt``).
 """
 
+from . import baselines, basis, pair, tiebreak, v05  # noqa: E402
 from .baselines import *  # noqa: F401,F403
 from .basis import *  # noqa: F401,F403
 from .pair import *  # noqa: F401,F403
 from .tiebreak import *  # noqa: F401,F403
 from .v05 import *  # noqa: F401,F403
-from . import baselines, basis, pair, tiebreak, v05  # noqa: E402
 
 __all__ = [*baselines.__all__, *basis.__all__, *pair.__all__, *tiebreak.__all__, *v05.__all__]
