@@ -11,7 +11,7 @@
 No TRL import here; ``torch`` is imported only inside :func:`hf_mean_pool_embedder`.
 """
 
-from . import base, callable_prior, embedding, factory, heads, support_buffer, table, table_format
+from . import base, callable_prior, embedding, factory, heads, support_buffer, table, table_format, value_table
 from .base import *  # noqa: F401,F403
 from .callable_prior import *  # noqa: F401,F403
 from .embedding import *  # noqa: F401,F403
@@ -20,6 +20,7 @@ from .heads import *  # noqa: F401,F403
 from .support_buffer import *  # noqa: F401,F403
 from .table import *  # noqa: F401,F403
 from .table_format import *  # noqa: F401,F403
+from .value_table import *  # noqa: F401,F403
 
 __all__ = [
     *base.__all__,
@@ -30,4 +31,5 @@ __all__ = [
     *support_buffer.__all__,
     *table.__all__,
     *table_format.__all__,
+    *value_table.__all__,
 ]

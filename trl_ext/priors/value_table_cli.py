@@ -1,0 +1,188 @@
+"""``trl-ext build-value-table``: sample reference completions per training prompt and write a BASIS value table.
+
+Examples
+--------
+On the offline testbed (the reward is the task's own)::
+
+    trl-ext build-value-table --model out/warm --task addition --split train --num_prompts 512 \\
+        --num_samples 32 --output table.jsonl
+
+On your own data (JSON Lines rows with a ``prompt`` column plus whatever the reward needs)::
+
+    trl-ext build-value-table --model Qwen/Qwen2.5-Math-7B --dataset train.jsonl \\
+        --reward my_rewards:accuracy --reward_range 0 1 --num_samples 32 --max_new_tokens 2048 --output table.jsonl
+
+``--reward`` is ``module:function`` (an importable module) or ``path/to/file.py:function`` and may be repeated
+(weights with ``--reward_weights``). Re-running the same command resumes an interrupted build. Exit status: 0 on
+success, 2 on bad input (missing file, bad reward spec, wrong settings, a table built with other settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``build-value-table`` options."""
+    parser.add_argument("--model", required=True, help="Reference policy: a local path (or an id vLLM can load).")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--task", default=None, help="Testbed task (trl_ext.testbed.make_dataset), e.g. 'addition'.")
+    src.add_argument("--dataset", default=None, help="JSON Lines file of dataset rows (one JSON object per line).")
+    parser.add_argument("--split", default="train", choices=("train", "test"), help="Testbed split (default train).")
+    parser.add_argument("--num_prompts", "--num-prompts", dest="num_prompts", type=int, default=None,
+                        help="Testbed: number of prompts (required with --task). --dataset: use only the first N rows.")
+    parser.add_argument("--dataset_seed", "--dataset-seed", dest="dataset_seed", type=int, default=0,
+                        help="Testbed: seed choosing the prompts (use the training run's; default 0).")
+    parser.add_argument("--reward", action="append", default=None, metavar="MODULE:FUNCTION",
+                        help="Reward function (repeatable). Default with --task: the task's reward functions.")
+    parser.add_argument("--reward_weights", "--reward-weights", dest="reward_weights", type=float, nargs="+",
+                        default=None, help="One weight per --reward (default 1 each).")
+    parser.add_argument("--reward_range", "--reward-range", dest="reward_range", type=float, nargs=2,
+                        default=None, metavar=("LOW", "HIGH"), help="Declared reward range (default 0 1).")
+    parser.add_argument("--prompt_column", "--prompt-column", dest="prompt_column", default="prompt")
+    parser.add_argument("--num_samples", "--num-samples", dest="num_samples", type=int, default=32,
+                        help="Reference samples per prompt (paper: 32 or 64; default 32).")
+    parser.add_argument("--max_new_tokens", "--max-new-tokens", dest="max_new_tokens", type=int, default=None,
+                        help="Completion cap (default: testbed answer length + 1, else 256).")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top_p", "--top-p", dest="top_p", type=float, default=1.0)
+    parser.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=64,
+                        help="Sequences per generate call (transformers) / prompts per call (vLLM).")
+    parser.add_argument("--seed", type=int, default=0, help="Sampling seed (default 0).")
+    parser.add_argument("--output", required=True, help="Output value table (.jsonl).")
+    parser.add_argument("--use_vllm", "--use-vllm", dest="use_vllm", choices=("auto", "true", "false"),
+                        default="auto", help="auto: vLLM if installed and a GPU is present (default).")
+    parser.add_argument("--sampler", choices=("keyed", "multinomial"), default="keyed",
+                        help="transformers sampler (default keyed: batch-independent noise).")
+    parser.add_argument("--device", default=None, help="torch device for transformers (default cuda if available).")
+    parser.add_argument("--max_prompts", "--max-prompts", dest="max_prompts", type=int, default=None,
+                        help="Write at most this many new rows, then stop (re-run to continue).")
+    parser.add_argument("--overwrite", action="store_true", help="Delete an existing --output first.")
+    parser.add_argument("--no_resume", "--no-resume", dest="no_resume", action="store_true",
+                        help="Refuse to continue an existing --output.")
+    parser.add_argument("--no_progress", "--no-progress", dest="no_progress", action="store_true")
+
+
+def load_reward(spec: str):
+    """Import ``module:function`` or ``path/to/file.py:function``.
+
+    Raises
+    ------
+    ValueError
+        On a malformed spec, a missing module/file/attribute, or a non-callable attribute.
+    """
+    import importlib
+    import importlib.util
+    import os
+
+    mod_name, sep, func_name = spec.rpartition(":")
+    if not sep or not mod_name or not func_name:
+        raise ValueError(f"--reward {spec!r}: expected MODULE:FUNCTION or path/to/file.py:FUNCTION.")
+    if mod_name.endswith(".py"):
+        if not os.path.isfile(mod_name):
+            raise ValueError(f"--reward {spec!r}: file {mod_name!r} not found.")
+        name = "_trl_ext_reward_" + os.path.splitext(os.path.basename(mod_name))[0]
+        file_spec = importlib.util.spec_from_file_location(name, mod_name)
+        module = importlib.util.module_from_spec(file_spec)
+        file_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(mod_name)
+        except ImportError as e:
+            raise ValueError(f"--reward {spec!r}: cannot import module {mod_name!r} ({e}).") from e
+    func = getattr(module, func_name, None)
+    if func is None:
+        raise ValueError(f"--reward {spec!r}: module {mod_name!r} has no attribute {func_name!r}.")
+    if not callable(func):
+        raise ValueError(f"--reward {spec!r}: {func_name!r} is not callable.")
+    return func
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Rows of a JSON Lines file (blank lines skipped); errors name the line."""
+    import json
+
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {i} is not valid JSON: {e}") from e
+            if not isinstance(d, dict):
+                raise ValueError(f"{path}: line {i} is not a JSON object.")
+            rows.append(d)
+    if not rows:
+        raise ValueError(f"{path}: no rows.")
+    return rows
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``trl-ext build-value-table``; see the module docstring."""
+    import os
+    import time
+
+    from trl_ext.priors.value_table import build_value_table
+
+    prog = "trl-ext build-value-table"
+    try:
+        if args.task is not None:
+            from trl_ext.testbed import TASKS, get_reward_funcs, make_dataset
+
+            if args.num_prompts is None:
+                raise ValueError("--num_prompts is required with --task.")
+            dataset = make_dataset(args.task, args.num_prompts, seed=args.dataset_seed, split=args.split)
+            funcs = [load_reward(s) for s in args.reward] if args.reward else get_reward_funcs(args.task)
+            max_new = args.max_new_tokens or TASKS[args.task].max_answer_chars(**TASKS[args.task].defaults) + 1
+            ds_name = f"testbed:{args.task}/{args.split}/n={args.num_prompts}/seed={args.dataset_seed}"
+        else:
+            if not args.reward:
+                raise ValueError("--dataset needs at least one --reward MODULE:FUNCTION.")
+            dataset = read_jsonl(args.dataset)
+            if args.num_prompts is not None:
+                if args.num_prompts < 1:
+                    raise ValueError("--num_prompts must be >= 1.")
+                dataset = dataset[: args.num_prompts]
+            funcs = [load_reward(s) for s in args.reward]
+            max_new = args.max_new_tokens or 256
+            ds_name = os.path.abspath(args.dataset)
+        if args.overwrite and os.path.exists(args.output):
+            os.remove(args.output)
+        t0 = time.monotonic()
+        table = build_value_table(
+            args.model,
+            None,
+            dataset,
+            funcs,
+            args.output,
+            num_samples=args.num_samples,
+            max_new_tokens=max_new,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            prompt_column=args.prompt_column,
+            resume=not args.no_resume,
+            reward_weights=args.reward_weights,
+            reward_range=tuple(args.reward_range) if args.reward_range else None,
+            use_vllm={"auto": "auto", "true": True, "false": False}[args.use_vllm],
+            sampler=args.sampler,
+            max_prompts=args.max_prompts,
+            metadata={"dataset": ds_name},
+            device=args.device,
+            progress=not args.no_progress,
+        )
+    except (OSError, ValueError, TypeError, ImportError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 2
+    st = table.metadata.get("build_stats", {})
+    means = [r.mean_reward for r in table]
+    overall = sum(means) / len(means) if means else float("nan")
+    print(f"{prog}: {args.output}: {len(table)} prompts ({st.get('n_written', 0)} new, "
+          f"{st.get('n_already_done', 0)} already done{', stopped early' if st.get('stopped_early') else ''}), "
+          f"mean reward {overall:.4f}, {st.get('n_nan_samples', 0)} NaN samples, {time.monotonic() - t0:.1f}s")
+    return 0
