@@ -1,0 +1,377 @@
+"""``KeyedSamplingMixin``: keyed, replayable rollouts for TRL 1.16's ``GRPOTrainer`` (transformers path).
+
+Put it in front of TRL's trainer in the MRO::
+
+    class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer): ...
+
+With ``args.keyed_sampling=True`` every rollout's tokens are drawn by
+:class:`~trl_ext.measurement.keyed_sampling.KeyedGumbelLogitsProcessor` from noise keyed to
+``request_key(seed, global_step, prompt_key)`` and the rollout's sample index
+(``rlvr_measurement_discipline.txt``, "2. Every request should carry its own replay key"), and each rollout is
+appended to ``<output_dir>/rollouts/rank<r>.jsonl`` with everything :func:`trl_ext.measurement.replay.regenerate`
+needs. With ``keyed_sampling=False`` (the default) the mixin is inert and TRL runs unchanged.
+
+Config fields read (``getattr`` with defaults, so the mixin works before the base config declares them):
+
+``keyed_sampling`` (bool, False)
+    Turn keyed sampling on.
+``keyed_sampling_seed`` (int or None, None)
+    Run seed for the keys; ``None`` uses ``args.seed``. Two runs that must draw identical noise (a paired
+    comparison) share this value.
+``keyed_sampling_key_column`` (str or None, None)
+    Dataset column holding a stable question id (``question_id``, a row index...). ``None``: the key is a hash
+    of the prompt itself (:func:`~trl_ext.measurement.keyed_sampling.prompt_key_of`).
+``keyed_sampling_log`` (bool, True)
+    Write the rollout log.
+
+Sample index: the ``j``-th draw of a prompt key at the current ``(mode, global_step)`` -- earlier generation calls
+at this step plus earlier rows of this call's *global* batch (rank order, gathered across processes) -- gets
+sample index ``j``; with TRL's ``RepeatSampler`` the ``G`` copies of a prompt are
+``0..G-1``, and a prompt that appears twice in one batch gets ``G..2G-1`` for its second group rather than a
+copy of the first group's noise.
+
+Not supported (clear ``NotImplementedError``): vLLM (TRL 1.16 passes no per-request seed; see
+``docs/replay.md``), transformers continuous batching, images/multimodal prompts, and tool-calling loops
+(TRL re-enters ``_generate_single_turn`` with partial rollouts).
+
+Subclasses that call ``_generate_single_turn`` themselves (variable-G rounds, two-phase generation) must first
+call :meth:`KeyedSamplingMixin.set_keyed_requests` with one :class:`KeyedRequest` per row they pass; use
+``position_offset`` for continuations so a prefix plus its continuation sees exactly the noise of one pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trl_ext.measurement.keyed_sampling import (
+    HASH_VERSION,
+    KeyedGumbelLogitsProcessor,
+    SamplerSettings,
+    build_generation_config,
+    left_pad,
+    prompt_key_of,
+    request_key,
+    truncate_at_eos,
+)
+
+__all__ = ["ROLLOUT_FORMAT", "KeyedRequest", "KeyedSamplingMixin"]
+
+#: ``format`` field of every rollout record.
+ROLLOUT_FORMAT = "trl_ext.keyed_rollout/v1"
+
+# GenerationConfig fields that are sampling warpers: greedy decoding would silently drop them.
+_UNSUPPORTED_WARPERS = ("typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+# Fields the keyed path sets itself.
+_HANDLED = {
+    "do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens",
+    "pad_token_id", "bos_token_id", "eos_token_id", "cache_implementation", "num_beams",
+    "disable_compile", "num_return_sequences",
+}  # fmt: skip
+
+
+@dataclass
+class KeyedRequest:
+    """One row of a keyed ``generate`` call.
+
+    Attributes
+    ----------
+    key : int
+        Request key (:func:`~trl_ext.measurement.keyed_sampling.request_key`).
+    sample_index : int
+        Sample index within the request.
+    position_offset : int
+        Generated-token index of the first token this call produces (0 unless continuing a prefix).
+    prompt_key : str
+        The question identity the key was derived from.
+    meta : dict
+        Logged as is (the dataset prompt, mode, ...).
+    """
+
+    key: int
+    sample_index: int
+    position_offset: int = 0
+    prompt_key: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+class KeyedSamplingMixin:
+    """Mixin for ``trl.GRPOTrainer`` adding keyed Gumbel-max sampling and per-rollout key logging."""
+
+    _keyed_requests: list[KeyedRequest] | None = None
+    _keyed_rows: list[dict] | None = None
+    _keyed_call_counter: int = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.keyed_sampling_enabled:  # fail at construction, not at the first generation
+            self._check_keyed_supported()
+            self.keyed_sampler_settings()
+
+    # ------------------------------------------------------------------ configuration
+    def _check_keyed_supported(self) -> None:
+        """Raise ``NotImplementedError`` for generation back-ends keyed sampling does not cover."""
+        if getattr(self, "use_vllm", False):
+            raise NotImplementedError(
+                "keyed_sampling=True is implemented for transformers generation only. TRL 1.16's vLLM path sends "
+                "one SamplingParams for the whole batch and no per-request seed; see docs/replay.md for what "
+                "per-request seeds would and would not give. Set use_vllm=False or keyed_sampling=False."
+            )
+        if getattr(self, "use_transformers_continuous_batching", False):
+            raise NotImplementedError("keyed_sampling does not support use_transformers_continuous_batching")
+        if getattr(self, "tools", None):
+            raise NotImplementedError(
+                "keyed_sampling does not support tool-calling rollouts yet (TRL re-enters generation with partial "
+                "rollouts); turn keyed_sampling off or remove the tools"
+            )
+
+    @property
+    def keyed_sampling_enabled(self) -> bool:
+        """``args.keyed_sampling`` (False when the config does not declare it)."""
+        return bool(getattr(self.args, "keyed_sampling", False))
+
+    def _keyed_seed(self) -> int:
+        seed = getattr(self.args, "keyed_sampling_seed", None)
+        seed = self.args.seed if seed is None else seed
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"keyed_sampling_seed must be an int or None, got {seed!r}")
+        return seed
+
+    def keyed_sampler_settings(self) -> SamplerSettings:
+        """The :class:`SamplerSettings` this trainer samples with (from TRL's resolved generation settings).
+
+        Raises
+        ------
+        ValueError
+            If ``generation_kwargs`` asks for greedy decoding, beams or several return sequences, or for a
+            warper the keyed sampler does not implement (``typical_p``, ``epsilon_cutoff``, ``eta_cutoff``,
+            ``top_h``).
+        """
+        gk = dict(getattr(self.args, "generation_kwargs", None) or {})
+        if gk.get("do_sample") is False:
+            raise ValueError("keyed_sampling=True samples; generation_kwargs sets do_sample=False. Remove one of them.")
+        if (gk.get("num_beams") or 1) != 1 or (gk.get("num_return_sequences") or 1) != 1:
+            raise ValueError("keyed_sampling needs num_beams=1 and num_return_sequences=1 in generation_kwargs")
+        bad = [k for k in _UNSUPPORTED_WARPERS if gk.get(k) is not None]
+        if bad:
+            raise ValueError(
+                f"keyed_sampling does not implement the warper(s) {bad} set in generation_kwargs; remove them or "
+                "turn keyed_sampling off"
+            )
+        gc = self.generation_config
+        extra = {k: v for k, v in gk.items() if k not in _HANDLED}
+        try:
+            json.dumps(extra)
+        except TypeError as e:
+            raise ValueError(f"generation_kwargs must be JSON-serialisable to be logged for replay: {e}") from e
+        eos = gc.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return SamplerSettings(
+            temperature=float(gc.temperature if gc.temperature is not None else 1.0),
+            top_k=gc.top_k or None,
+            top_p=gc.top_p if gc.top_p is not None and gc.top_p < 1.0 else None,
+            min_p=gc.min_p,
+            repetition_penalty=float(gc.repetition_penalty if gc.repetition_penalty is not None else 1.0),
+            max_new_tokens=int(gc.max_new_tokens),
+            eos_token_ids=[int(e) for e in eos],
+            pad_token_id=int(gc.pad_token_id),
+            extra_generation_kwargs=extra,
+        )
+
+    # ------------------------------------------------------------------ keys
+    def _row_prompt_key(self, row: dict) -> str:
+        col = getattr(self.args, "keyed_sampling_key_column", None)
+        if col is None:
+            return prompt_key_of(row.get("prompt"))
+        if col not in row:
+            raise KeyError(
+                f"keyed_sampling_key_column={col!r} is not a column of the dataset rows (columns: {sorted(row)}); "
+                "add it (e.g. ds.map(lambda x, i: {'row_idx': i}, with_indices=True)) or set the option to None"
+            )
+        val = row[col]
+        if isinstance(val, torch.Tensor):
+            val = val.item()
+        return f"{col}:{val}"
+
+    def keyed_requests_for_rows(
+        self, rows: list[dict], *, already_drawn: dict[str, int] | None = None
+    ) -> list[KeyedRequest]:
+        """Build one :class:`KeyedRequest` per dataset row (collective: every rank must call it).
+
+        Parameters
+        ----------
+        rows : list of dict
+            The local dataset rows of this generation call (one per rollout to draw).
+        already_drawn : dict, optional
+            Prompt key -> number of samples of that prompt already drawn at this step, summed over ranks. By
+            default the mixin keeps this count itself: it is reset whenever ``(mode, global_step)`` changes and
+            grows by every call's global counts, so a second round (or a second generation batch) at the same step
+            continues the sample index instead of reusing earlier noise. Passing it overrides (and does not update)
+            the internal count.
+
+        Returns
+        -------
+        list of KeyedRequest
+            Key ``request_key(seed, global_step, prompt_key, mode)``; sample index = ``already_drawn[k]`` plus the
+            occurrence number of the prompt key among the global rows of this call in rank order (gathered with
+            ``gather_object``).
+        """
+        mode = "train" if self.model.training else "eval"
+        step = int(self.state.global_step)
+        seed = self._keyed_seed()
+        local = [self._row_prompt_key(r) for r in rows]
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            everyone = gather_object([local])  # list of per-rank lists, rank order
+            before = [k for per_rank in everyone[: self.accelerator.process_index] for k in per_rank]
+            all_keys = [k for per_rank in everyone for k in per_rank]
+        else:
+            before, all_keys = [], local
+        auto = already_drawn is None
+        if auto:
+            if getattr(self, "_keyed_drawn_at", None) != (mode, step):
+                self._keyed_drawn_at = (mode, step)
+                self._keyed_drawn = {}
+            already_drawn = self._keyed_drawn
+        seen: dict[str, int] = dict(already_drawn)
+        for k in before:
+            seen[k] = seen.get(k, 0) + 1
+        requests = []
+        for row, pk in zip(rows, local):
+            j = seen.get(pk, 0)
+            seen[pk] = j + 1
+            requests.append(
+                KeyedRequest(
+                    key=request_key(seed, step, pk, mode=mode),
+                    sample_index=j,
+                    prompt_key=pk,
+                    meta={"prompt": row.get("prompt"), "mode": mode, "seed": seed},
+                )
+            )
+        if auto:
+            for k in all_keys:
+                self._keyed_drawn[k] = self._keyed_drawn.get(k, 0) + 1
+        return requests
+
+    def set_keyed_requests(self, requests: list[KeyedRequest] | None) -> None:
+        """Set the rows of the next ``_generate_single_turn`` call (consumed by that call)."""
+        if requests is not None and not all(isinstance(r, KeyedRequest) for r in requests):
+            raise TypeError("set_keyed_requests expects a list of KeyedRequest")
+        self._keyed_requests = None if requests is None else list(requests)
+
+    # ------------------------------------------------------------------ TRL overrides
+    def _generate_and_score_completions(self, inputs):
+        if not self.keyed_sampling_enabled:
+            return super()._generate_and_score_completions(inputs)
+        self._check_keyed_supported()
+        # Keys are built lazily by the _generate_single_turn call that uses these rows (a collective every rank
+        # reaches); trainers that replay stored rollouts through TRL's tail never generate and never build them.
+        self._keyed_rows = list(inputs)
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self._keyed_rows = None
+            self._keyed_requests = None
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not self.keyed_sampling_enabled:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        self._check_keyed_supported()
+        if images is not None or multimodal_fields:
+            raise NotImplementedError("keyed_sampling does not support image/multimodal prompts yet")
+        requests = self._keyed_requests
+        rows = getattr(self, "_keyed_rows", None)
+        if requests is None and rows is not None and len(rows) == len(prompt_ids):
+            requests = self.keyed_requests_for_rows(rows)
+        self._keyed_rows = None  # the batch rows describe one generation call only
+        if requests is None or len(requests) != len(prompt_ids):
+            have = "none" if requests is None else len(requests)
+            raise RuntimeError(
+                f"keyed_sampling: _generate_single_turn got {len(prompt_ids)} prompts but {have} keyed requests. "
+                "Trainers that call _generate_single_turn directly must call "
+                "self.set_keyed_requests([...one KeyedRequest per row...]) right before it."
+            )
+        self._keyed_requests = None  # consumed
+        return self._keyed_generate(prompt_ids, requests)
+
+    # ------------------------------------------------------------------ generation + logging
+    def _keyed_generate(self, prompt_ids, requests: list[KeyedRequest]):
+        from trl.models import unwrap_model_for_generation
+
+        settings = self.keyed_sampler_settings()
+        input_ids, attention_mask = left_pad(prompt_ids, settings.pad_token_id, self.pad_to_multiple_of)
+        device = self.accelerator.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        proc = KeyedGumbelLogitsProcessor.from_settings(
+            [r.key for r in requests],
+            [r.sample_index for r in requests],
+            settings,
+            prompt_length=input_ids.shape[1],
+            position_offsets=[r.position_offset for r in requests],
+        )
+        from transformers import LogitsProcessorList
+
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                generation_kwargs=self.generation_kwargs,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped_model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            out = unwrapped_model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=build_generation_config(settings),
+                logits_processor=LogitsProcessorList([proc]),
+            )
+        completion_ids = truncate_at_eos(out[:, input_ids.shape[1] :].cpu(), settings.eos_token_ids)
+        if getattr(self.args, "keyed_sampling_log", True):
+            self._log_keyed_rollouts(prompt_ids, completion_ids, requests, settings, int(input_ids.shape[1]))
+        return completion_ids, None
+
+    def keyed_rollout_log_path(self) -> str:
+        """``<output_dir>/rollouts/rank<r>.jsonl`` for this process."""
+        return os.path.join(self.args.output_dir, "rollouts", f"rank{self.accelerator.process_index}.jsonl")
+
+    def _log_keyed_rollouts(self, prompt_ids, completion_ids, requests, settings: SamplerSettings, padded_len: int):
+        path = self.keyed_rollout_log_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        step = int(self.state.global_step)
+        rank = int(self.accelerator.process_index)
+        call_id = f"s{step}-r{rank}-c{self._keyed_call_counter}"
+        self._keyed_call_counter += 1
+        name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or None
+        # Weights used at global step s are those a save at step s writes to checkpoint-s (step 0: the start model).
+        checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{step}") if step > 0 else name
+        sdict = settings.to_dict()
+        with open(path, "a", encoding="utf-8") as f:
+            for i, (p, c, r) in enumerate(zip(prompt_ids, completion_ids, requests)):
+                rec: dict[str, Any] = {
+                    "format": ROLLOUT_FORMAT,
+                    "key": int(r.key),
+                    "sample_index": int(r.sample_index),
+                    "position_offset": int(r.position_offset),
+                    "prompt_key": r.prompt_key,
+                    "step": step,
+                    "rank": rank,
+                    "checkpoint": checkpoint,
+                    "model": name,
+                    "prompt_ids": [int(t) for t in p],
+                    "completion_ids": [int(t) for t in c],
+                    "sampler": sdict,
+                    "call": {"id": call_id, "row": i, "rows": len(prompt_ids), "padded_prompt_length": padded_len},
+                    "hash_version": HASH_VERSION,
+                    **{k: v for k, v in r.meta.items() if k not in ("key", "sample_index")},
+                }
+                f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
