@@ -496,3 +496,28 @@ def test_defaults_are_off_and_plain_grpo_config_is_accepted(tmp_path):
                      processing_class=tok)
     tr.train()
     assert tr.last_rollout_batch is not None and "gate/eligible_groups" in tr.state.log_history[0]
+
+
+def test_keyed_sampling_through_variable_rollout_rounds(tmp_path):
+    """Keyed sampling on the subclass path (_generate_completion_ids rounds): every logged rollout replays."""
+    from trl_ext.measurement.replay import load_rollout_log, regenerate
+
+    tr = recording(tmp_path, cls=VariableRolloutTrainer, per_device_train_batch_size=3, num_generations=2,
+                   gradient_accumulation_steps=2, max_steps=1, keyed_sampling=True, temperature=1.3)  # fmt: skip
+    init = tmp_path / "init"
+    tr.model.save_pretrained(init)
+    tr.requested = []
+    tr.train()
+    recs = load_rollout_log(tmp_path / "rollouts" / "rank0.jsonl")
+    ks = tr.requested[0]
+    assert len(recs) == sum(ks)
+    # the two rounds of one prompt continue its sample indices instead of reusing noise
+    by_key = {}
+    for r in recs:
+        by_key.setdefault(r["key"], []).append(r["sample_index"])
+    assert sorted(len(v) for v in by_key.values()) == sorted(ks)
+    assert all(sorted(v) == list(range(len(v))) for v in by_key.values())
+    from transformers import AutoModelForCausalLM
+
+    m0 = AutoModelForCausalLM.from_pretrained(str(init), local_files_only=True)
+    assert all(regenerate(m0, tr.processing_class, r) == r["completion_ids"] for r in recs)

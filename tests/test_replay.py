@@ -31,27 +31,21 @@ def _reward_sevens(completions, **kw):
 
 def _train(out_dir, *, reward=_reward_len, steps=2, keyed=True, seed=0, keyed_seed=None, key_column=None,
            save=True):  # fmt: skip
-    import trl
+    """Train trl_ext.GRPOTrainer (the base trainer, KeyedSamplingMixin in its MRO) with the keyed config fields."""
     from datasets import Dataset
 
-    from trl_ext.trainers.keyed_sampling_mixin import KeyedSamplingMixin
-
-    class KeyedGRPO(KeyedSamplingMixin, trl.GRPOTrainer):
-        pass
+    from trl_ext import ExtGRPOConfig, GRPOTrainer
 
     tok, model = _tiny()
     ds = Dataset.from_dict({"prompt": PROMPTS * 4, "qid": [f"q{i % 4}" for i in range(16)]})
-    args = trl.GRPOConfig(
+    args = ExtGRPOConfig(
         output_dir=str(out_dir), use_cpu=True, bf16=False, report_to="none", max_completion_length=5,
         per_device_train_batch_size=8, num_generations=4, max_steps=steps, learning_rate=5e-2,
         logging_steps=1, save_strategy="steps" if save else "no", save_steps=1, seed=seed,
         temperature=1.2, top_k=12, disable_tqdm=True,
+        keyed_sampling=keyed, keyed_sampling_seed=keyed_seed, keyed_sampling_key_column=key_column,
     )  # fmt: skip
-    # The base config will declare these fields; until then plain attributes work (the mixin uses getattr).
-    args.keyed_sampling = keyed
-    args.keyed_sampling_seed = keyed_seed
-    args.keyed_sampling_key_column = key_column
-    trainer = KeyedGRPO(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
     trainer.train()
     return trainer, tok
 

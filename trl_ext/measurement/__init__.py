@@ -1,1 +1,36 @@
-"""(in progress)"""
+"""Measurement tools (``rlvr_measurement_discipline.txt``) shared by every trl_ext trainer.
+
+- :mod:`.shut_gate` -- share of tied (zero-signal) groups, all-right / all-wrong, tied-correct share; ``trl-ext gate``.
+- :mod:`.noise_floor` -- a scorer's noise floor (alone vs. inside filler batches); ``trl-ext noise-floor``.
+- :mod:`.keyed_sampling` -- keyed Gumbel-max sampling: each token's noise hashed from (key, sample index, position).
+- :mod:`.replay` -- regenerate logged keyed rollouts and diff two checkpoints on the same keys; ``trl-ext replay``.
+
+Names are imported lazily so that ``import trl_ext.measurement`` does not pull in torch or transformers.
+"""
+
+from importlib import import_module
+
+_LAZY = {
+    "ShutGateStats": "shut_gate",
+    "shut_gate_stats": "shut_gate",
+    "tied_group_mask": "shut_gate",
+    "measure_gate": "shut_gate",
+    "measure_noise_floor": "noise_floor",
+    "NoiseFloorResult": "noise_floor",
+    "KeyedGumbelLogitsProcessor": "keyed_sampling",
+    "SamplerSettings": "keyed_sampling",
+    "keyed_generate": "keyed_sampling",
+    "request_key": "keyed_sampling",
+    "regenerate": "replay",
+    "regenerate_batch": "replay",
+    "diff_checkpoints": "replay",
+    "load_rollout_log": "replay",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

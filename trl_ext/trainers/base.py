@@ -38,6 +38,7 @@ import torch
 from ..measurement.shut_gate import shut_gate_stats
 from . import _trl_compat as compat
 from .batch import RolloutBatch
+from .keyed_sampling_mixin import KeyedSamplingMixin
 
 compat.check_trl_version()
 
@@ -125,6 +126,24 @@ class ExtGRPOConfig(trl.GRPOConfig):
     gate_atol: float = field(default=0.0, metadata={"help": "Tie tolerance of the shut gate (max - min <= atol)."})
     log_rollout_metadata: bool = field(
         default=False, metadata={"help": "Add row_idx, group_id and rollout columns to the completions table."}
+    )
+    keyed_sampling: bool = field(
+        default=False,
+        metadata={"help": "Draw every rollout token with Gumbel noise hashed from (request key, sample index, "
+                          "position) so each rollout regenerates byte-identically (transformers generation only; "
+                          "see docs/replay.md)."},
+    )
+    keyed_sampling_seed: int | None = field(
+        default=None, metadata={"help": "Run seed of the request keys (None: args.seed). Share it across runs "
+                                        "that must draw identical noise."},
+    )
+    keyed_sampling_key_column: str | None = field(
+        default=None, metadata={"help": "Dataset column with a stable question id for the keys (None: hash of "
+                                        "the prompt text)."},
+    )
+    keyed_sampling_log: bool = field(
+        default=True, metadata={"help": "With keyed_sampling, log every rollout with its key to "
+                                        "<output_dir>/rollouts/rank<r>.jsonl (for trl-ext replay)."},
     )
 
     def __post_init__(self):
@@ -342,7 +361,7 @@ def _add_row_index(dataset):
     return dataset  # torch Dataset or other: groups fall back to TRL's contiguous blocks
 
 
-class GRPOTrainer(trl.GRPOTrainer):
+class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
     """Drop-in :class:`trl.GRPOTrainer` with estimator hooks and measurement options.
 
     Same constructor as :class:`trl.GRPOTrainer`; ``args`` may be an :class:`ExtGRPOConfig` or a plain
@@ -480,6 +499,13 @@ class GRPOTrainer(trl.GRPOTrainer):
         logprobs : list of list of float or None
             Per-token sampling log-probs (vLLM only; ``None`` with transformers generation).
         """
+        if self.keyed_sampling_enabled:
+            # Rows generated outside TRL's _generate need their keys set explicitly. Building them is a collective
+            # (sample indices count across ranks), so it runs before the empty-rows shortcut.
+            requests = self.keyed_requests_for_rows(list(rows))
+            if len(rows) == 0:
+                return [], None
+            self.set_keyed_requests(requests)
         if len(rows) == 0:
             return [], None
         prompts = [x["prompt"] for x in rows]
