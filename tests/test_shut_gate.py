@@ -254,3 +254,10 @@ def test_gate_is_registered_in_trl_ext_cli():
 
     assert COMMANDS["gate"][0] == "trl_ext.measurement.gate_cli"
     assert os.path.exists(os.path.join(os.path.dirname(__file__), "..", "trl_ext", "measurement", "gate_cli.py"))
+
+
+def test_measurement_package_exports_resolve():
+    import trl_ext.measurement as m
+
+    for name in m.__all__:
+        assert getattr(m, name) is not None

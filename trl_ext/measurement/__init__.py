@@ -14,7 +14,7 @@ _LAZY = {
     "ShutGateStats": "shut_gate",
     "shut_gate_stats": "shut_gate",
     "tied_group_mask": "shut_gate",
-    "measure_gate": "shut_gate",
+    "measure_gate": "gate_cli",
     "measure_noise_floor": "noise_floor",
     "NoiseFloorResult": "noise_floor",
     "KeyedGumbelLogitsProcessor": "keyed_sampling",
