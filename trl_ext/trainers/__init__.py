@@ -13,6 +13,12 @@ _LAZY = {
     "trl_grpo_advantages": "trl_ext.trainers.base",
     "EXT_STATE_FILE": "trl_ext.trainers.base",
     "RolloutBatch": "trl_ext.trainers.batch",
+    "BASISTrainer": "trl_ext.trainers.basis",
+    "BASISConfig": "trl_ext.trainers.basis",
+    "V05GRPOTrainer": "trl_ext.trainers.v05",
+    "V05GRPOConfig": "trl_ext.trainers.v05",
+    "PAIRTrainer": "trl_ext.trainers.pair",
+    "PAIRConfig": "trl_ext.trainers.pair",
 }
 
 __all__ = list(_LAZY)
