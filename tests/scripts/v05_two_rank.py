@@ -1,0 +1,99 @@
+"""A few V0.5 steps with a stand-in reward/prior, run under
+``ACCELERATE_DEBUG_MODE=1 torchrun --standalone --nproc_per_node 2 tests/scripts/v05_two_rank.py OUT_DIR [STEPS]``
+or in-process through :func:`run` (1 process).
+
+Stand-in: the reward of a rollout is the prompt's fixed success bit ``truth(row) = row % 2`` (so every per-prompt
+decision is a function of the prompt and its prior only, and must not depend on the number of processes), and the
+prior is exact except on a "corrupted" set of rows where it predicts the opposite. Generation is forced into the
+collective mode (every rank dispatches the same number of rows in every round) so the padding path runs too.
+
+Each rank writes ``OUT_DIR/rank{r}.json``: per step the global per-prompt decisions ``{row_idx: k}``, rounds,
+early stop, buffer fingerprint, the length of every generation call this rank made, and its world size.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+CORRUPTED = frozenset({0, 1, 2, 5, 8, 13})
+
+
+def truth(row_idx: int) -> float:
+    return float(row_idx % 2)
+
+
+def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatch_multiple: int = 1) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from trl_ext.priors import CallablePrior
+    from trl_ext.testbed import build_tiny_model, build_tokenizer, make_dataset
+    from trl_ext.trainers.v05 import V05GRPOConfig, V05GRPOTrainer
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # PartialState() before the config may not see the CPU ranks
+    ds = make_dataset("addition", 16, seed=0)
+    index = {ds[i]["prompt"]: i for i in range(len(ds))}
+
+    def reward(prompts, completions, trl_ext_row_idx, **kw):
+        return [truth(i) for i in trl_ext_row_idx]
+
+    def prior_fn(targets, ctx_prompts, ctx_outcomes):
+        out = []
+        for t in targets:
+            i = index[t]
+            out.append(1.0 - truth(i) if i in CORRUPTED else truth(i))
+        return out
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=0)
+    cfg = V05GRPOConfig(
+        output_dir=os.path.join(out_dir, "run"), per_device_train_batch_size=8 // world, max_completion_length=4,
+        max_steps=max_steps, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
+        save_strategy="no", disable_tqdm=True, seed=0, dispatch_multiple=dispatch_multiple,
+    )
+
+    records, calls = [], []
+
+    class Recording(V05GRPOTrainer):
+        def _v05_generation_is_collective(self):
+            return force_collective or super()._v05_generation_is_collective()
+
+        def _generate_completion_ids(self, rows):
+            calls.append(len(rows))
+            return super()._generate_completion_ids(rows)
+
+        def compute_advantages(self, batch):
+            adv = super().compute_advantages(batch)
+            if batch.mode == "train":
+                r = self.last_v05
+                records.append({"k": {str(i): int(k) for i, k in zip(r["row_idx"], r["k"])}, "rounds": r["rounds"],
+                                "early_stop": bool(r["early_stop"]), "fingerprint": r["buffer_fingerprint"],
+                                "need_history": r["need_history"]})
+            return adv
+
+    tr = Recording(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
+                   prior=CallablePrior(prior_fn))
+    tr.train()
+    rank = tr.accelerator.process_index
+    assert tr.accelerator.num_processes == world, (tr.accelerator.num_processes, world)
+    result = {"rank": rank, "world_size": world, "steps": records, "calls": calls,
+              "buffer_len": len(tr.support_buffer)}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    return result
+
+
+def main() -> int:
+    out_dir = sys.argv[1]
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    run(out_dir, steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

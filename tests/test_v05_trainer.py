@@ -1,0 +1,469 @@
+"""Tests of ``trl_ext.trainers.v05`` (V05GRPOTrainer / V05GRPOConfig) on the tiny CPU testbed.
+
+Stand-in policy/reward: the tiny random model generates real completions, but the reward of a rollout is a fixed
+success bit of its prompt (``truth = row % 2``), so every OSLA decision is known in closed form:
+an exact prior gives (vbar - V)^2 = 0 <= 1/4 -> stop at k_init = 4; a flipped prior gives (vbar - V)^2 = 4, so
+bias2 = 4 - 1/k > 0 and k_target = 1/sqrt(c) - 1/bias2 = 16.01 - 1/(4 - 1/k) > 15.7 -> the prompt climbs 4, 6, ..., 16
+(the cap) unless the global stop fires. A hash-of-completion reward gives mixed groups for the advantage checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+
+from trl_ext.estimators.v05 import (  # noqa: E402
+    fused_advantages,
+    osla_cap,
+    osla_need_more,
+    osla_should_stop,
+    shrinkage_fusion,
+    to_signed_reward,
+)
+from trl_ext.priors import CallablePrior, ConstantPrior, PriorOutputError  # noqa: E402
+from trl_ext.trainers.base import EXT_STATE_FILE  # noqa: E402
+from trl_ext.trainers.v05 import V05GRPOConfig, V05GRPOTrainer  # noqa: E402
+
+N_ROWS = 16
+
+
+def truth(i: int) -> float:
+    return float(i % 2)
+
+
+def prompt_bit_reward(prompts, completions, trl_ext_row_idx, **kw):
+    return [truth(i) for i in trl_ext_row_idx]
+
+
+def hash_bit_reward(prompts, completions, **kw):
+    text = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float(zlib.crc32(b"v05" + t.encode()) % 2) for t in text]
+
+
+def _dataset():
+    from trl_ext.testbed import make_dataset
+
+    return make_dataset("addition", N_ROWS, seed=0)
+
+
+def flipped_prior(ds, bad_rows):
+    index = {ds[i]["prompt"]: i for i in range(len(ds))}
+
+    def fn(targets, ctx_p, ctx_y):
+        return [1.0 - truth(index[t]) if index[t] in bad_rows else truth(index[t]) for t in targets]
+
+    return CallablePrior(fn)
+
+
+def make(tmp_path, *, prior=None, reward_funcs=None, cls=V05GRPOTrainer, ds=None, **overrides):
+    from trl_ext.testbed import build_tiny_model, build_tokenizer
+
+    torch.set_num_threads(1)
+    kw = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, max_completion_length=5, max_steps=1,
+              learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1, save_strategy="no",
+              disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    kw.update(overrides)
+    tok = build_tokenizer()
+    ds = ds if ds is not None else _dataset()
+    return cls(model=build_tiny_model(tok, seed=0), reward_funcs=reward_funcs or [prompt_bit_reward],
+               args=V05GRPOConfig(**kw), train_dataset=ds, processing_class=tok, prior=prior)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    """Row indices of the first generation batch of 8 prompts (the sampler is seeded, so this is deterministic)."""
+    tr = make(tmp_path_factory.mktemp("probe"), prior=ConstantPrior(0.5), global_stop_fraction=0.0, max_steps=1)
+    tr.train()
+    out = list(tr.last_v05["row_idx"])
+    assert sorted(out) == sorted(set(out)) and len(out) == 8  # unique prompts
+    return out
+
+
+def replay_osla(rewards_per_prompt, priors_v, k_init, step, cost, frac):
+    """Re-derive OSLA's per-prompt k from the recorded rewards (rollouts are recorded in generation order)."""
+    g = len(rewards_per_prompt)
+    k = np.full(g, k_init)
+    cap = osla_cap(cost)
+    rounds, stopped = 0, False
+    while True:
+        need = np.zeros(g, dtype=bool)
+        for j in range(g):
+            fr = shrinkage_fusion(np.asarray(rewards_per_prompt[j][: k[j]]), priors_v[j])
+            need[j] = bool(osla_need_more(k[j], fr.bias2, cost, cap=cap))
+        if not need.any():
+            break
+        if frac > 0 and osla_should_stop(need, frac):
+            stopped = True
+            break
+        k[need] = np.minimum(k[need] + step, cap)
+        rounds += 1
+    return k, rounds, stopped
+
+
+# ------------------------------------------------------------------------------------------------ OSLA decisions
+def test_accurate_prior_stops_at_k_init(tmp_path):
+    ds = _dataset()
+    tr = make(tmp_path, prior=flipped_prior(ds, set()), ds=ds)
+    tr.train()
+    r = tr.last_v05
+    assert r["k"].tolist() == [4] * 8
+    assert r["rounds"] == 0 and not r["early_stop"] and r["need_history"] == [0.0]
+    assert not r["rejected_at_init"].any() and (r["weight"] == 0).all()
+    rec = tr.state.log_history[0]
+    assert rec["v05/rollouts_per_prompt_mean"] == 4 and rec["v05/rejection_rate"] == 0
+    assert rec["v05/prior_brier"] == 0 and rec["ext/rollouts"] == 32
+    # exact prior accepted: the fused baseline is the prior itself
+    np.testing.assert_allclose(r["baseline"], 2 * r["prior_p"] - 1)
+
+
+@pytest.mark.parametrize("cost,cap", [(0.0039, 16), (0.01, 10)])
+def test_corrupted_prior_rolls_out_to_the_cap(tmp_path, rows, cost, cap):
+    bad = set(rows[:4])  # 50% of the batch: the global stop does not fire
+    ds = _dataset()
+    tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, rollout_cost=cost)
+    tr.train()
+    r = tr.last_v05
+    assert r["row_idx"] == rows
+    expected = [cap if i in bad else 4 for i in rows]
+    assert r["k"].tolist() == expected
+    assert r["rounds"] == (cap - 4 + 1) // 2 and not r["early_stop"]
+    assert r["rejected_at_init"].tolist() == [i in bad for i in rows]
+    b = tr.last_rollout_batch
+    assert b.group_sizes.tolist() == expected  # the rollouts really reached TRL's loss
+    rec = tr.state.log_history[0]
+    assert rec["v05/rollouts_per_prompt_max"] == cap and rec["v05/rejection_rate"] == 0.5
+    assert rec["v05/prior_brier"] == 0.5 and rec["v05/rounds"] == r["rounds"]
+    assert rec["ext/rollouts"] == sum(expected)
+
+
+@pytest.mark.parametrize("n_bad,frac,stops", [(2, 0.25, False), (1, 0.25, True), (1, 0.0, False), (2, 0.3, True)])
+def test_global_stop_at_threshold(tmp_path, rows, n_bad, frac, stops):
+    bad = set(rows[:n_bad])
+    ds = _dataset()
+    tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, global_stop_fraction=frac)
+    tr.train()
+    r = tr.last_v05
+    assert r["early_stop"] == stops
+    assert r["need_history"][0] == n_bad / 8
+    k_bad = 4 if stops else 16
+    assert r["k"].tolist() == [k_bad if i in bad else 4 for i in rows]
+    assert tr.state.log_history[0]["v05/early_stop"] == float(stops)
+
+
+# ------------------------------------------------------------------------------------------------ advantages
+class Recording(V05GRPOTrainer):
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self.outputs = getattr(self, "outputs", []) + [out]
+        return out
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9])
+def test_advantages_equal_fused_advantages_and_decisions_replay(tmp_path, p):
+    tr = make(tmp_path, cls=Recording, prior=ConstantPrior(p), reward_funcs=[hash_bit_reward],
+              per_device_train_batch_size=6, gradient_accumulation_steps=2, num_generations=2, max_steps=1)
+    tr.train()
+    b, adv, r, out = tr.last_rollout_batch, tr.last_advantages, tr.last_v05, tr.outputs[0]
+    assert b.group_sizes.tolist() == r["k"].tolist() and len(r["k"]) == 12
+    signed = to_signed_reward(b.rewards.double().numpy())
+    per_prompt = []
+    for j in range(b.num_groups):
+        rows = (b.group_ids == j).numpy()
+        ref = fused_advantages(signed[rows], 2 * p - 1)
+        np.testing.assert_allclose(adv[rows].numpy(), ref.advantages, rtol=1e-5, atol=1e-6)
+        assert r["baseline"][j] == pytest.approx(ref.baselines[0])
+        per_prompt.append(signed[rows])
+    # the recorded decisions are exactly OSLA's rule replayed on the recorded rewards
+    k, rounds, stopped = replay_osla(per_prompt, [2 * p - 1] * 12, 4, 2, 0.0039, 0.25)
+    assert k.tolist() == r["k"].tolist() and rounds == r["rounds"] and stopped == r["early_stop"]
+    # pads: zero advantage, no loss tokens; num_items_in_batch counts real tokens only
+    assert (adv[b.is_pad] == 0).all()
+    assert (out["completion_mask"][b.is_pad] == 0).all()
+    assert out["num_items_in_batch"].item() == int(b.completion_lengths.sum())
+    assert b.num_rows % 2 == 0  # padded to a multiple of steps_per_generation
+    # the support buffer got one success rate per prompt, in global order
+    prompts, y = tr.support_buffer.items()
+    assert prompts == r["prompts"]
+    np.testing.assert_allclose(y, (r["vbar"] + 1) / 2)
+
+
+def test_dispatch_multiple_pads_rollouts_to_prompts(tmp_path):
+    ds = _dataset()
+    calls = []
+
+    class Counting(V05GRPOTrainer):
+        def _generate_completion_ids(self, rows):
+            calls.append(len(rows))
+            return super()._generate_completion_ids(rows)
+
+    tr = make(tmp_path, cls=Counting, prior=flipped_prior(ds, set()), ds=ds, per_device_train_batch_size=6,
+              num_generations=2, dispatch_multiple=32)
+    tr.train()
+    r = tr.last_v05
+    assert calls == [32]  # 6 x 4 = 24 -> padded to 32, then no round (exact prior)
+    assert sorted(r["k"].tolist(), reverse=True) == [6, 6, 5, 5, 5, 5]  # 8 extra rollouts round-robin
+    assert r["k"].tolist() == [6, 6, 5, 5, 5, 5]
+    assert tr.state.log_history[0]["v05/discarded_rollouts"] == 0
+
+
+def test_dispatch_slots_beyond_cap_are_discarded(tmp_path):
+    ds = _dataset()
+    calls = []
+
+    class Counting(V05GRPOTrainer):
+        def _generate_completion_ids(self, rows):
+            calls.append(len(rows))
+            return super()._generate_completion_ids(rows)
+
+    tr = make(tmp_path, cls=Counting, prior=flipped_prior(ds, set(range(N_ROWS))), ds=ds,
+              per_device_train_batch_size=2, num_generations=2, dispatch_multiple=7, rollout_cost=1 / 25.0)
+    tr.train()
+    # cap 5: first dispatch 8 -> 14 (6 extra, only 2 fit under the cap) -> 4 discarded; no prompt needs more
+    assert osla_cap(1 / 25.0) == 5
+    assert calls == [14] and tr.last_v05["k"].tolist() == [5, 5]
+    assert tr.state.log_history[0]["v05/discarded_rollouts"] == 4
+
+
+# ------------------------------------------------------------------------------------------------ vLLM stand-in
+class FakeVLLM:
+    """Stand-in for TRL's ``VLLMGeneration``: samples with the HF model and returns per-token top-1 log-probs."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.calls = []
+        self.syncs = 0
+
+    def sync_weights(self):
+        self.syncs += 1
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        assert num_generations == 1 and images is None
+        self.calls.append(len(prompts))
+        tr = self.trainer
+        model = tr.accelerator.unwrap_model(tr.model)
+        eos = tr.eos_token_ids[0]
+        comps, lps = [], []
+        g = torch.Generator().manual_seed(len(self.calls))
+        with torch.no_grad():
+            for p in prompts:
+                ids = list(p)
+                out = []
+                for _ in range(tr.max_completion_length):
+                    logits = model(torch.tensor([ids + out])).logits[0, -1].float()
+                    tok = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
+                    out.append(tok)
+                    if tok == eos:
+                        break
+                full = torch.tensor([ids + out])
+                logp = torch.log_softmax(model(full).logits[0, len(ids) - 1:-1].float(), -1)
+                comps.append(out)
+                lps.append([[float(logp[t, c])] for t, c in enumerate(out)])
+        return prompts, comps, lps, None
+
+
+def test_vllm_stand_in_keeps_sampling_logprobs_aligned(tmp_path, rows):
+    ds = _dataset()
+    tr = make(tmp_path, cls=Recording, prior=flipped_prior(ds, set(rows[:3])), ds=ds)
+    fake = FakeVLLM(tr)
+    tr.use_vllm, tr.vllm_mode, tr.vllm_generation, tr._last_loaded_step = True, "server", fake, -1
+    tr.vllm_importance_sampling_correction = True
+    tr.train()
+    out, r = tr.outputs[0], tr.last_v05
+    assert fake.calls[0] == 32 and len(fake.calls) == 1 + r["rounds"] and fake.syncs == 1
+    assert r["k"].tolist() == [16 if i in rows[:3] else 4 for i in rows]
+    ratio = out["importance_sampling_ratio"]
+    mask = out["completion_mask"].bool()
+    # aligned log-probs: TRL's recomputed log-probs equal the sampler's, so the IS ratio is 1 on every real token
+    torch.testing.assert_close(ratio.expand_as(mask)[mask], torch.ones(int(mask.sum())), atol=1e-4, rtol=0)
+    torch.testing.assert_close(out["sampling_per_token_logps"][mask], out["old_per_token_logps"][mask],
+                               atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ resume / state
+def test_resume_restores_support_buffer(tmp_path):
+    ds = _dataset()
+    prints = []
+
+    class Rec(V05GRPOTrainer):
+        def compute_advantages(self, batch):
+            adv = super().compute_advantages(batch)
+            prints.append(self.support_buffer.fingerprint())
+            return adv
+
+        def load_ext_state_dict(self, state):
+            super().load_ext_state_dict(state)
+            self.loaded_fingerprint = self.support_buffer.fingerprint()
+
+    run1 = make(tmp_path / "a", cls=Rec, prior=ConstantPrior(0.5), reward_funcs=[hash_bit_reward], ds=ds,
+                max_steps=3, save_strategy="steps", save_steps=1, per_device_train_batch_size=4, num_generations=2)
+    run1.train()
+    saved = torch.load(tmp_path / "a" / "checkpoint-1" / EXT_STATE_FILE, weights_only=True)
+    assert len(saved["v05_support_buffer"]["prompts"]) == 4 and saved["v05_generation_index"] == 1
+    first = list(prints)
+    prints.clear()
+    run2 = make(tmp_path / "a", cls=Rec, prior=ConstantPrior(0.5), reward_funcs=[hash_bit_reward], ds=ds,
+                max_steps=3, per_device_train_batch_size=4, num_generations=2)
+    run2.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-1"))
+    assert run2.loaded_fingerprint == first[0]
+    assert prints == first[1:]  # same buffers (and so same contexts) after resuming
+    assert run2.support_buffer.fingerprint() == run1.support_buffer.fingerprint() and len(run2.support_buffer) == 12
+
+
+def test_cold_start_then_context_from_buffer(tmp_path):
+    # default prior: embedding of a frozen copy of the starting policy; empty buffer -> p = 0.5 for every prompt
+    tr = make(tmp_path, reward_funcs=[hash_bit_reward], max_steps=2, per_device_train_batch_size=4, num_generations=2,
+              context_size=3)
+    assert type(tr.prior).__name__ == "EmbeddingInContextPrior"
+    seen = []
+    orig = tr.prior.predict
+
+    def spy(targets, cp, cy):
+        out = orig(targets, cp, cy)
+        seen.append((len(cp), out.copy()))
+        return out
+
+    tr.prior.predict = spy
+    tr.train()
+    assert seen[0][0] == 0 and (seen[0][1] == 0.5).all()
+    assert seen[1][0] == 3  # context_size pairs sampled from the 4 pairs of step 1
+    assert [h["v05/context_size"] for h in tr.state.log_history if "v05/context_size" in h] == [0, 3]
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("value,match", [(float("nan"), "NaN"), (1.5, "outside"), (-0.2, "outside")])
+def test_bad_prior_output_is_a_clear_error(tmp_path, value, match):
+    tr = make(tmp_path, prior=CallablePrior(lambda t, cp, cy: [value] * len(t)))
+    with pytest.raises(PriorOutputError, match=match):
+        tr.train()
+
+
+def test_reward_outside_declared_range_is_a_clear_error(tmp_path):
+    tr = make(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[lambda prompts, completions, **kw: [2.0] * len(prompts)])
+    with pytest.raises(ValueError, match="reward_high"):
+        tr.train()
+    # the same reward is fine once the range is declared; {-1, 1} rewards with reward_low=-1 too
+    tr = make(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[lambda prompts, completions, **kw: [2.0] * len(prompts)],
+              reward_low=0.0, reward_high=2.0)
+    tr.train()
+    assert tr.last_v05["vbar"].tolist() == [1.0] * 8
+
+
+def test_all_unscorable_prompts_fall_back_to_zero_advantage(tmp_path):
+    def none_reward(prompts, completions, trl_ext_row_idx, **kw):
+        return [None if i < 100 else 1.0 for i in trl_ext_row_idx]
+
+    tr = make(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[none_reward])
+    with pytest.warns(UserWarning, match="no scorable rollout"):
+        tr.train()
+    r = tr.last_v05
+    assert r["k"].tolist() == [4] * 8 and r["rounds"] == 0  # nothing to test -> no extra rollouts
+    assert not r["scorable"].any() and len(tr.support_buffer) == 0
+    assert (tr.last_advantages == 0).all()
+    assert tr.state.log_history[0]["v05/unscorable_prompts"] == 8
+
+
+def test_partly_unscorable_prompt(tmp_path, rows):
+    dead = rows[0]
+
+    def reward(prompts, completions, trl_ext_row_idx, **kw):
+        return [None if i == dead else truth(i) for i in trl_ext_row_idx]
+
+    ds = _dataset()
+    tr = make(tmp_path, prior=flipped_prior(ds, set()), reward_funcs=[reward], ds=ds)
+    tr.train()
+    r = tr.last_v05
+    assert r["scorable"].tolist() == [i != dead for i in rows]
+    prompts, _ = tr.support_buffer.items()
+    assert len(prompts) == 7 and ds[dead]["prompt"] not in prompts
+
+
+# ------------------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("kw,match", [
+    ({"k_init": 2}, "Appendix A.8"),
+    ({"k_init": 4, "rollout_cost": 0.1}, "cap"),
+    ({"k_step": 0}, "k_step"),
+    ({"global_stop_fraction": 1.5}, "global_stop_fraction"),
+    ({"dispatch_multiple": 0}, "dispatch_multiple"),
+    ({"reward_low": 1.0, "reward_high": 0.0}, "reward_low < reward_high"),
+    ({"sigma_floor": 0.0}, "sigma_floor"),
+    ({"loss_type": "grpo"}, "allow_unsupported_loss_type"),
+    ({"buffer_capacity": 0}, "buffer_capacity"),
+    ({"value_prior_kwargs": "{not json"}, "JSON"),
+    ({"tie_break_scorer_index": 0}, "tie-break"),
+])
+def test_config_validation(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        V05GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8, **kw)
+
+
+def test_config_escape_hatches_and_defaults(tmp_path):
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+    c = V05GRPOConfig(**base)
+    assert (c.k_init, c.k_step, c.rollout_cost, c.global_stop_fraction, c.buffer_capacity, c.context_size) == \
+        (4, 2, 0.0039, 0.25, 512, 256)
+    assert osla_cap(c.rollout_cost) == 16 and c.loss_type == "dapo"
+    assert V05GRPOConfig(**base, k_init=2, allow_small_k_init=True).k_init == 2
+    with pytest.warns(UserWarning, match="pad rows"):
+        V05GRPOConfig(**base, loss_type="grpo", allow_unsupported_loss_type=True)
+    assert V05GRPOConfig(**base, value_prior="constant", value_prior_kwargs='{"p": 0.3}').value_prior_kwargs == \
+        {"p": 0.3}
+
+
+def test_prior_from_config_and_bad_prior_object(tmp_path):
+    tr = make(tmp_path, value_prior="constant", value_prior_kwargs={"p": 0.25})
+    assert isinstance(tr.prior, ConstantPrior) and tr.prior.p == 0.25
+    with pytest.raises(TypeError, match="ValuePrior"):
+        make(tmp_path, prior=lambda *a: 0.5)
+    with pytest.raises(ValueError, match="prior=CallablePrior"):
+        make(tmp_path, value_prior="callable")
+
+
+@settings(max_examples=60, deadline=None)
+@given(lo=st.floats(-5, 5), width=st.floats(0.01, 10), u=st.lists(st.floats(0, 1), min_size=1, max_size=20))
+def test_reward_mapping_properties(lo, width, u):
+    hi = lo + width
+    opts = types.SimpleNamespace(reward_low=lo, reward_high=hi)
+    fake = types.SimpleNamespace(_v05=opts)
+    r = lo + np.asarray(u) * width
+    out = V05GRPOTrainer._v05_map_rewards(fake, np.append(r, np.nan))
+    assert np.isnan(out[-1]) and np.all(np.abs(out[:-1]) <= 1.0)
+    np.testing.assert_allclose(out[:-1], 2 * np.asarray(u) - 1, atol=1e-9)
+    with pytest.raises(ValueError, match="declared range"):
+        V05GRPOTrainer._v05_map_rewards(fake, np.array([hi + width]))
+
+
+# ------------------------------------------------------------------------------------------------ 1 vs 2 processes
+@pytest.mark.slow
+def test_one_and_two_processes_make_the_same_decisions(tmp_path):
+    import v05_two_rank
+
+    one = v05_two_rank.run(str(tmp_path / "one"), max_steps=2, force_collective=False)
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path / "two"), "2"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.load(open(tmp_path / "two" / f"rank{r}.json")) for r in (0, 1)]
+    assert [x["world_size"] for x in ranks] == [2, 2] and one["world_size"] == 1
+    assert ranks[0]["steps"] == ranks[1]["steps"]  # global decisions and buffer identical on both ranks
+    assert ranks[0]["calls"] == ranks[1]["calls"]  # collective mode: equal-length dispatch in every round
+    for s1, s2 in zip(one["steps"], ranks[0]["steps"]):
+        assert s1["k"] == s2["k"] and s1["rounds"] == s2["rounds"] and s1["early_stop"] == s2["early_stop"]
+        assert s1["fingerprint"] == s2["fingerprint"]
+    assert any(s["rounds"] > 0 for s in one["steps"])  # the corrupted prompts really triggered rounds
