@@ -1,0 +1,296 @@
+"""Tests of the compute-matched comparison harness ``benchmarks/compare_trainers.py`` (issue 8).
+
+What is checked:
+
+* ``TokenBudgetCallback`` with fake logs: it stops exactly at the first log whose generated-token count reaches the
+  budget, fires every evaluation checkpoint once with the actual count, sums per-generation metrics, and rejects
+  decreasing / non-finite counts and trainers that never report tokens (hypothesis property test + edge cases);
+* the table helpers (tokens to threshold, per-method summary) on hand-built curves;
+* the benchmark-only RLOO / REINFORCE++ estimators against their formulas, pads and NaN rows zeroed;
+* ``--smoke`` end to end on an untrained tiny model: JSON, tables, plots, per-run outcomes and the two-part-rule
+  verdict structure; a method whose trainer cannot be imported or configured is recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+torch.set_num_threads(1)
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("compare_trainers", os.path.join(BENCH, "compare_trainers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["compare_trainers"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ct = _load_bench()
+
+
+def _control():
+    return SimpleNamespace(should_training_stop=False)
+
+
+def _state(step=0):
+    return SimpleNamespace(global_step=step)
+
+
+# ------------------------------------------------------------------------------------------ budget callback
+def test_budget_callback_stops_at_first_log_reaching_budget_and_fires_checkpoints():
+    fired = []
+    cb = ct.TokenBudgetCallback(1000, [250, 500, 750], lambda n, t, s: fired.append((n, t, s.global_step)))
+    control = _control()
+    totals = [120, 260, 240 + 260, 980, 1010, 1300]
+    stop_at = None
+    for step, tot in enumerate(totals, 1):
+        cb.on_log(None, _state(step), control, logs={"loss": 0.1, ct.TOKEN_METRIC: float(tot)})
+        if control.should_training_stop and stop_at is None:
+            stop_at = step
+            break
+    assert stop_at == 5  # 1010 is the first count >= 1000; 980 is not
+    assert cb.reached and cb.tokens == 1010 and cb.metric_used == ct.TOKEN_METRIC
+    # every checkpoint once, in order, with the first count that reached it
+    assert fired == [(250, 260, 2), (500, 500, 3), (750, 980, 4), (1000, 1010, 5)]
+
+
+def test_budget_callback_sums_per_generation_metric_and_prefers_first_listed():
+    cb = ct.TokenBudgetCallback(100, metrics=("v05/generated_tokens", ct.TOKEN_METRIC))
+    control = _control()
+    for step, per in enumerate([30, 30, 30], 1):
+        cb.on_log(None, _state(step), control, logs={"v05/generated_tokens": per, ct.TOKEN_METRIC: 5.0 * step})
+    assert cb.metric_used == "v05/generated_tokens" and cb.tokens == 90 and not control.should_training_stop
+    cb.on_log(None, _state(4), control, logs={"v05/generated_tokens": 15})
+    assert cb.tokens == 105 and control.should_training_stop and cb.reached
+
+
+def test_budget_callback_crossing_several_checkpoints_in_one_log():
+    fired = []
+    cb = ct.TokenBudgetCallback(300, [100, 200], lambda n, t, s: fired.append((n, t)))
+    cb.on_log(None, _state(1), _control(), logs={ct.TOKEN_METRIC: 350.0})
+    assert fired == [(100, 350.0), (200, 350.0), (300, 350.0)]
+
+
+def test_budget_callback_ignores_logs_without_token_metric_but_errors_if_never_reported():
+    cb = ct.TokenBudgetCallback(100)
+    control = _control()
+    cb.on_log(None, _state(0), control, logs=None)
+    cb.on_log(None, _state(0), control, logs={"train_runtime": 3.0})  # end-of-train summary: not a step
+    cb.on_train_end(None, _state(0), control)  # nothing trained, nothing to complain about
+    cb.on_log(None, _state(1), control, logs={"loss": 0.0, "reward": 0.5})
+    with pytest.raises(RuntimeError, match="does not report generated tokens"):
+        cb.on_train_end(None, _state(1), control)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_budget_callback_rejects_bad_counts(bad):
+    cb = ct.TokenBudgetCallback(100)
+    with pytest.raises(RuntimeError, match="finite"):
+        cb.on_log(None, _state(1), _control(), logs={ct.TOKEN_METRIC: bad})
+
+
+def test_budget_callback_rejects_decreasing_cumulative_count():
+    cb = ct.TokenBudgetCallback(100)
+    cb.on_log(None, _state(1), _control(), logs={ct.TOKEN_METRIC: 50.0})
+    with pytest.raises(RuntimeError, match="decreased"):
+        cb.on_log(None, _state(2), _control(), logs={ct.TOKEN_METRIC: 40.0})
+
+
+@pytest.mark.parametrize("kwargs", [dict(budget=0), dict(budget=-5), dict(budget=float("nan")), dict(budget=True),
+                                    dict(budget=10, checkpoints=[11]), dict(budget=10, checkpoints=[0]),
+                                    dict(budget=10, metrics=()), dict(budget=10, metrics="ext/x_total")])
+def test_budget_callback_constructor_validation(kwargs):
+    with pytest.raises(ValueError):
+        ct.TokenBudgetCallback(**kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(budget=st.integers(1, 5000), incs=st.lists(st.integers(0, 700), min_size=1, max_size=40),
+       cps=st.lists(st.integers(1, 5000), max_size=6), cumulative=st.booleans())
+def test_budget_callback_property(budget, incs, cps, cumulative):
+    cps = [c for c in cps if c <= budget]
+    fired = []
+    metric = ct.TOKEN_METRIC if cumulative else "pair/generated_tokens"
+    cb = ct.TokenBudgetCallback(budget, cps, lambda n, t, s: fired.append((n, t)), metrics=(metric,))
+    control = _control()
+    total, seen = 0, []
+    for inc in incs:
+        total += inc
+        seen.append(total)
+        cb.on_log(None, _state(len(seen)), control, logs={metric: float(total if cumulative else inc)})
+        if control.should_training_stop:
+            break
+    # stop exactly at the first log whose count reaches the budget, never before
+    first = next((i for i, t in enumerate(np.cumsum(incs)) if t >= budget), None)
+    assert control.should_training_stop == (first is not None) == cb.reached
+    if first is not None:
+        assert len(seen) == first + 1
+    assert cb.tokens == seen[-1]
+    # fired checkpoints: exactly those <= final count, in order, each with the first count that reached it
+    expected = sorted(set(cps) | {budget})
+    expected = [c for c in expected if c <= seen[-1]]
+    assert [n for n, _ in fired] == expected
+    for n, t in fired:
+        assert t == next(x for x in seen if x >= n)
+
+
+# ------------------------------------------------------------------------------------------ table helpers
+def test_tokens_to_threshold_and_summary():
+    curve = [{"tokens": 0.0, "greedy_accuracy": 0.4}, {"tokens": 110.0, "greedy_accuracy": 0.55},
+             {"tokens": 205.0, "greedy_accuracy": 0.62}]
+    assert ct.tokens_to_threshold(curve, 0.6) == 205.0
+    assert ct.tokens_to_threshold(curve, 0.4) == 0.0
+    assert ct.tokens_to_threshold(curve, 0.7) is None
+    runs = [
+        {"method": "grpo_g16", "label": "G16", "status": "ok", "seed": s, "final_greedy_accuracy": acc,
+         "curve": [{"tokens": 100.0 + s, "greedy_accuracy": acc}], "tokens": 101.0 + s, "train_wall_s": 2.0 * (s + 1),
+         "steps": 3, "rollouts_per_step": 64.0}
+        for s, acc in enumerate([0.5, 0.7])
+    ] + [{"method": "pair", "label": "PAIR", "status": "skipped", "seed": 0, "reason": "no module"}]
+    rows = ct.summarize(runs, threshold=0.6, start_accuracy=0.45)
+    g = rows[0]
+    assert g["n_seeds"] == 2 and g["final_accuracy_mean"] == pytest.approx(0.6)
+    assert g["final_accuracy_sd"] == pytest.approx(math.sqrt(0.02))
+    assert g["tokens_to_threshold_reached"] == 1 and g["tokens_to_threshold_mean"] == 101.0
+    assert g["train_wall_s_mean"] == pytest.approx(3.0)
+    assert rows[1]["status"] == "skipped" and rows[1]["reason"] == "no module" and rows[1]["n_seeds"] == 0
+    md = ct.table_markdown(rows, 0.6, {"token_budget": 100, "n_eval": 10})
+    assert "skipped: no module" in md and "0.600 +- 0.141" in md
+
+
+def test_choose_threshold_rules():
+    runs = [{"method": "grpo_g16", "status": "ok", "final_greedy_accuracy": a} for a in (0.6, 0.7)]
+    runs.append({"method": "grpo_g16", "status": "failed"})
+    assert ct.choose_threshold(runs, None, 0.4)[0] == pytest.approx(0.65)
+    assert ct.choose_threshold(runs, 0.5, 0.4) == (0.5, "--threshold")
+    assert ct.choose_threshold(runs[2:], None, 0.4)[0] == pytest.approx(0.5)
+    assert ct.choose_threshold([], None, 0.95)[0] == 1.0
+
+
+# ------------------------------------------------------------------------------------------ bench trainers
+def _fake_batch(rewards, gids, pad):
+    r = torch.tensor(rewards, dtype=torch.float32)
+    pad = torch.tensor(pad)
+    return SimpleNamespace(rewards=r, group_ids=torch.tensor(gids), valid=~pad & ~torch.isnan(r), num_rows=len(r))
+
+
+def test_bench_estimators_match_formulas_and_zero_pads():
+    from _bench_trainers import valid_rows_advantages
+
+    from trl_ext.estimators import reinforce_pp_advantages, rloo_advantages
+
+    b = _fake_batch([1.0, 0.0, 1.0, 1.0, float("nan"), 0.0, float("nan")], [0, 0, 0, 1, 1, 2, -1],
+                    [False, False, False, False, False, False, True])
+    adv, _ = valid_rows_advantages(b, rloo_advantages, normalize=False)
+    # group 0: leave-one-out means 1/2, 1, 1/2; group 1: singleton after the NaN row -> 0; group 2 singleton -> 0
+    np.testing.assert_allclose(adv.numpy(), [0.5, -1.0, 0.5, 0.0, 0.0, 0.0, 0.0], atol=1e-6)
+    adv, res = valid_rows_advantages(b, reinforce_pp_advantages, normalize=True)
+    r = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+    want = (r - r.mean()) / (r.std(ddof=1) + 1e-4)
+    np.testing.assert_allclose(adv.numpy()[[0, 1, 2, 3, 5]], want, rtol=1e-5)
+    assert adv[4] == 0 and adv[6] == 0
+    empty = _fake_batch([float("nan")], [0], [False])
+    adv, res = valid_rows_advantages(empty, rloo_advantages)
+    assert res is None and adv.tolist() == [0.0]
+
+
+# ------------------------------------------------------------------------------------------ smoke end to end
+def test_smoke_end_to_end(tmp_path, monkeypatch):
+    from trl_ext.testbed import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    monkeypatch.setitem(ct.METHODS, "missing_trainer", ct.MethodSpec(
+        "missing_trainer", "not installed", "trl_ext", "trl_ext.trainers.does_not_exist:Config",
+        "trl_ext.trainers.does_not_exist:Trainer", group_size=4))
+    monkeypatch.setitem(ct.METHODS, "bad_config", ct.MethodSpec(
+        "bad_config", "bad config", "baseline", "trl_ext.trainers.base:ExtGRPOConfig",
+        "trl_ext.trainers.base:GRPOTrainer", group_size=4, config_kwargs={"no_such_field": 1}))
+    out = tmp_path / "out"
+    rc = ct.main(["--output_dir", str(out), "--smoke", "--model_name_or_path", model_dir,
+                  "--methods", "grpo_g16", "grpo_g4", "missing_trainer", "bad_config", "--seeds", "0", "1"])
+    assert rc == 0
+    for name in ("runs.json", "table.md", "table.json", "verdicts.json", "verdicts.md", "accuracy_vs_tokens.png",
+                 "accuracy_vs_walltime.png"):
+        assert (out / name).is_file(), name
+    for png in ("accuracy_vs_tokens.png", "accuracy_vs_walltime.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads((out / "runs.json").read_text())
+    s = doc["settings"]
+    assert s["smoke"] and s["seeds"] == [0, 1]
+    by = {(r["method"], r["seed"]): r for r in doc["runs"]}
+    assert set(by) == {(m, sd) for m in ("grpo_g16", "grpo_g4", "missing_trainer", "bad_config") for sd in (0, 1)}
+    for m in ("missing_trainer", "bad_config"):
+        for sd in (0, 1):
+            assert by[(m, sd)]["status"] == "skipped"
+    assert "not importable" in by[("missing_trainer", 0)]["reason"]
+    assert "config rejected" in by[("bad_config", 0)]["reason"] and "no_such_field" in by[("bad_config", 0)]["reason"]
+    for m, g in (("grpo_g16", 16), ("grpo_g4", 4)):
+        for sd in (0, 1):
+            r = by[(m, sd)]
+            assert r["status"] == "ok" and r["budget_reached"] and r["token_metric"] == ct.TOKEN_METRIC
+            # stopped right after crossing: the overshoot is less than one generation batch
+            assert s["token_budget"] <= r["tokens"] < s["token_budget"] + s["rollouts_per_step"] * doc[
+                "max_completion_length"]
+            assert r["config"]["num_generations"] == g and r["prompts_per_step"] == s["rollouts_per_step"] // g
+            assert [p["nominal_tokens"] for p in r["curve"]] == [250.0, 500.0]
+            assert all(p["tokens"] >= p["nominal_tokens"] for p in r["curve"])
+            lines = (out / r["outcomes"]).read_text().splitlines()
+            assert len(lines) == s["n_eval"] and f"seed{sd}" in r["outcomes"]
+            assert {"question_id", "correct", "pass_rate"} <= set(json.loads(lines[0]))
+    table = json.loads((out / "table.json").read_text())
+    assert [r["method"] for r in table["rows"]] == ["grpo_g16", "grpo_g4", "missing_trainer", "bad_config"]
+    assert "skipped" in (out / "table.md").read_text()
+    v = json.loads((out / "verdicts.json").read_text())
+    assert v["references"]["vs_grpo_g16"] == "grpo_g16" and v["references"]["vs_best_grpo"] in ("grpo_g16", "grpo_g4")
+    comps = v["comparisons"]
+    assert comps and all(c["b"] in ("grpo_g16", "grpo_g4") and c["a"] != c["b"] for c in comps)
+    assert {(c["a"], c["b"]) for c in comps} >= {("grpo_g4", "grpo_g16")}
+    c = next(c for c in comps if c["a"] == "grpo_g4" and c["b"] == "grpo_g16")
+    assert c["n_seeds"] == 2 and c["n_questions"] == s["n_eval"]
+    assert c["status"] in ("a_wins", "b_wins", "no_winner")  # two seeds: the rule can be applied
+    for key in ("margin", "margin_ci", "detection_floor", "paired_detection_floor", "votes_a", "votes_b",
+                "pooled_p_value", "report"):
+        assert key in c
+    assert len(c["report"]["verdict"]["seeds"]) == 2
+    # re-running reuses finished runs (same settings) instead of training again
+    rc = ct.main(["--output_dir", str(out), "--smoke", "--model_name_or_path", model_dir,
+                  "--methods", "grpo_g4", "--seeds", "0"])
+    assert rc == 0
+    again = json.loads((out / "runs.json").read_text())["runs"]
+    assert len(again) == 1 and again[0]["run_wall_s"] == by[("grpo_g4", 0)]["run_wall_s"]
+
+
+def test_settings_validation():
+    parser = ct.build_parser()
+    with pytest.raises(SystemExit):
+        ct.resolve_settings(parser.parse_args(["--output_dir", "x", "--methods", "nope"]))
+    with pytest.raises(SystemExit):
+        ct.resolve_settings(parser.parse_args(["--output_dir", "x", "--rollouts_per_step", "40"]))
+    with pytest.raises(SystemExit):
+        ct.resolve_settings(parser.parse_args(["--output_dir", "x", "--token_budget", "100",
+                                               "--eval_every_tokens", "200"]))
+    with pytest.raises(SystemExit):
+        ct.resolve_settings(parser.parse_args(["--output_dir", "x", "--dataset_fn", "a:b"]))
+    with pytest.raises(SystemExit):
+        ct.resolve_settings(parser.parse_args(["--output_dir", "x", "--config_overrides", "[1]"]))
+    s = ct.resolve_settings(parser.parse_args(["--output_dir", "x", "--smoke", "--use_vllm",
+                                               "--config_overrides", '{"loss_type": "dapo"}']))
+    assert s["methods"] == ct.SMOKE["methods"] and s["seeds"] == [0]
+    assert s["config_overrides"] == {"loss_type": "dapo", "use_vllm": True}
