@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -489,17 +488,6 @@ def test_calibration_partly_nan_table_row_rejected():
         calibrate_beta([1.0, 0.0], tab, beta_grid=[0.1, 1.0, 2.0])
 
 
-def test_calibration_speed_512_x_230():
-    r, p_hat, _ = _population(0, n=512)
-    calibrate_beta(r, p_hat)
-    times = []
-    for _ in range(30):
-        t0 = time.perf_counter()
-        calibrate_beta(r, p_hat)
-        times.append(time.perf_counter() - t0)
-    assert min(times) < 0.010, f"calibrate_beta took {min(times) * 1e3:.2f} ms (best of 30)"
-
-
 # ------------------------------------------------------------------------------------------ registry / audit
 def test_registry_entry():
     from trl_ext.estimators.baselines import ADVANTAGE_ESTIMATORS, get_advantage_estimator
@@ -525,9 +513,7 @@ def test_audit_quick_runs_and_is_sane():
 
     from trl_ext.estimators.audits.basis import format_table, run_audit
 
-    t0 = time.perf_counter()
     res = run_audit(seed=0, quick=True)
-    assert time.perf_counter() - t0 < 5.0
     json.dumps(res)
     for sc in res["scenarios"].values():
         est = sc["estimators"]
@@ -550,9 +536,8 @@ def test_audit_quick_runs_and_is_sane():
 
 
 @pytest.mark.slow
-def test_audit_full_under_30s():
+def test_audit_full_runs_and_is_deterministic():
+    # Timing lives in benchmarks/estimator_microbench.py, not in tests (these machines are noisy).
     from trl_ext.estimators.audits.basis import run_audit
 
-    t0 = time.perf_counter()
-    run_audit(seed=1, quick=False)
-    assert time.perf_counter() - t0 < 30.0
+    assert run_audit(seed=1, quick=False) == run_audit(seed=1, quick=False)

@@ -276,7 +276,6 @@ KeyedGRPO(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for
 """
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_ranks_group_split_across_ranks_gets_global_sample_indices(tmp_path):
     """per_device=2, G=4 on 2 ranks: each group spans both ranks; sample indices are 0,1 on rank 0 and 2,3 on rank 1."""

@@ -447,7 +447,7 @@ def test_reward_mapping_properties(lo, width, u):
 
 
 # ------------------------------------------------------------------------------------------------ 1 vs 2 processes
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_one_and_two_processes_make_the_same_decisions(tmp_path):
     import v05_two_rank
 
