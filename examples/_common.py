@@ -1,0 +1,90 @@
+"""Helpers shared by the example scripts (argument parsing, CPU setup, trainer registry loading, output).
+
+Every example accepts ``--output_dir``, ``--max_steps`` and ``--seed`` (:func:`add_common_args`) and leaves the
+standard ``trainer_state.json`` (with ``log_history``) in ``--output_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib import import_module
+
+# CPU-only, offline defaults; set before torch/transformers are imported by the caller.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, output_dir: str, max_steps: int, seed: int = 0):
+    """Add ``--output_dir``, ``--max_steps``, ``--seed``, ``--num_threads`` and ``--cache_dir`` to ``parser``."""
+    parser.add_argument("--output_dir", default=output_dir, help=f"where outputs are written (default {output_dir})")
+    parser.add_argument("--max_steps", type=_positive_int, default=max_steps,
+                        help=f"optimizer steps to train (default {max_steps})")
+    parser.add_argument("--seed", type=_nonneg_int, default=seed, help=f"random seed (default {seed})")
+    parser.add_argument("--num_threads", type=_positive_int, default=1,
+                        help="torch threads per process (default 1: the testbed is tiny and CPUs are shared)")
+    parser.add_argument("--cache_dir", default=None,
+                        help="warm-model cache root (default $TRL_EXT_CACHE or ~/.cache/trl_ext/testbed)")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    v = float(text)
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def setup_torch(num_threads: int = 1) -> None:
+    """Limit torch's intra-op threads (several ranks and engineers share few cores)."""
+    import torch
+
+    torch.set_num_threads(num_threads)
+
+
+def load_object(spec: str):
+    """Import ``"package.module:attr"``."""
+    module, _, attr = spec.partition(":")
+    return getattr(import_module(module), attr)
+
+
+def world_info() -> tuple[int, int]:
+    """``(rank, world_size)`` from the launcher's environment (``torchrun`` / ``accelerate launch``)."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def write_json(path: str, obj) -> str:
+    """Write ``obj`` as indented JSON atomically (tmp file then rename); returns ``path``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+    return path
+
+
+def log(msg: str) -> None:
+    """Print on the main process only, flushed."""
+    if world_info()[0] == 0:
+        print(msg, flush=True)
+        sys.stdout.flush()

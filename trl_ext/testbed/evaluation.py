@@ -1,0 +1,264 @@
+"""Evaluation helpers: greedy / sampled accuracy, per-prompt pass rates, per-question JSONL outcomes.
+
+Outcome JSONL format (read by the comparison tools; documented in ``docs/testbed.md``): one JSON object per
+question and line, with keys
+
+``question_id`` (str), ``correct`` (0/1: greedy correctness, or the majority over samples, i.e.
+``pass_rate > 0.5``), ``pass_rate`` (float in [0, 1]), ``n_samples`` (int), ``completion_tokens`` (float, mean
+generated tokens per sample, counting the ``<eos>`` when one was produced), ``prompt`` (str), ``answer`` (str),
+``completions`` (list of str), plus ``channels`` for the substitution task (``{name: [n_correct, n_slots]}``
+summed over samples).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = ["EvalResult", "evaluate_model", "write_outcomes_jsonl", "read_outcomes_jsonl", "REQUIRED_KEYS"]
+
+#: Keys every outcome record must have (checked by :func:`write_outcomes_jsonl` / :func:`read_outcomes_jsonl`).
+REQUIRED_KEYS: tuple[str, ...] = ("question_id", "correct", "pass_rate", "n_samples", "completion_tokens")
+
+
+@dataclass
+class EvalResult:
+    """Result of :func:`evaluate_model`.
+
+    Attributes
+    ----------
+    accuracy : float
+        Mean of ``per_prompt_pass_rate``: the greedy accuracy for greedy decoding, the expected per-sample
+        accuracy ("sampled accuracy") for sampling.
+    per_prompt_pass_rate : list of float
+        Fraction of correct samples per question, in dataset order.
+    records : list of dict
+        One outcome record per question (the JSONL schema above).
+    generated_tokens : int
+        Total generated tokens over all questions and samples (each sample counted up to and including its
+        first ``<eos>``, or ``max_new_tokens`` if none).
+    """
+
+    accuracy: float
+    per_prompt_pass_rate: list[float]
+    records: list[dict]
+    generated_tokens: int
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def majority_accuracy(self) -> float:
+        """Fraction of questions whose ``correct`` flag is 1."""
+        return sum(r["correct"] for r in self.records) / max(len(self.records), 1)
+
+
+def _model_device(model):
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        import torch
+
+        return torch.device("cpu")
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    dataset,
+    task: str,
+    *,
+    num_samples: int = 1,
+    greedy: bool = True,
+    max_new_tokens: int = 8,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> EvalResult:
+    """Generate answers for every prompt of ``dataset`` and score them with the task's reward function.
+
+    Parameters
+    ----------
+    model : PreTrainedModel-like
+        Anything with ``generate(input_ids=..., attention_mask=..., max_new_tokens=..., do_sample=...,
+        num_return_sequences=..., ...)`` returning ``(B * num_return_sequences, prompt_len + T)`` token ids
+        (prompt first), like HF ``generate``. Pass the unwrapped model, not a DDP wrapper. Its train/eval mode
+        is restored afterwards.
+    tokenizer : PreTrainedTokenizerBase
+        Needs pad and eos tokens; prompts are left-padded.
+    dataset : datasets.Dataset or sequence of dicts
+        Needs ``prompt``, ``answer`` and ``question_id`` (and the columns the task's reward reads).
+    task : str
+        A key of :data:`trl_ext.testbed.TASKS`; the first of ``get_reward_funcs(task)`` scores (1 = correct).
+    num_samples : int, default 1
+        Samples per question. Greedy decoding requires ``num_samples == 1`` (the samples would be identical).
+    greedy : bool, default True
+    max_new_tokens : int, default 8
+    temperature : float, default 1.0
+        Sampling temperature (> 0); ignored when greedy. Sampling uses the full distribution (``top_k=0``,
+        ``top_p=1``), as GRPO rollouts do.
+    seed : int, default 0
+        Torch seed for sampling; the global RNG state is restored afterwards.
+    batch_size : int, default 64
+        Prompts per ``generate`` call.
+
+    Returns
+    -------
+    EvalResult
+
+    Raises
+    ------
+    ValueError
+        Empty dataset, missing columns, unknown task, ``num_samples < 1``, greedy with ``num_samples > 1``,
+        non-positive ``temperature`` / ``max_new_tokens`` / ``batch_size``.
+    """
+    import torch
+
+    from .tasks import get_reward_funcs, substitution_channel_scores
+
+    reward_fn = get_reward_funcs(task)[0]
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    if greedy and num_samples != 1:
+        raise ValueError("greedy decoding gives identical samples: use num_samples=1, or greedy=False to sample")
+    if not greedy and not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    rows = [dict(r) for r in dataset]
+    if not rows:
+        raise ValueError("dataset is empty: nothing to evaluate")
+    missing = [k for k in ("prompt", "answer", "question_id") if k not in rows[0]]
+    if missing:
+        raise ValueError(f"dataset lacks column(s) {missing}; build it with trl_ext.testbed.make_dataset")
+    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer needs pad and eos tokens")
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    was_training = bool(getattr(model, "training", False))
+    if hasattr(model, "eval"):
+        model.eval()
+    device = _model_device(model)
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    gen_kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": pad_id, "eos_token_id": eos_id}
+    if greedy:
+        gen_kwargs.update(do_sample=False)
+    else:
+        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0)
+    texts: list[list[str]] = []
+    lengths: list[list[int]] = []
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start : start + batch_size]
+                enc = tokenizer([r["prompt"] for r in chunk], return_tensors="pt", padding=True)
+                out = model.generate(
+                    input_ids=enc["input_ids"].to(device),
+                    attention_mask=enc["attention_mask"].to(device),
+                    num_return_sequences=num_samples,
+                    **gen_kwargs,
+                )
+                gen = out[:, enc["input_ids"].shape[1] :].tolist()
+                if len(gen) != len(chunk) * num_samples:
+                    raise RuntimeError(f"model.generate returned {len(gen)} rows, expected {len(chunk) * num_samples}")
+                for i in range(len(chunk)):
+                    t_i, l_i = [], []
+                    for ids in gen[i * num_samples : (i + 1) * num_samples]:
+                        n = ids.index(eos_id) + 1 if eos_id in ids else len(ids)
+                        l_i.append(n)
+                        t_i.append(tokenizer.decode([t for t in ids[:n] if t not in (eos_id, pad_id)],
+                                                    skip_special_tokens=True))
+                    texts.append(t_i)
+                    lengths.append(l_i)
+    finally:
+        tokenizer.padding_side = old_side
+        if was_training and hasattr(model, "train"):
+            model.train()
+
+    records, rates, total = [], [], 0
+    for row, comps, lens in zip(rows, texts, lengths):
+        kw = {k: [v] * len(comps) for k, v in row.items() if k != "prompt"}
+        scores = reward_fn([row["prompt"]] * len(comps), comps, **kw)
+        rate = float(sum(scores)) / len(comps)
+        rec = {
+            "question_id": str(row["question_id"]),
+            "correct": int(rate > 0.5),
+            "pass_rate": rate,
+            "n_samples": len(comps),
+            "completion_tokens": sum(lens) / len(lens),
+            "prompt": row["prompt"],
+            "answer": str(row["answer"]),
+            "completions": comps,
+        }
+        if task == "substitution":
+            ch = substitution_channel_scores(comps, [row["source"]] * len(comps), [row["code"]] * len(comps),
+                                             [row["hidden_digits"]] * len(comps))
+            rec["channels"] = {k: [sum(c[k][0] for c in ch), sum(c[k][1] for c in ch)] for k in ch[0]}
+        records.append(rec)
+        rates.append(rate)
+        total += sum(lens)
+    return EvalResult(accuracy=sum(rates) / len(rates), per_prompt_pass_rate=rates, records=records,
+                      generated_tokens=int(total))
+
+
+def _validate_record(rec: dict, where: str) -> None:
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: outcome record must be a JSON object, got {type(rec).__name__}")
+    missing = [k for k in REQUIRED_KEYS if k not in rec]
+    if missing:
+        raise ValueError(f"{where}: outcome record lacks key(s) {missing}")
+    if rec["correct"] not in (0, 1) or isinstance(rec["correct"], bool):
+        raise ValueError(f"{where}: 'correct' must be 0 or 1, got {rec['correct']!r}")
+    pr = rec["pass_rate"]
+    if not isinstance(pr, (int, float)) or not (0.0 <= pr <= 1.0):
+        raise ValueError(f"{where}: 'pass_rate' must be a number in [0, 1], got {pr!r}")
+    if not isinstance(rec["n_samples"], int) or rec["n_samples"] < 1:
+        raise ValueError(f"{where}: 'n_samples' must be a positive int, got {rec['n_samples']!r}")
+
+
+def write_outcomes_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> str:
+    """Write per-question outcome records, one JSON object per line (atomically: tmp file then rename).
+
+    Raises ``ValueError`` if a record misses a required key, has a bad value, or a ``question_id`` repeats.
+    Returns the path written.
+    """
+    path = os.fspath(path)
+    seen: set[str] = set()
+    lines = []
+    for i, rec in enumerate(records):
+        _validate_record(rec, f"record {i}")
+        qid = str(rec["question_id"])
+        if qid in seen:
+            raise ValueError(f"record {i}: duplicate question_id {qid!r}; one record per question")
+        seen.add(qid)
+        lines.append(json.dumps({**rec, "question_id": qid}, sort_keys=True))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + ("\n" if lines else ""))
+    os.replace(tmp, path)
+    return path
+
+
+def read_outcomes_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read records written by :func:`write_outcomes_jsonl` (blank lines skipped).
+
+    Raises ``ValueError`` naming the line for invalid JSON or an invalid record.
+    """
+    out = []
+    with open(os.fspath(path), encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
+            _validate_record(rec, f"{path}:{lineno}")
+            out.append(rec)
+    return out

@@ -1,0 +1,385 @@
+"""Synthetic verifiable tasks and their TRL-signature reward functions.
+
+Two tasks, both small enough for a ~1M-parameter model and a character tokenizer:
+
+``"addition"``
+    ``"a+b="`` -> ``str(a + b)``, with ``a, b`` in ``0 .. 10**digits - 1`` (``digits=2`` by default).
+``"substitution"``
+    The digit-substitution code of ``rlvr_measurement_discipline.txt`` (section "Setup: an invented code the model
+    has to learn"): one fixed random derangement of the digits 0-9 (every digit maps to another digit), chosen by
+    ``code_seed``; ``n_hidden`` of the ten mappings (default 2) are left out of every prompt, in training and in
+    evaluation alike. The model reads a ``length``-digit string (default 2, as in the paper) and must output it
+    with every digit swapped. Compact prompt format for a character tokenizer: the revealed mappings as
+    ``d>e`` pairs in source order separated by ``,``, then ``|``, the source string and ``=``; e.g. with
+    hidden sources 1 and 6::
+
+        0>3,2>7,3>5,4>9,5>0,7>2,8>1,9>4|47=      answer "92"
+
+    Scoring is split into channels as in the paper ("Split the score by channel"): each output position is a
+    *slot*; slots whose source digit is hidden form the hidden channel (one sub-channel per hidden source digit),
+    the others the revealed channel. See :func:`substitution_channel_scores`.
+
+Splits
+------
+Every task has a finite universe of distinct problems. Each problem is ranked by a fixed 64-bit hash
+(splitmix64 of its index, salted per task); the ``round(test_fraction * U)`` lowest-ranked problems are the
+``"test"`` split and the rest the ``"train"`` split. The split therefore does not depend on ``seed``: train and
+test are disjoint for every seed, and ``question_id`` (e.g. ``"add:12+34"``, ``"sub:c0h2:47"``) is stable across
+runs and machines. ``seed`` only chooses which ``n`` problems are drawn from the split, and their order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "TASKS",
+    "TaskSpec",
+    "make_dataset",
+    "split_indices",
+    "split_size",
+    "substitution_code",
+    "exact_match_reward",
+    "addition_reward",
+    "substitution_reward",
+    "substitution_hidden_reward",
+    "substitution_channel_scores",
+    "get_reward_funcs",
+    "completion_text",
+]
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """Vectorised splitmix64 finaliser on uint64 (wrapping arithmetic; platform independent)."""
+    with np.errstate(over="ignore"):
+        z = (x + np.uint64(0x9E3779B97F4A7C15)) & _MASK64
+        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
+        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
+        return z ^ (z >> np.uint64(31))
+
+
+def split_indices(universe: int, split: str, test_fraction: float, salt: int) -> np.ndarray:
+    """Sorted problem indices (into ``range(universe)``) belonging to ``split``.
+
+    Parameters
+    ----------
+    universe : int
+        Number of distinct problems U (>= 2).
+    split : {"train", "test"}
+    test_fraction : float
+        In (0, 1); the test split has exactly ``round(test_fraction * U)`` problems (at least 1, at most U - 1).
+    salt : int
+        Per-task salt so different tasks do not share a ranking.
+
+    Returns
+    -------
+    numpy.ndarray of int64, sorted. ``train`` and ``test`` partition ``range(U)``.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not (0.0 < float(test_fraction) < 1.0):
+        raise ValueError(f"test_fraction must be strictly between 0 and 1, got {test_fraction!r}")
+    idx = np.arange(universe, dtype=np.uint64)
+    keys = _splitmix64(idx ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF))
+    order = np.lexsort((idx, keys))  # ties (never in practice) broken by index
+    n_test = min(max(int(round(test_fraction * universe)), 1), universe - 1)
+    chosen = order[:n_test] if split == "test" else order[n_test:]
+    return np.sort(chosen.astype(np.int64))
+
+
+def _check_int(name: str, value, lo: int, hi: int, hint: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name}={value} is out of range: use {lo} <= {name} <= {hi} ({hint})")
+    return int(value)
+
+
+def _draw(pool: np.ndarray, n: int, seed: int, task: str, split: str, params: str) -> np.ndarray:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if n > len(pool):
+        raise ValueError(
+            f"n={n} is larger than the {len(pool)} distinct problems in the {split!r} split of task {task!r} "
+            f"({params}); ask for n <= {len(pool)} or enlarge the task (more digits / longer strings)"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    rng = np.random.default_rng(int(seed))
+    return rng.choice(pool, size=n, replace=False)
+
+
+# ----------------------------------------------------------------------------------------------- addition
+def _make_addition(n: int, seed: int, split: str, digits: int = 2, test_fraction: float = 0.2) -> dict:
+    digits = _check_int("digits", digits, 1, 3, "operands have 1-3 digits; 3 gives a 10**6-problem universe")
+    base = 10**digits
+    pool = split_indices(base * base, split, test_fraction, salt=0xADD0 + digits)
+    chosen = _draw(pool, n, seed, "addition", split, f"digits={digits}, test_fraction={test_fraction}")
+    a = (chosen // base).tolist()
+    b = (chosen % base).tolist()
+    return {
+        "prompt": [f"{x}+{y}=" for x, y in zip(a, b)],
+        "answer": [str(x + y) for x, y in zip(a, b)],
+        "question_id": [f"add:{x}+{y}" for x, y in zip(a, b)],
+        "a": a,
+        "b": b,
+    }
+
+
+# ------------------------------------------------------------------------------------------- substitution
+def substitution_code(code_seed: int = 0, n_hidden: int = 2) -> tuple[str, str]:
+    """The secret digit code and its hidden source digits.
+
+    Parameters
+    ----------
+    code_seed : int
+        Chooses the code (a derangement of 0-9: no digit maps to itself, as in the paper) and which mappings
+        are hidden.
+    n_hidden : int
+        Number of hidden mappings, 0..10.
+
+    Returns
+    -------
+    code : str
+        Ten characters; ``code[d]`` is the image of digit ``d``.
+    hidden_digits : str
+        The hidden source digits, ascending (``""`` when ``n_hidden == 0``).
+    """
+    code_seed = _check_int("code_seed", code_seed, 0, 2**31 - 1, "any non-negative seed")
+    n_hidden = _check_int("n_hidden", n_hidden, 0, 10, "there are only 10 digit mappings")
+    rng = np.random.default_rng(1_000_003 + code_seed)
+    while True:
+        perm = rng.permutation(10)
+        if not np.any(perm == np.arange(10)):
+            break
+    hidden = np.sort(rng.choice(10, size=n_hidden, replace=False)) if n_hidden else np.array([], dtype=int)
+    return "".join(str(int(d)) for d in perm), "".join(str(int(d)) for d in hidden)
+
+
+def _make_substitution(
+    n: int,
+    seed: int,
+    split: str,
+    length: int = 2,
+    n_hidden: int = 2,
+    code_seed: int = 0,
+    test_fraction: float = 0.3,
+) -> dict:
+    length = _check_int("length", length, 1, 6, "source strings have 1-6 digits; the paper uses 2")
+    code, hidden = substitution_code(code_seed, n_hidden)
+    header = ",".join(f"{d}>{code[d]}" for d in range(10) if str(d) not in hidden)
+    universe = 10**length
+    pool = split_indices(universe, split, test_fraction, salt=0x5B5 * 1000 + length)
+    params = f"length={length}, n_hidden={n_hidden}, code_seed={code_seed}, test_fraction={test_fraction}"
+    chosen = _draw(pool, n, seed, "substitution", split, params)
+    sources = [str(int(i)).zfill(length) for i in chosen]
+    tag = f"c{code_seed}h{n_hidden}"
+    return {
+        "prompt": [f"{header}|{s}=" for s in sources],
+        "answer": ["".join(code[int(c)] for c in s) for s in sources],
+        "question_id": [f"sub:{tag}:{s}" for s in sources],
+        "source": sources,
+        "code": [code] * n,
+        "hidden_digits": [hidden] * n,
+        "n_hidden_slots": [sum(c in hidden for c in s) for s in sources],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+def completion_text(completion) -> str:
+    """Plain text of one TRL completion (a string, or a conversational list of ``{"content": ...}`` messages).
+
+    Surrounding whitespace is stripped.
+    """
+    if isinstance(completion, str):
+        return completion.strip()
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", "")).strip()
+    raise TypeError(f"completion must be a str or a list of message dicts, got {type(completion).__name__}")
+
+
+def _check_lengths(completions: Sequence, **columns: Sequence) -> None:
+    for name, col in columns.items():
+        if col is None:
+            raise ValueError(f"reward function needs the dataset column {name!r}; keep it in the dataset")
+        if len(col) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(col)} values in column {name!r}")
+
+
+def exact_match_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """Exact-match reward in {0, 1}: ``1.0`` iff the stripped completion equals ``answer``.
+
+    TRL reward signature ``f(prompts, completions, **kwargs)``; ``answer`` is the dataset column.
+    """
+    _check_lengths(completions, answer=answer)
+    return [float(completion_text(c) == str(a).strip()) for c, a in zip(completions, answer)]
+
+
+def addition_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """Addition task reward: exact match of the decimal sum, in {0, 1} (see :func:`exact_match_reward`)."""
+    return exact_match_reward(prompts, completions, answer=answer, **kwargs)
+
+
+def substitution_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """Substitution task reward: exact match of the whole translated string, in {0, 1}.
+
+    This is the paper's "exact-match grader" (1 only if every digit is right).
+    """
+    return exact_match_reward(prompts, completions, answer=answer, **kwargs)
+
+
+def substitution_channel_scores(
+    completions: Sequence, source: Sequence[str], code: Sequence[str], hidden_digits: Sequence[str]
+) -> list[dict[str, tuple[int, int]]]:
+    """Per-channel slot scores for the substitution task.
+
+    Output position ``i`` of a completion is a *slot* for source digit ``s = source[i]``; it is correct iff the
+    completion has a character at ``i`` equal to ``code[s]`` (a missing character counts as wrong; extra
+    trailing characters do not affect slots, only the exact-match reward).
+
+    Parameters
+    ----------
+    completions : sequence of str (or conversational message lists)
+    source, code, hidden_digits : sequences of str
+        The dataset columns of the same name, one entry per completion.
+
+    Returns
+    -------
+    list of dict
+        One dict per completion mapping channel -> ``(n_correct, n_slots)``:
+        ``"revealed"``, ``"hidden"`` and ``"hidden:<d>"`` for every hidden source digit ``d`` (present even
+        with 0 slots, so records have a fixed schema).
+    """
+    _check_lengths(completions, source=source, code=code, hidden_digits=hidden_digits)
+    out = []
+    for comp, src, cd, hid in zip(completions, source, code, hidden_digits):
+        if len(cd) != 10 or not cd.isdigit():
+            raise ValueError(f"code must be 10 digits (code[d] = image of d), got {cd!r}")
+        text = completion_text(comp)
+        scores = {"revealed": [0, 0], "hidden": [0, 0], **{f"hidden:{d}": [0, 0] for d in hid}}
+        for i, s in enumerate(src):
+            ok = int(i < len(text) and text[i] == cd[int(s)])
+            keys = ("hidden", f"hidden:{s}") if s in hid else ("revealed",)
+            for k in keys:
+                scores[k][0] += ok
+                scores[k][1] += 1
+        out.append({k: (v[0], v[1]) for k, v in scores.items()})
+    return out
+
+
+def substitution_hidden_reward(
+    prompts, completions, source=None, code=None, hidden_digits=None, no_slot_value: float | None = None, **kwargs
+) -> list[float | None]:
+    """Reward that scores only the hidden channel: fraction of hidden-mapping slots translated correctly.
+
+    Parameters
+    ----------
+    no_slot_value : float or None, default None
+        Returned for strings with no hidden slot. ``None`` makes TRL treat the row as unscorable for this
+        function (NaN, ignored by ``nansum``; rows unscorable by every function get zero advantage).
+
+    Returns
+    -------
+    list of float in [0, 1] (or ``no_slot_value``).
+    """
+    scores = substitution_channel_scores(completions, source, code, hidden_digits)
+    return [s["hidden"][0] / s["hidden"][1] if s["hidden"][1] else no_slot_value for s in scores]
+
+
+# ----------------------------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class TaskSpec:
+    """A registered task: how to build it, how to score it, and how long answers are."""
+
+    name: str
+    description: str
+    builder: Callable[..., dict]
+    reward_funcs: tuple[Callable, ...]
+    max_answer_chars: Callable[..., int]
+    defaults: dict = field(default_factory=dict)
+
+
+TASKS: dict[str, TaskSpec] = {
+    "addition": TaskSpec(
+        name="addition",
+        description="a+b= with a, b in 0..10**digits-1 (default digits=2); exact-match reward",
+        builder=_make_addition,
+        reward_funcs=(addition_reward,),
+        max_answer_chars=lambda digits=2, **_: digits + 1,
+        defaults={"digits": 2, "test_fraction": 0.2},
+    ),
+    "substitution": TaskSpec(
+        name="substitution",
+        description="secret digit code with n_hidden mappings never shown (rlvr_measurement_discipline.txt)",
+        builder=_make_substitution,
+        reward_funcs=(substitution_reward,),
+        max_answer_chars=lambda length=2, **_: length,
+        defaults={"length": 2, "n_hidden": 2, "code_seed": 0, "test_fraction": 0.3},
+    ),
+}
+
+
+def _spec(task: str) -> TaskSpec:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
+    return TASKS[task]
+
+
+def make_dataset(task: str, n: int, seed: int = 0, split: str = "train", **task_params):
+    """Build ``n`` distinct problems of ``task`` from one split as a :class:`datasets.Dataset`.
+
+    Parameters
+    ----------
+    task : {"addition", "substitution"}
+    n : int
+        Number of distinct problems (<= the split's size).
+    seed : int, default 0
+        Chooses which problems and their order (the split itself is seed-independent).
+    split : {"train", "test"}
+    **task_params
+        ``addition``: ``digits`` (1-3, default 2), ``test_fraction`` (default 0.2).
+        ``substitution``: ``length`` (1-6, default 2), ``n_hidden`` (0-10, default 2), ``code_seed``
+        (default 0), ``test_fraction`` (default 0.3, the paper's 70/30).
+
+    Returns
+    -------
+    datasets.Dataset
+        Columns ``prompt`` (str), ``answer`` (str), ``question_id`` (str, stable), plus ``a``, ``b`` (addition)
+        or ``source``, ``code``, ``hidden_digits``, ``n_hidden_slots`` (substitution).
+
+    Raises
+    ------
+    ValueError
+        Unknown task (lists valid names), unknown parameter, out-of-range parameter, bad split, or ``n`` larger
+        than the split (says the maximum).
+    """
+    spec = _spec(task)
+    unknown = sorted(set(task_params) - set(spec.defaults))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown} for task {task!r}; valid: {sorted(spec.defaults)}")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    from datasets import Dataset
+
+    return Dataset.from_dict(spec.builder(n, seed, split, **task_params))
+
+
+def split_size(task: str, split: str = "train", **task_params) -> int:
+    """Number of distinct problems in ``split`` of ``task`` with ``task_params`` (the largest valid ``n``)."""
+    spec = _spec(task)
+    p = {**spec.defaults, **task_params}
+    if task == "addition":
+        digits = _check_int("digits", p["digits"], 1, 3, "operands have 1-3 digits")
+        return len(split_indices((10**digits) ** 2, split, p["test_fraction"], salt=0xADD0 + digits))
+    length = _check_int("length", p["length"], 1, 6, "source strings have 1-6 digits")
+    return len(split_indices(10**length, split, p["test_fraction"], salt=0x5B5 * 1000 + length))
+
+
+def get_reward_funcs(task: str) -> list[Callable]:
+    """TRL reward functions for ``task`` (a new list; pass it as ``GRPOTrainer(reward_funcs=...)``)."""
+    return list(_spec(task).reward_funcs)

@@ -1,0 +1,307 @@
+"""Short supervised warm-up of the tiny model, cached on disk.
+
+RL needs room to improve: an untrained model never gets a reward and a converged one has nothing left to
+learn. :func:`get_warm_model` runs a plain torch SFT loop (AdamW, lr 2e-3, batch 128, loss on the answer
+tokens and ``<eos>`` only) and stops as soon as greedy accuracy on a validation set reaches ``target_accuracy``
+(addition: 0.45, inside the 30-60 % band), checked every ``eval_every`` steps. Measured for addition, seed 0:
+275 steps, held-out greedy 0.435.
+
+For ``"substitution"`` the loss is additionally masked at hidden-mapping slots, so the warm-up teaches only the
+revealed channel and never shows the model a hidden mapping (the paper's setup: hidden mappings are what RL
+must learn, rlvr_measurement_discipline.txt, "Setup"). Trained on the 70 train strings alone the model
+memorises them (measured: 0.53 on train strings, 0.07 held-out), so a quarter of every batch are one-digit
+strings of the revealed mappings (``"...|7="`` -> ``"1"``; no length-2 test item and no hidden mapping is
+shown), with weight decay 0.1. The accuracy ceiling without hidden mappings is the share of strings without a
+hidden digit (47/70 train, 20/30 test for the defaults); the warm-up stops one evaluation after the training
+strings reach that ceiling. Measured: seed 0 stops at step 275 with held-out greedy 0.23 (a pilot with another
+batch order reached 0.40, revealed-slot accuracy 0.86) -- below the 30-60 % band, so a warning is issued.
+
+Cache layout: ``<root>/<task>-seed<seed>-v1`` (``-steps<N>`` is inserted before ``-v1`` when ``max_steps`` is
+given), ``root = cache_dir or $TRL_EXT_CACHE or ~/.cache/trl_ext/testbed``. The directory is built under a
+temporary name and renamed into place; it holds the model, the tokenizer, ``warmup_meta.json`` (task, seed,
+steps, accuracies, sha256 of every file) and the marker ``WARMUP_COMPLETE``. A directory without the marker,
+with unreadable metadata, mismatching metadata or a changed file hash is reported with a ``UserWarning`` and
+rebuilt -- never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+import warnings
+
+__all__ = ["CACHE_VERSION", "MARKER", "META", "default_cache_root", "warm_model_dir", "get_warm_model",
+           "validate_cache", "run_warmup"]
+
+CACHE_VERSION = 1
+MARKER = "WARMUP_COMPLETE"
+META = "warmup_meta.json"
+DEFAULT_MAX_STEPS = 1500
+
+
+def default_cache_root() -> str:
+    """``$TRL_EXT_CACHE`` if set, else ``~/.cache/trl_ext/testbed``."""
+    return os.environ.get("TRL_EXT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trl_ext", "testbed")
+
+
+def warm_model_dir(task: str, seed: int = 0, cache_dir: str | None = None, max_steps: int | None = None) -> str:
+    """Path of the cache directory :func:`get_warm_model` uses (it may not exist yet)."""
+    steps = "" if max_steps is None else f"-steps{max_steps}"
+    return os.path.join(os.fspath(cache_dir) if cache_dir else default_cache_root(), f"{task}-seed{seed}{steps}-v{CACHE_VERSION}")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def validate_cache(path: str, task: str, seed: int) -> str | None:
+    """Return ``None`` if ``path`` is a complete, intact warm-model directory for (task, seed), else the reason."""
+    if not os.path.isdir(path):
+        return "missing"
+    if not os.path.exists(os.path.join(path, MARKER)):
+        return f"no {MARKER} marker (partial write)"
+    try:
+        with open(os.path.join(path, META), encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        return f"unreadable {META} ({e})"
+    if not isinstance(meta, dict):
+        return f"{META} is not a JSON object"
+    for key, want in (("task", task), ("seed", seed), ("version", CACHE_VERSION)):
+        if meta.get(key) != want:
+            return f"metadata {key}={meta.get(key)!r}, expected {want!r}"
+    files = meta.get("sha256")
+    if not isinstance(files, dict) or not files:
+        return "metadata has no file hashes"
+    for name, digest in files.items():
+        fp = os.path.join(path, name)
+        if not os.path.isfile(fp):
+            return f"file {name} missing"
+        if _sha256(fp) != digest:
+            return f"file {name} changed (sha256 mismatch)"
+    return None
+
+
+def _batches(tokenizer, rows, task, hidden_mask: bool):
+    """Right-padded (input_ids, attention_mask, labels) for prompt+answer+eos; labels only on answer+eos."""
+    import torch
+
+    enc_p = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
+    enc_a = tokenizer([r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
+    seqs, labs = [], []
+    for r, p, a in zip(rows, enc_p, enc_a):
+        ans_labels = list(a)
+        if hidden_mask:
+            ans_labels = [-100 if s in r["hidden_digits"] else t for s, t in zip(r["source"], a)]
+        seqs.append(p + a + [tokenizer.eos_token_id])
+        labs.append([-100] * len(p) + ans_labels + [tokenizer.eos_token_id])
+    L = max(map(len, seqs))
+    ids = torch.full((len(seqs), L), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    lab = torch.full((len(seqs), L), -100, dtype=torch.long)
+    for i, (s, lb) in enumerate(zip(seqs, labs)):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+        lab[i, : len(lb)] = torch.tensor(lb)
+    return ids, att, lab
+
+
+def run_warmup(
+    model,
+    tokenizer,
+    task: str,
+    seed: int = 0,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    target_accuracy: float | None = None,
+    eval_every: int = 25,
+    lr: float = 2e-3,
+    batch_size: int = 128,
+    n_val: int = 256,
+    log=None,
+) -> dict:
+    """Supervised warm-up of ``model`` in place; returns a history dict.
+
+    Trains on the task's train split (minus ``n_val`` validation questions when the split is larger than
+    ``2 * n_val``; otherwise validates on the training questions themselves) until greedy validation accuracy
+    >= ``target_accuracy`` or ``max_steps`` steps. ``max_steps=0`` returns the model untouched.
+    ``target_accuracy=None`` means 0.45 for addition; for substitution it means the revealed-only ceiling
+    (share of validation strings without a hidden digit), followed by one more ``eval_every`` interval.
+    """
+    import torch
+
+    from .evaluation import evaluate_model
+    from .tasks import TASKS, make_dataset, split_size
+
+    if not isinstance(max_steps, int) or max_steps < 0:
+        raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
+    spec = TASKS[task]
+    pool_n = split_size(task, "train")
+    full = make_dataset(task, pool_n, seed=seed, split="train")
+    if pool_n > 2 * n_val:
+        val, train = full.select(range(n_val)), full.select(range(n_val, pool_n))
+    else:
+        val, train = full, full
+    rows = [dict(r) for r in train]
+    max_new = spec.max_answer_chars() + 1
+    hidden_mask = task == "substitution"
+    extra_rows: list[dict] = []
+    patience = 0
+    if task == "substitution":
+        ones = [dict(r) for split in ("train", "test")
+                for r in make_dataset(task, split_size(task, split, length=1), split=split, length=1)]
+        extra_rows = [r for r in ones if r["source"] not in r["hidden_digits"]]
+        if target_accuracy is None:
+            target_accuracy = sum(r["n_hidden_slots"] == 0 for r in val) / len(val) - 1e-9
+            patience = 1
+    elif target_accuracy is None:
+        target_accuracy = 0.45
+    n_extra = batch_size // 4 if extra_rows else 0
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1 if extra_rows else 0.0)
+    history = {"step": [], "val_accuracy": []}
+    step, acc = 0, None
+    t0 = time.time()
+    model.train()
+    while step < max_steps:
+        idx = torch.randint(len(rows), (batch_size - n_extra,), generator=gen).tolist()
+        batch = [rows[i] for i in idx]
+        if n_extra:
+            batch += [extra_rows[i] for i in torch.randint(len(extra_rows), (n_extra,), generator=gen).tolist()]
+        ids, att, lab = _batches(tokenizer, batch, task, hidden_mask)
+        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % eval_every == 0 or step == max_steps:
+            acc = evaluate_model(model, tokenizer, val, task, max_new_tokens=max_new, batch_size=256).accuracy
+            history["step"].append(step)
+            history["val_accuracy"].append(acc)
+            model.train()
+            if log:
+                log(f"warm-up step {step}: loss {loss.item():.3f}, val greedy accuracy {acc:.3f}")
+            if acc >= target_accuracy:
+                if patience == 0:
+                    break
+                patience -= 1
+    model.eval()
+    history.update(steps=step, final_val_accuracy=acc, wall_time_s=time.time() - t0)
+    return history
+
+
+def get_warm_model(task: str = "addition", seed: int = 0, cache_dir: str | None = None,
+                   max_steps: int | None = None, verbose: bool = False) -> str:
+    """Path of a warmed-up tiny model + tokenizer directory for ``task``, building it once.
+
+    Parameters
+    ----------
+    task : {"addition", "substitution"}
+    seed : int, default 0
+        Model initialisation and SFT data order.
+    cache_dir : str, optional
+        Cache root (default ``$TRL_EXT_CACHE`` or ``~/.cache/trl_ext/testbed``).
+    max_steps : int, optional
+        Cap on SFT steps (default 1500; early stop at 0.45 validation accuracy usually comes after 250-550
+        steps, 1-3 min on 2 cores). When given, it is part of the cache directory name.
+    verbose : bool
+        Print warm-up progress.
+
+    Returns
+    -------
+    str
+        Directory loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. ``warmup_meta.json`` in it holds
+        the validation and held-out (test split, greedy) accuracy reached.
+
+    Raises
+    ------
+    ValueError
+        Unknown task, negative seed or max_steps.
+
+    Warns
+    -----
+    UserWarning
+        If the cache directory exists but is partial or corrupt (it is deleted and rebuilt), or if the warm-up
+        ended outside the 30-60 % accuracy band.
+    """
+    from .tasks import TASKS
+
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
+        raise ValueError(f"max_steps must be a non-negative int or None, got {max_steps!r}")
+    path = warm_model_dir(task, seed, cache_dir, max_steps)
+    reason = validate_cache(path, task, seed)
+    if reason is None:
+        return path
+    if reason != "missing":
+        warnings.warn(f"warm-model cache {path} is corrupt or partial: {reason}; deleting and rebuilding it",
+                      UserWarning, stacklevel=2)
+        shutil.rmtree(path, ignore_errors=True)
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        _build(tmp, task, seed, DEFAULT_MAX_STEPS if max_steps is None else max_steps, verbose)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            # another process finished first: keep theirs if it is intact, else replace it
+            if validate_cache(path, task, seed) is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                os.rename(tmp, path)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _build(out: str, task: str, seed: int, max_steps: int, verbose: bool) -> None:
+    import torch
+
+    from .evaluation import evaluate_model
+    from .model import build_tiny_model
+    from .tasks import TASKS, make_dataset
+    from .tokenizer import build_tokenizer
+
+    os.makedirs(out, exist_ok=True)
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hist = run_warmup(model, tok, task, seed=seed, max_steps=max_steps, log=print if verbose else None)
+    spec = TASKS[task]
+    test = make_dataset(task, 200 if task == "addition" else 30, seed=0, split="test")
+    test_acc = evaluate_model(model, tok, test, task, max_new_tokens=spec.max_answer_chars() + 1).accuracy
+    if max_steps >= 250 and not 0.3 <= test_acc <= 0.6:
+        warnings.warn(f"warm-up of {task!r} seed {seed} ended at held-out greedy accuracy {test_acc:.2f}, outside "
+                      "the intended 30-60 % band", UserWarning, stacklevel=3)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    files = sorted(f for f in os.listdir(out) if os.path.isfile(os.path.join(out, f)))
+    meta = {
+        "task": task,
+        "seed": seed,
+        "version": CACHE_VERSION,
+        "max_steps": max_steps,
+        "steps": hist["steps"],
+        "val_accuracy": hist["final_val_accuracy"],
+        "test_accuracy_greedy": test_acc,
+        "history": {"step": hist["step"], "val_accuracy": hist["val_accuracy"]},
+        "wall_time_s": hist["wall_time_s"],
+        "sha256": {f: _sha256(os.path.join(out, f)) for f in files},
+    }
+    with open(os.path.join(out, META), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    with open(os.path.join(out, MARKER), "w", encoding="utf-8") as f:
+        f.write("ok\n")
