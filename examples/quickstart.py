@@ -13,7 +13,11 @@ evaluate again at a few checkpoints and at the end; write to ``--output_dir``
 - ``trainer_state.json`` (with ``log_history``), ``outcomes_{before,after}_{greedy,sampled}.jsonl`` (per-question
   outcomes, see docs/testbed.md) and the trained model.
 
-Adding a trainer is one entry in :data:`TRAINERS`: ``name -> (config class, trainer class, extra config kwargs)``.
+Adding a GRPO-shaped trainer is one entry in :data:`TRAINERS`: ``name -> (config class, trainer class, extra
+config kwargs)``. The trl_ext method trainers need method-specific set-up (BASIS builds a value table and uses
+``G = 1``; V0.5 counts unique prompts per step; PAIR probes prefixes), so ``--trainer basis|v05|pair`` runs the
+matching ``examples/<name>.py`` with the remaining arguments (``--output_dir``, ``--max_steps``, ``--seed``, and
+any option that script accepts); each writes the same ``summary.json`` / ``trainer_state.json`` outputs.
 """
 
 from __future__ import annotations
@@ -31,13 +35,17 @@ TRAINERS: dict[str, tuple[str, str, dict]] = {
     "grpo": ("trl:GRPOConfig", "trl:GRPOTrainer", {}),
 }
 
+#: name -> example script (in this directory) that runs that trl_ext trainer end to end on the testbed.
+METHOD_EXAMPLES: dict[str, str] = {"basis": "basis", "v05": "v05", "pair": "pair"}
+
 TASK = "addition"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _common.add_common_args(p, output_dir="outputs/quickstart", max_steps=300)
-    p.add_argument("--trainer", choices=sorted(TRAINERS), default="grpo", help="trainer to use (default grpo)")
+    p.add_argument("--trainer", choices=sorted({*TRAINERS, *METHOD_EXAMPLES}), default="grpo",
+                   help="trainer to use (default grpo; basis, v05 and pair run examples/<name>.py)")
     p.add_argument("--learning_rate", type=_common.positive_float, default=1e-4,
                    help="GRPO learning rate (default 1e-4; 3e-4 destabilises this model)")
     p.add_argument("--num_generations", type=int, default=8, help="completions per prompt (default 8)")
@@ -64,7 +72,22 @@ def evaluate(model, tok, test_ds, args, max_new_tokens):
     return g, s
 
 
+def _delegate_to_method_example(argv) -> int | None:
+    """``--trainer basis|v05|pair``: run ``examples/<name>.py`` with the other arguments; None for GRPO trainers."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--trainer", default="grpo")
+    known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.trainer not in METHOD_EXAMPLES:
+        return None
+    import importlib
+
+    return int(importlib.import_module(METHOD_EXAMPLES[known.trainer]).main(rest) or 0)
+
+
 def main(argv=None) -> int:
+    delegated = _delegate_to_method_example(argv)
+    if delegated is not None:
+        return delegated
     args = parse_args(argv)
     t_start = time.time()
     _common.setup_torch(args.num_threads)

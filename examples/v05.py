@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         _common.log(f"before: {summary['accuracy_before']}")
 
     prior_kwargs = {"table": args.prior_table, "missing": "default"} if args.prior == "table" else {}
-    v05_cfg = V05GRPOConfig(**common_config(args, max_new, os.path.join(args.output_dir, "v05")),
+    v05_cfg = V05GRPOConfig(**common_config(args, max_new, args.output_dir),
                             per_device_train_batch_size=args.prompts_per_step // world, num_generations=2,
                             k_init=args.k_init, rollout_cost=args.rollout_cost, value_prior=args.prior,
                             value_prior_kwargs=prior_kwargs)
@@ -154,6 +154,7 @@ def main(argv=None) -> int:
                              processing_class=tok, peft_config=peft_config(args))
     trainer.remove_callback(PrinterCallback)
     trainer.train()
+    trainer.save_state()  # trainer_state.json (with log_history) in --output_dir, like every example
     trainer.save_model(v05_cfg.output_dir)
     hist = trainer.state.log_history
     keys = ["ext/generated_tokens", "v05/generated_tokens", "ext/rollouts", "v05/rollouts_per_prompt_mean",
