@@ -587,3 +587,24 @@ def test_zero_selected_vertices_are_counted_and_masked(tmp_path, monkeypatch):
     assert int(seen["mask"].sum()) == 0 and int(seen["items"]) == 0  # the dummy row carries no loss
     assert float(tr.last_advantages.abs().sum()) == 0.0
     assert np.isfinite(metric(tr, "loss")).all()
+
+
+# --------------------------------------------------------------------------------------------- example
+def test_example_runs_with_peft_and_writes_summary(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    import pair as pair_example
+
+    from trl_ext.testbed import save_tiny_model
+
+    torch.set_num_threads(1)
+    model_dir = save_tiny_model(str(tmp_path / "tiny"), seed=0)
+    out = tmp_path / "out"
+    rc = pair_example.main(["--model_path", model_dir, "--output_dir", str(out), "--max_steps", "2", "--seed", "0",
+                            "--num_generations", "4", "--prompts_per_step", "2", "--n_eval", "4",
+                            "--eval_samples", "1", "--prefix_tokens", "1", "--use_peft"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    tok = summary["train_generated_tokens"]
+    assert summary["trainer"] == "pair" and summary["use_peft"]
+    assert tok["generated"] == tok["prefix"] + tok["suffix"] and tok["prefix"] == 2 * 2 * 4  # steps x rows x tau
+    assert (out / "trainer_state.json").exists()

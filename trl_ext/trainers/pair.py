@@ -1,0 +1,917 @@
+r"""PAIR trainer: prefix probing, contrast-graph continuation design and pair-inclusion reweighting (issue 7).
+
+Implements Algorithm 1 of ``pair_prefix_inclusion_reweighting.txt`` ("PAIR", Voss et al.) on top of
+:class:`trl_ext.GRPOTrainer` (TRL 1.16). Per prompt and generation batch:
+
+1. **Prefix probe** (Sec. 3.3, Appendix C "Prefix checkpoint"): the ``G = num_generations`` candidate rows TRL's
+   sampler yields for the prompt are generated to a checkpoint of ``tau`` tokens with independent randomness (one
+   sampled sequence per row). With ``pair_snap_window = w > 0`` the probe generates ``tau + w`` tokens and the
+   checkpoint is the first delimiter token at or after ``tau`` (else ``tau + w``). Candidates that emit EOS inside
+   the probe are **complete vertices** (continuation probability 1, suffix cost 0).
+2. **Heads** (Sec. 4.2, Eq. 5-7): :class:`~trl_ext.trainers.pair_heads.PrefixHeads` on a stop-gradient summary of
+   the prefix hidden states (mean of the last ``pair_summary_last_k = 16`` positions of prompt + prefix up to the
+   checkpoint). Labels of completed candidates are added to the replay window when their rewards arrive; the heads
+   are **frozen within an RL update** and refreshed (Eq. 6-7 fit + temperature) at the start of the next
+   generation, i.e. after the optimizer step(s) of the batch whose labels they learn from.
+   **Warm-up**: until the window holds ``pair_head_min_labels`` labels, the design is uniform,
+   ``pi_i = max(budget_ratio, pi_min)`` (same expected cost as the budget).
+3. **Design** (Sec. 4.3-4.4, Eq. 8-11): edge proxies from ``p_hat`` and :func:`~trl_ext.estimators.pair_design`
+   under the expected suffix budget ``C = pair_budget_ratio * sum_i c_hat_i`` (over unfinished candidates), floor
+   ``pair_pi_min``. Finished candidates enter the program with a negligible cost and are then fixed at
+   ``pi = 1``. The probabilities are recorded in :attr:`PAIRTrainer.pair_design_log` **before** any continuation
+   is generated or any reward is computed. ``J_i ~ Bernoulli(pi_i)`` with fresh randomness from a generator keyed
+   by ``(seed, generation index, dataset row)`` only (never by an outcome). Optional anchor pair (Appendix B):
+   two vertices drawn uniformly among the ``M`` pairs and continued with conditional probability one; their
+   conditional probabilities are logged and used.
+4. **Continuation** (Algorithm 1): selected unfinished prefixes are continued to termination from
+   ``prompt + prefix`` (transformers: a fresh ``generate`` call on the prefix tokens -- the probe's KV cache is
+   *not* reused; vLLM colocate/server: the same call resubmits ``prompt + prefix`` so vLLM's prefix caching
+   applies, and the sampling log-probs of both phases are concatenated for TRL's importance-sampling correction).
+   Unselected prefixes are dropped from the update; their tokens are counted in ``pair/prefix_tokens``.
+5. **Update** (Sec. 4.5, Eq. 13, Appendix C): for the completed vertices of each prompt
+
+   .. math:: \tilde A_i = \frac{1}{2M}\sum_{j\ne i} \frac{J_iJ_j}{\rho_{ij}} (r_i - r_j),\quad
+             \rho_{ij} = \pi_i\pi_j,\quad M = \binom G2,
+
+   in float64 (:func:`~trl_ext.estimators.pair_advantages`), unstandardized. Only completed vertices enter the
+   loss. With ``pair_fixed_normalizer`` (default) the advantages are rescaled so that every generation batch's
+   policy loss is ``(1 / (K L)) sum_prompts sum_i A_i sum_t l_it`` (token-sum losses ``dapo``/``cispo``/
+   ``vespo``/``dr_grpo``; ``L = max_completion_length``, ``K`` = prompts) or ``(1/K) sum A_i mean_t l_it``
+   (``grpo``/``sapo``/``luspo``): a normalizer that does not depend on the design draw, so the unclipped
+   gradient at ``theta_old`` is design-unbiased for the complete-pair gradient (Theorem 2). TRL's data-dependent
+   normalizers (row or token counts of the *realized* draw) would make it a ratio estimator.
+
+Labelled biased options (Appendix B): ``pair_standardize`` (divide by the std of the completed rewards: breaks
+unbiasedness), ``pair_w_max`` (clip edge weights), ``pair_self_normalize`` (Hajek).
+
+Evaluation uses TRL's standard full-group path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..estimators.pair import (
+    PairAdvantages,
+    PairDesign,
+    draw_selection,
+    pair_advantages,
+    pair_design,
+)
+from . import _trl_compat as compat
+from .base import ExtGRPOConfig, GRPOTrainer
+from .batch import RolloutBatch
+from .pair_heads import PrefixHeads, prefix_summary
+
+__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw"]
+
+_FINISHED_COST_FRACTION = 1e-9
+"""Finished candidates enter ``pair_design`` with cost ``1e-9 * max(c_hat)`` (the solver needs c > 0); their
+probability is then fixed at 1. The budget is raised by the same negligible amount."""
+
+
+def _default_tau(max_completion_length: int) -> int:
+    return int(min(256, max(1, max_completion_length // 8)))
+
+
+# ---------------------------------------------------------------------------------------------------------- config
+@dataclass
+class PAIRConfig(ExtGRPOConfig):
+    r"""Configuration of :class:`PAIRTrainer` (paper defaults, Appendix C and Table 6).
+
+    ``num_generations`` is the candidate group size ``G`` (default 16, as in the paper; ``per_device_train_batch_size``
+    defaults to 16 accordingly); the sampler's batch semantics are TRL's (``per_device_train_batch_size * steps_per_generation`` candidate rows per rank, which must
+    be a multiple of ``G`` so every prompt's candidates stay on one rank).
+
+    Parameters
+    ----------
+    pair_prefix_tokens : int or None, default None
+        Checkpoint ``tau`` in generated tokens. ``None`` means ``min(256, max(1, max_completion_length // 8))`` (the
+        paper uses 256 with multi-thousand-token completions). Must satisfy
+        ``tau + pair_snap_window < max_completion_length``.
+    pair_snap_window : int, default 0
+        Snap the checkpoint to the first delimiter token within this many tokens after ``tau`` (paper: 32). The
+        probe then generates ``tau + window`` tokens; tokens after the checkpoint are kept for the continuation of
+        selected candidates (the continuation is still an exact policy sample), but the heads only see the prefix
+        up to the checkpoint. 0 disables snapping.
+    pair_snap_delimiters : list of str
+        Token texts that end a checkpoint (a token qualifies when its decoded text ends with one of them).
+    pair_budget_ratio : float in (0, 1], default 0.5
+        Expected suffix budget as a fraction of the predicted full-group suffix cost. Must be >= ``pair_pi_min``
+        (Proposition 2: below ``pi_min * sum c_hat`` no design with the floor exists).
+    pair_pi_min : float in (0, 1], default 0.08
+        Probability floor (positivity; caps inverse weights at ``1/pi_min^2``).
+    pair_solver_max_iter : int, default 50
+    pair_solver_tol : float, default 1e-6
+        SLSQP stopping rule (relative objective change), Appendix C.
+    pair_edge_proxy : {"disagreement"}, default "disagreement"
+        Eq. 8 (the paper's parameter-free default).
+    pair_anchor_pair : bool, default False
+        Appendix B anchor pair: two uniformly drawn vertices are always continued (every draw then observes an edge);
+        conditional probabilities are logged and used, so the estimator stays unbiased. Raises the expected cost.
+    pair_w_max : float or None, default None
+        **Biased** option: clip edge weights at ``w_max`` (paper ablation: 10, 20, 50).
+    pair_self_normalize : bool, default False
+        **Biased** option: Hajek self-normalization of the edge weights.
+    pair_standardize : bool, default False
+        **Biased** option: divide each prompt's advantages by the std of its completed rewards (plus 1e-4), as
+        standardized GRPO does. Numerator and denominator share the rewards, so the expectation is no longer the
+        complete-pair gradient (Appendix B, "Reward standardization").
+    pair_fixed_normalizer : bool, default True
+        Rescale advantages so the policy loss is normalized by a design-independent constant (number of prompts,
+        and ``max_completion_length`` for token-sum losses) instead of TRL's realized row/token counts. Not
+        available for ``loss_type="bnpo"`` (local token mean).
+    pair_head_hidden, pair_head_lr, pair_replay_size, pair_head_min_labels, pair_head_fit_steps,
+    pair_head_batch_size : heads (width 256, AdamW lr 1e-3, 2048-label window, warm-up until 64 labels, 50
+        minibatch steps of 256 per refresh).
+    pair_summary_last_k : int, default 16
+        Prefix summary = mean of the last ``k`` hidden states (prompt + prefix up to the checkpoint).
+    pair_lagged_heads : bool, default False
+        Design with the heads from before the latest refresh (lagged-predictor variant, Sec. 4.2).
+    pair_head_seed : int or None
+        Head initialization/minibatch seed (default: ``seed``).
+    """
+
+    num_generations: int | None = field(
+        default=16, metadata={"help": "PAIR candidate group size G (prefixes probed per prompt); paper default 16."}
+    )
+    per_device_train_batch_size: int = field(
+        default=16, metadata={"help": "Candidate rows per device and micro-step (a multiple of G when "
+                                      "steps_per_generation = 1); 16 = one prompt's group of 16 candidates."}
+    )
+    pair_prefix_tokens: int | None = field(
+        default=None, metadata={"help": "Prefix checkpoint tau in tokens (None: min(256, max_completion_length//8))."}
+    )
+    pair_snap_window: int = field(default=0, metadata={"help": "Snap the checkpoint to a delimiter within this many "
+                                                                "tokens after tau (paper 32; 0 = off)."})
+    pair_snap_delimiters: list[str] = field(
+        default_factory=lambda: ["\n", ".", "!", "?"], metadata={"help": "Delimiter token texts for snapping."}
+    )
+    pair_budget_ratio: float = field(
+        default=0.5, metadata={"help": "Expected suffix budget / predicted full-group suffix cost (paper 0.5)."}
+    )
+    pair_pi_min: float = field(default=0.08, metadata={"help": "Continuation probability floor (paper 0.08)."})
+    pair_solver_max_iter: int = field(default=50, metadata={"help": "SLSQP iteration cap (paper 50)."})
+    pair_solver_tol: float = field(default=1e-6, metadata={"help": "SLSQP relative objective tolerance (1e-6)."})
+    pair_edge_proxy: str = field(default="disagreement", metadata={"help": "Edge proxy (Eq. 8)."})
+    pair_anchor_pair: bool = field(default=False, metadata={"help": "Appendix B anchor pair (unbiased)."})
+    pair_w_max: float | None = field(default=None, metadata={"help": "BIASED: clip edge weights at w_max."})
+    pair_self_normalize: bool = field(default=False, metadata={"help": "BIASED: Hajek self-normalization."})
+    pair_standardize: bool = field(default=False, metadata={"help": "BIASED: divide by the group reward std."})
+    pair_fixed_normalizer: bool = field(
+        default=True, metadata={"help": "Design-independent loss normalizer (keeps Eq. 13 unbiased)."}
+    )
+    pair_head_hidden: int = field(default=256, metadata={"help": "Head MLP width (paper 256)."})
+    pair_head_lr: float = field(default=1e-3, metadata={"help": "Head AdamW learning rate."})
+    pair_replay_size: int = field(default=2048, metadata={"help": "Replay window in labels (paper 2048)."})
+    pair_head_min_labels: int = field(default=64, metadata={"help": "Labels before the heads drive the design."})
+    pair_head_fit_steps: int = field(default=50, metadata={"help": "Head minibatch steps per refresh."})
+    pair_head_batch_size: int = field(default=256, metadata={"help": "Head minibatch size."})
+    pair_summary_last_k: int = field(default=16, metadata={"help": "Mean of the last k prefix hidden states."})
+    pair_lagged_heads: bool = field(default=False, metadata={"help": "Design with the previous refresh's heads."})
+    pair_head_seed: int | None = field(default=None, metadata={"help": "Head seed (default: seed)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate_pair_config(self)
+
+    @property
+    def pair_tau(self) -> int:
+        """The effective checkpoint ``tau`` (resolves ``pair_prefix_tokens=None``)."""
+        if self.pair_prefix_tokens is None:
+            return _default_tau(int(self.max_completion_length))
+        return int(self.pair_prefix_tokens)
+
+
+def validate_pair_config(args) -> None:
+    """Reject PAIR settings that cannot work, saying what to change. Raises ``ValueError``."""
+    L = args.max_completion_length
+    if L is None or int(L) < 2:
+        raise ValueError(f"PAIR needs max_completion_length >= 2 (a prefix and a suffix), got {L}.")
+    tau = args.pair_tau
+    if isinstance(args.pair_prefix_tokens, bool) or tau < 1:
+        raise ValueError(f"pair_prefix_tokens must be a positive int, got {args.pair_prefix_tokens!r}.")
+    if args.pair_snap_window < 0:
+        raise ValueError(f"pair_snap_window must be >= 0, got {args.pair_snap_window}.")
+    if tau + args.pair_snap_window >= L:
+        raise ValueError(
+            f"pair_prefix_tokens (tau={tau}) + pair_snap_window ({args.pair_snap_window}) must be < "
+            f"max_completion_length ({L}): the probe would generate whole completions and there would be no suffix "
+            "to save. Lower tau or raise max_completion_length."
+        )
+    pi_min = float(args.pair_pi_min)
+    if not (0.0 < pi_min <= 1.0):
+        raise ValueError(f"pair_pi_min must be in (0, 1], got {pi_min}.")
+    ratio = float(args.pair_budget_ratio)
+    if not (0.0 < ratio <= 1.0) or not math.isfinite(ratio):
+        raise ValueError(f"pair_budget_ratio must be in (0, 1], got {ratio}.")
+    if ratio < pi_min:
+        raise ValueError(
+            f"pair_budget_ratio={ratio} is below pair_pi_min={pi_min}: the budget ratio * predicted cost would be "
+            "below pi_min * predicted cost, so no design satisfies both the floor and the budget (Proposition 2). "
+            "Raise pair_budget_ratio or lower pair_pi_min."
+        )
+    if args.pair_edge_proxy != "disagreement":
+        raise ValueError(f'pair_edge_proxy must be "disagreement" (Eq. 8), got {args.pair_edge_proxy!r}.')
+    if args.pair_w_max is not None and (not math.isfinite(float(args.pair_w_max)) or float(args.pair_w_max) < 1):
+        raise ValueError(f"pair_w_max must be None or a finite number >= 1, got {args.pair_w_max}.")
+    if int(args.pair_solver_max_iter) < 1 or not float(args.pair_solver_tol) > 0:
+        raise ValueError("pair_solver_max_iter must be >= 1 and pair_solver_tol > 0.")
+    for name in ("pair_head_hidden", "pair_head_min_labels", "pair_head_batch_size", "pair_summary_last_k"):
+        if int(getattr(args, name)) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}.")
+    if int(args.pair_head_fit_steps) < 0:
+        raise ValueError(f"pair_head_fit_steps must be >= 0, got {args.pair_head_fit_steps}.")
+    if int(args.pair_replay_size) < max(4, int(args.pair_head_min_labels)):
+        raise ValueError(f"pair_replay_size ({args.pair_replay_size}) must be >= 4 and >= pair_head_min_labels "
+                         f"({args.pair_head_min_labels}), or the heads never leave warm-up.")
+    G = int(args.num_generations)
+    local_rows = int(args.per_device_train_batch_size) * int(args.steps_per_generation)
+    if local_rows % G:
+        raise ValueError(
+            f"per_device_train_batch_size * steps_per_generation = {local_rows} candidate rows per rank must be a "
+            f"multiple of num_generations (G = {G}) so each prompt's candidate group stays on one rank. Change "
+            "per_device_train_batch_size or num_generations."
+        )
+    if getattr(args, "signal_only_denominator", False):
+        raise ValueError("signal_only_denominator is not compatible with PAIR (Eq. 13 needs a fixed normalizer); "
+                         "use pair_fixed_normalizer instead.")
+    if getattr(args, "tie_break_scorer_index", None) is not None:
+        raise ValueError("The tie-break blend is not supported by PAIRTrainer (its rewards are not binary); unset "
+                         "tie_break_scorer_index.")
+    if args.pair_fixed_normalizer and args.loss_type not in (compat.SEQUENCE_LEVEL_LOSSES +
+                                                             compat.GLOBAL_TOKEN_LEVEL_LOSSES):
+        raise ValueError(f"pair_fixed_normalizer supports loss_type in "
+                         f"{compat.SEQUENCE_LEVEL_LOSSES + compat.GLOBAL_TOKEN_LEVEL_LOSSES}, got {args.loss_type!r}. "
+                         "Change loss_type or set pair_fixed_normalizer=False (then the normalizer is a ratio).")
+
+
+# ---------------------------------------------------------------------------------------------------------- draws
+@dataclass
+class GroupDraw:
+    """One prompt's design and continuation draw (everything here is fixed before any reward is seen).
+
+    Attributes
+    ----------
+    pi : ndarray (G,)
+        Logged probabilities used in the weights: the design's ``pi`` with finished candidates at 1 and, with the
+        anchor pair, the anchor's conditional probability 1 (Appendix B).
+    pi_design : ndarray (G,)
+        The design's probabilities before the anchor.
+    selected : ndarray of bool (G,)
+        Completed vertices ``J`` (finished-in-prefix candidates are always 1).
+    finished : ndarray of bool (G,)
+    anchor : tuple or None
+    expected_cost, budget, full_cost : float
+        Predicted expected suffix cost ``sum c_hat pi`` over unfinished candidates, the budget, and the predicted
+        full-group suffix cost ``sum c_hat``.
+    reason : str
+        ``"warm-up (uniform)"``, ``"all finished in prefix"``, ``"invalid head output (uniform)"`` or the
+        :class:`~trl_ext.estimators.PairDesign` reason.
+    fell_back, degenerate : bool
+    n_iter : int
+    """
+
+    pi: np.ndarray
+    pi_design: np.ndarray
+    selected: np.ndarray
+    finished: np.ndarray
+    anchor: tuple | None
+    expected_cost: float
+    budget: float
+    full_cost: float
+    reason: str
+    fell_back: bool = False
+    degenerate: bool = False
+    n_iter: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------- trainer
+class PAIRTrainer(GRPOTrainer):
+    """GRPO with PAIR prefix probing, continuation design and pair-inclusion reweighting (see module docstring).
+
+    Same constructor as :class:`trl_ext.GRPOTrainer`; ``args`` must be a :class:`PAIRConfig`.
+
+    Attributes
+    ----------
+    pair_heads : PrefixHeads
+        Success/remaining-cost heads, optimizer and replay window (saved in every checkpoint).
+    pair_design_log : list of dict
+        Per prompt of the latest generation batch on this rank: ``generation``, ``row_idx``, ``pi``,
+        ``pi_design``, ``selected``, ``finished``, ``p_hat``, ``cost_hat``, ``anchor``, ``reason``, ``n_iter``,
+        ``expected_cost``, ``budget``. Written after the design and draw, before any continuation or reward;
+        ``realized_suffix_tokens`` is added after the continuation.
+    last_pair_stats : dict
+        Global diagnostics of the latest generation batch (the ``pair/*`` metrics).
+    """
+
+    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
+        if not isinstance(args, PAIRConfig):
+            raise TypeError(f"PAIRTrainer needs a PAIRConfig, got {type(args).__name__}.")
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
+        cfg = getattr(self.model, "config", None)
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        hidden = getattr(text_cfg, "hidden_size", None)
+        if hidden is None:
+            raise ValueError("PAIRTrainer needs model.config.hidden_size for the prefix heads.")
+        seed = args.seed if args.pair_head_seed is None else args.pair_head_seed
+        self.pair_heads = PrefixHeads(
+            int(hidden), args.pair_head_hidden, replay_size=args.pair_replay_size, lr=args.pair_head_lr,
+            min_labels=args.pair_head_min_labels, seed=int(seed),
+        )
+        self._pair_lagged: PrefixHeads | None = None
+        self._pair_needs_refresh = False
+        self._pair_generation = 0
+        self._pair_pending: dict | None = None
+        self._pair_totals = {"prefix_tokens": 0, "suffix_tokens": 0, "zero_edge_groups": 0, "solver_fallbacks": 0,
+                             "groups": 0}
+        self._pair_last_refresh: dict = {}
+        self.pair_design_log: list[dict] = []
+        self.last_pair_stats: dict = {}
+        self._pair_delimiters = self._pair_delimiter_ids() if args.pair_snap_window > 0 else set()
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    @property
+    def pair_tau(self) -> int:
+        return self.args.pair_tau
+
+    @property
+    def _pair_probe_len(self) -> int:
+        return self.pair_tau + int(self.args.pair_snap_window)
+
+    def _pair_delimiter_ids(self) -> set[int]:
+        tok = self._tokenizer
+        delims = tuple(self.args.pair_snap_delimiters)
+        ids = set()
+        for i in range(len(tok)):
+            text = tok.decode([i], skip_special_tokens=False)
+            if text and text.endswith(delims):
+                ids.add(i)
+        return ids
+
+    def _pair_design_rng(self, row_idx: int) -> np.random.Generator:
+        """Fresh design randomness keyed by (seed, generation index, dataset row): never by an outcome, identical
+        across process layouts."""
+        return np.random.default_rng([int(self.args.seed) & 0xFFFFFFFF, 0x9A1, self._pair_generation,
+                                      int(row_idx) & 0xFFFFFFFF])
+
+    @contextlib.contextmanager
+    def _pair_max_new_tokens(self, n: int):
+        """Temporarily cap generation at ``n`` new tokens (transformers: generation_config; vLLM: notes section C)."""
+        saved = []
+        if getattr(self, "use_vllm", False):
+            vg = self.vllm_generation
+            saved.append((vg, "max_completion_length", vg.max_completion_length))
+            vg.max_completion_length = int(n)
+        else:
+            gc = self.generation_config
+            saved.append((gc, "max_new_tokens", gc.max_new_tokens))
+            gc.max_new_tokens = int(n)
+            gk = getattr(self, "generation_kwargs", None)
+            if isinstance(gk, dict) and "max_new_tokens" in gk:
+                saved.append((gk, "__item__", gk["max_new_tokens"]))
+                gk["max_new_tokens"] = int(n)
+        try:
+            yield
+        finally:
+            for obj, attr, value in reversed(saved):
+                if attr == "__item__":
+                    obj["max_new_tokens"] = value
+                else:
+                    setattr(obj, attr, value)
+
+    def _pair_needs_equal_calls(self) -> bool:
+        """Whether generation is a collective (every rank must call with equal-length lists): vLLM server mode,
+        vLLM colocate with tensor parallelism, ZeRO-3 or FSDP (notes B.5, B.6, C)."""
+        if self.accelerator.num_processes <= 1:
+            return False
+        if getattr(self, "use_vllm", False):
+            vg = self.vllm_generation
+            return getattr(vg, "mode", "server") == "server" or getattr(vg, "tensor_parallel_size", 1) > 1
+        return bool(getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False))
+
+    def _pair_generate(self, seqs: list[list[int]], max_new: int) -> tuple[list[list[int]], list | None]:
+        """One sampled continuation per token sequence through TRL's backend, capped at ``max_new`` tokens.
+
+        Pads the call to the same length on every rank when generation is collective (dummy rows are discarded).
+        """
+        n = len(seqs)
+        n_call = n
+        if self._pair_needs_equal_calls():
+            n_call = max(1, int(compat.gather(torch.tensor([n], device=self.accelerator.device)).max().item()))
+        if n_call == 0:
+            return [], None
+        call = [list(s) for s in seqs]
+        if n_call > n:
+            dummy = list(seqs[0]) if seqs else [self._tokenizer.eos_token_id]
+            call += [dummy] * (n_call - n)
+        with self._pair_max_new_tokens(max_new):
+            c_ids, lps = self._generate_single_turn(call, None, {}, 1)
+        c_ids = [list(c) for c in c_ids[:n]]
+        lps = None if lps is None else [list(lp) for lp in lps[:n]]
+        return c_ids, lps
+
+    def _pair_is_finished(self, c: list[int], probe_len: int) -> bool:
+        return len(c) < probe_len or (len(c) > 0 and c[-1] in self.eos_token_ids)
+
+    @torch.no_grad()
+    def _pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Stop-gradient prefix summaries: mean of the last ``k`` final-layer hidden states (Appendix C).
+
+        The forward runs inside TRL's ``unwrap_model_for_generation`` (and FSDP's full-parameter context), like
+        TRL's own generation, so ZeRO-3/FSDP shards are gathered; every rank makes exactly one such call per
+        generation batch (equal row counts), which keeps those collectives aligned.
+        """
+        from trl.models import unwrap_model_for_generation
+
+        device = self.accelerator.device
+        width = max(len(s) for s in seqs)
+        pad_id = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+        # explicit position ids: left padding must not shift positions (layout-independent features)
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        with (
+            unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                        gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model,
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            was_training = model.training
+            model.eval()  # no dropout in the summary
+            try:
+                out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                            output_hidden_states=True, use_cache=False)
+            finally:
+                model.train(was_training)
+        return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(self.args.pair_summary_last_k)).cpu()
+
+    def _pair_checkpoint(self, c: list[int], finished: bool) -> int:
+        """Checkpoint position inside the probe tokens (snapping, Appendix C)."""
+        if finished or not self._pair_delimiters:
+            return len(c)
+        for pos in range(self.pair_tau - 1, len(c)):
+            if c[pos] in self._pair_delimiters:
+                return pos + 1
+        return len(c)
+
+    # ------------------------------------------------------------------------------------------------ design
+    def pair_design_and_draw(self, p_hat, cost_hat, finished, rng: np.random.Generator, *,
+                             warmup: bool = False) -> GroupDraw:
+        r"""Design and continuation draw for one candidate group (Algorithm 1, "contrast-graph allocation").
+
+        Parameters
+        ----------
+        p_hat : array_like (G,)
+            Predicted success probabilities in [0, 1].
+        cost_hat : array_like (G,)
+            Predicted remaining suffix tokens (> 0 on unfinished candidates; ignored on finished ones).
+        finished : array_like of bool (G,)
+            Candidates that emitted EOS inside the probe: continued with probability 1 at zero cost.
+        rng : numpy.random.Generator
+            Fresh randomness for the anchor and the Bernoulli draw (never derived from outcomes).
+        warmup : bool
+            Use the uniform design ``pi = max(budget_ratio, pi_min)`` (heads not ready yet).
+
+        Returns
+        -------
+        GroupDraw
+            ``sum_{i unfinished} c_hat_i pi_design_i <= pair_budget_ratio * sum_{i unfinished} c_hat_i`` (up to
+            ``1e-9`` relative).
+
+        Notes
+        -----
+        Invalid head output (NaN/inf ``p_hat``, ``p_hat`` outside [0, 1], ``cost_hat <= 0`` or non-finite on an
+        unfinished candidate) falls back to the uniform design (``reason="invalid head output (uniform)"``).
+        """
+        a = self.args
+        p = np.asarray(p_hat, dtype=np.float64).reshape(-1)
+        c = np.asarray(cost_hat, dtype=np.float64).reshape(-1)
+        fin = np.asarray(finished, dtype=bool).reshape(-1)
+        G = p.shape[0]
+        if G < 2 or c.shape[0] != G or fin.shape[0] != G:
+            raise ValueError(f"pair_design_and_draw: p_hat, cost_hat and finished must all be (G,) with G >= 2; got "
+                             f"{p.shape}, {c.shape}, {fin.shape}.")
+        unf = ~fin
+        ratio, pi_min = float(a.pair_budget_ratio), float(a.pair_pi_min)
+        anchor = None
+        if not unf.any():
+            pi = np.ones(G)
+            reason, fell_back, degenerate, n_iter = "all finished in prefix", False, False, 0
+            budget = full = expected = 0.0
+        else:
+            invalid = bool(np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)) or np.any(~np.isfinite(c[unf]))
+                           or np.any(c[unf] <= 0))
+            c_unf = np.where(np.isfinite(c) & (c > 0), c, 1.0)
+            full = float(c_unf[unf].sum())
+            budget = ratio * full
+            fell_back, degenerate, n_iter = False, False, 0
+            if warmup or invalid:
+                pi = np.where(unf, min(1.0, max(ratio, pi_min)), 1.0)
+                reason = "invalid head output (uniform)" if invalid else "warm-up (uniform)"
+                fell_back = invalid
+            else:
+                eps = _FINISHED_COST_FRACTION * float(c_unf[unf].max())
+                c_design = np.where(unf, c_unf, eps)
+                design: PairDesign = pair_design(
+                    np.clip(p, 0.0, 1.0), c_design, budget + eps * float(fin.sum()), pi_min,
+                    max_iter=int(a.pair_solver_max_iter), tol=float(a.pair_solver_tol), kind=a.pair_edge_proxy,
+                )
+                pi = np.where(unf, np.clip(design.pi, pi_min, 1.0), 1.0)
+                reason, fell_back, n_iter = design.reason, bool(design.fell_back), int(design.n_iter)
+                degenerate = design.reason.startswith("degenerate")
+            expected = float((c_unf * pi)[unf].sum())
+        pi_design = pi.copy()
+        if a.pair_anchor_pair:
+            k, l_ = sorted(int(v) for v in rng.choice(G, size=2, replace=False))
+            anchor = (k, l_)
+            pi = pi.copy()
+            pi[[k, l_]] = 1.0
+        selected = draw_selection(pi_design, rng, anchor=anchor)
+        selected |= fin
+        return GroupDraw(pi=pi, pi_design=pi_design, selected=selected, finished=fin, anchor=anchor,
+                         expected_cost=expected, budget=budget, full_cost=full, reason=reason, fell_back=fell_back,
+                         degenerate=degenerate, n_iter=n_iter)
+
+    def pair_group_advantages(self, rewards, draw: GroupDraw) -> tuple[np.ndarray, PairAdvantages]:
+        r"""Eq. 13 advantages of one group from its draw (float64); the configured biased variants apply.
+
+        Parameters
+        ----------
+        rewards : array_like (G,)
+            Rewards of the completed vertices (entries of unselected candidates are ignored). A NaN reward on a
+            completed vertex is treated as 0 (a failed rollout, Appendix D.1).
+        draw : GroupDraw
+
+        Returns
+        -------
+        advantages : ndarray (G,), float64
+            0 on unselected candidates; all 0 when fewer than two vertices were completed (unbiased, Appendix B).
+        result : PairAdvantages
+        """
+        a = self.args
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1).copy()
+        sel = np.asarray(draw.selected, dtype=bool)
+        r[sel & ~np.isfinite(r)] = 0.0
+        res = pair_advantages(r, sel, draw.pi, w_max=a.pair_w_max, self_normalize=bool(a.pair_self_normalize))
+        adv = res.advantages.astype(np.float64)
+        if a.pair_standardize and sel.sum() >= 2:
+            adv = adv / (float(np.std(r[sel], ddof=1)) + 1e-4)
+        return adv, res
+
+    def pair_simulate_group(self, p_hat, cost_hat, finished, rewards, rng: np.random.Generator, *,
+                            warmup: bool = False) -> tuple[np.ndarray, GroupDraw, PairAdvantages]:
+        """The trainer's per-prompt "design + draw + advantages" step on a frozen, fully generated candidate group
+        (``rewards`` known for every candidate): what training would produce for one fresh design draw. Used by
+        the design-unbiasedness tests; training calls the same two methods with generation in between."""
+        draw = self.pair_design_and_draw(p_hat, cost_hat, finished, rng, warmup=warmup)
+        r = np.where(draw.selected, np.asarray(rewards, dtype=np.float64), np.nan)
+        adv, res = self.pair_group_advantages(r, draw)
+        return adv, draw, res
+
+    # ------------------------------------------------------------------------------------------------ heads
+    def _pair_design_heads(self) -> PrefixHeads:
+        return self._pair_lagged if (self.args.pair_lagged_heads and self._pair_lagged is not None) else \
+            self.pair_heads
+
+    def _pair_refresh_heads(self) -> None:
+        """Refresh after the RL update on the labels gathered so far (Eq. 6-7 fit + temperature, Appendix C)."""
+        if not self._pair_needs_refresh:
+            return
+        self._pair_needs_refresh = False
+        if self.args.pair_lagged_heads:
+            self._pair_lagged = self.pair_heads.lagged_copy()
+        out = self.pair_heads.refresh(steps=int(self.args.pair_head_fit_steps),
+                                      batch_size=int(self.args.pair_head_batch_size))
+        self._pair_sync_heads()
+        diag = self.pair_heads.diagnostics()
+        self._pair_last_refresh = {"loss_p": out.get("loss_p"), "loss_c": out.get("loss_c"),
+                                   "temperature": out.get("temperature"), **diag}
+
+    def _pair_sync_heads(self) -> None:
+        """Make the heads bitwise identical on every rank (they are fit on identical gathered labels; this removes
+        any floating-point drift between processes)."""
+        if self.accelerator.num_processes <= 1 or not torch.distributed.is_initialized():
+            return
+        for head in (self.pair_heads.success_head, self.pair_heads.cost_head):
+            for p in head.parameters():
+                buf = p.data.to(self.accelerator.device)
+                torch.distributed.broadcast(buf, src=0)
+                p.data.copy_(buf.cpu())
+        t = torch.tensor([self.pair_heads.temperature], dtype=torch.float64, device=self.accelerator.device)
+        torch.distributed.broadcast(t, src=0)
+        self.pair_heads.temperature = float(t.item())
+
+    # ------------------------------------------------------------------------------------------------ rollouts
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        self._pair_refresh_heads()
+        G = int(self.num_generations)
+        rows = list(inputs)
+        if len(rows) % G:
+            raise RuntimeError(f"PAIR: {len(rows)} local rows are not a multiple of G = {G}.")
+        K = len(rows) // G
+        col = compat.ROW_IDX_COLUMN
+        for k in range(K):
+            keys = {rows[k * G + i].get(col, None) for i in range(G)}
+            if len(keys) != 1:
+                raise RuntimeError("PAIR: a candidate group spans several dataset rows; rows of a prompt must be "
+                                   "contiguous in blocks of G (TRL's RepeatSampler with per-rank rows % G == 0).")
+        prompt_ids, _, _ = self._tokenize_prompts([x["prompt"] for x in rows])
+        probe_len = self._pair_probe_len
+        # 1. prefix probe: one independent sample per candidate row
+        probe_ids, probe_lps = self._pair_generate(prompt_ids, probe_len)
+        finished = [self._pair_is_finished(c, probe_len) for c in probe_ids]
+        ckpt = [self._pair_checkpoint(c, f) for c, f in zip(probe_ids, finished)]
+        feats = self._pair_features([list(p) + list(c[:t]) for p, c, t in zip(prompt_ids, probe_ids, ckpt)])
+        # 2. frozen heads
+        heads = self._pair_design_heads()
+        warmup = not self.pair_heads.ready
+        pred = heads.predict(feats)
+        p_hat = pred.p_hat.numpy()
+        c_hat = pred.cost_hat.numpy()
+        # 3. design + draw per prompt, logged before any continuation or reward
+        draws: list[GroupDraw] = []
+        self.pair_design_log = []
+        for k in range(K):
+            sl = slice(k * G, (k + 1) * G)
+            row_idx = int(rows[k * G].get(col, k))
+            draw = self.pair_design_and_draw(p_hat[sl], c_hat[sl], finished[sl], self._pair_design_rng(row_idx),
+                                             warmup=warmup)
+            draws.append(draw)
+            self.pair_design_log.append({
+                "generation": self._pair_generation, "row_idx": row_idx, "pi": draw.pi.tolist(),
+                "pi_design": draw.pi_design.tolist(), "selected": draw.selected.tolist(),
+                "finished": draw.finished.tolist(), "p_hat": p_hat[sl].tolist(), "cost_hat": c_hat[sl].tolist(),
+                "anchor": draw.anchor, "reason": draw.reason, "n_iter": draw.n_iter,
+                "expected_cost": draw.expected_cost, "budget": draw.budget,
+            })
+        # 4. continuation of selected unfinished prefixes from prompt + prefix
+        cont_idx = [k * G + i for k, d in enumerate(draws) for i in range(G) if d.selected[i] and not d.finished[i]]
+        max_new = int(self.args.max_completion_length) - probe_len
+        cont_ids, cont_lps = self._pair_generate([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
+                                                 max_new)
+        full_ids = [list(c) for c in probe_ids]
+        full_lps = None if probe_lps is None else [list(lp) for lp in probe_lps]
+        suffix_len = [0] * len(rows)
+        for n_c, (j, c) in enumerate(zip(cont_idx, cont_ids)):
+            full_ids[j] = full_ids[j] + list(c)
+            suffix_len[j] = len(c)
+            if full_lps is not None:  # vLLM: concatenate both phases' sampling log-probs (TRL's IS correction)
+                if cont_lps is None:
+                    raise RuntimeError("PAIR: the probe returned sampling log-probs but the continuation did not.")
+                full_lps[j] = full_lps[j] + list(cont_lps[n_c])
+        for k, entry in enumerate(self.pair_design_log):  # realized costs, appended after the design was logged
+            entry["realized_suffix_tokens"] = suffix_len[k * G:(k + 1) * G]
+        # 5. completed vertices -> TRL's tail
+        out_rows, out_ids, out_gids, out_lps, records = [], [], [], [], []
+        for k, d in enumerate(draws):
+            done = [i for i in range(G) if d.selected[i]]
+            for i in done:
+                out_rows.append(rows[k * G + i])
+                out_ids.append(full_ids[k * G + i])
+                out_gids.append(k)
+                if full_lps is not None:
+                    out_lps.append(full_lps[k * G + i])
+            records.append({
+                "G": G, "pi": d.pi.tolist(), "pi_design": d.pi_design.tolist(), "selected": d.selected.tolist(),
+                "finished": d.finished.tolist(), "anchor": d.anchor, "completed": done,
+                "features": feats[k * G:(k + 1) * G][done].clone(),
+                "suffix_len": [suffix_len[k * G + i] for i in done],
+                "probe_len": [len(probe_ids[k * G + i]) for i in range(G)],
+                "p_hat": p_hat[k * G:(k + 1) * G].tolist(), "c_hat": c_hat[k * G:(k + 1) * G].tolist(),
+                "expected_cost": d.expected_cost, "budget": d.budget, "full_cost": d.full_cost, "reason": d.reason,
+                "fell_back": d.fell_back, "degenerate": d.degenerate, "warmup": warmup,
+                "nonfinite": int(pred.n_nonfinite) if k == 0 else 0, "dummy": False,
+            })
+        dummy = not out_rows
+        if dummy:  # every draw on this rank completed nothing: one masked dummy row keeps the collectives aligned
+            out_rows, out_ids, out_gids = [rows[0]], [full_ids[0]], [0]
+            out_lps = [full_lps[0]] if full_lps is not None else []
+            records.append({"dummy": True, "G": G, "completed": [0]})
+        self._pair_pending = {"records": records}
+        n_groups_global = int(compat.gather(torch.tensor([K], device=self.accelerator.device)).sum().item())
+        try:
+            out = self._finish_rollouts(out_rows, out_ids, group_ids=out_gids,
+                                        logprobs=out_lps if full_lps is not None else None)
+        finally:
+            self._pair_pending = None
+        if dummy:
+            mask = out["completion_mask"].clone()
+            mask[0] = 0
+            out["completion_mask"] = mask
+            loss_mask = mask if "tool_mask" not in out else mask * out["tool_mask"]
+            out["num_items_in_batch"] = compat.gather(loss_mask.sum()).sum()
+        out["pair_num_groups"] = torch.tensor(float(n_groups_global), device=self.accelerator.device)
+        self._pair_generation += 1
+        return out
+
+    # ------------------------------------------------------------------------------------------------ advantages
+    def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
+        """Eq. 13 advantages for the completed vertices of every prompt (global, identical on every rank).
+
+        Also adds the delayed labels to the heads' replay window (the heads are refit only at the next
+        generation, after this batch's RL update) and logs the ``pair/*`` diagnostics.
+        """
+        pending = self._pair_pending
+        if pending is None or batch.mode != "train":
+            return super().compute_advantages(batch)
+        records = compat.gather_object(pending["records"])
+        real = ~batch.is_pad
+        gid = batch.group_ids
+        adv = torch.zeros(batch.num_rows, dtype=torch.float64)
+        row_groups = [rec for rec in records if rec["completed"]]
+        n_batch_groups = batch.num_groups
+        if len(row_groups) != n_batch_groups:
+            raise RuntimeError(f"PAIR internal: {len(row_groups)} groups with completed vertices but the batch has "
+                               f"{n_batch_groups} groups.")
+        stats = _Stats()
+        labels_f, labels_r, labels_c, labels_pi = [], [], [], []
+        for g, rec in enumerate(row_groups):
+            idx = torch.nonzero((gid == g) & real).flatten()
+            if idx.numel() != len(rec["completed"]):
+                raise RuntimeError(f"PAIR internal: group {g} has {idx.numel()} rows, expected "
+                                   f"{len(rec['completed'])}.")
+            if rec.get("dummy"):
+                continue
+            G = rec["G"]
+            r_rows = batch.rewards[idx].double().numpy()
+            stats.nan_rewards += int((~np.isfinite(r_rows)).sum())
+            r_full = np.full(G, np.nan)
+            r_full[rec["completed"]] = r_rows
+            draw = GroupDraw(pi=np.asarray(rec["pi"]), pi_design=np.asarray(rec["pi_design"]),
+                             selected=np.asarray(rec["selected"], dtype=bool),
+                             finished=np.asarray(rec["finished"], dtype=bool), anchor=rec["anchor"],
+                             expected_cost=rec["expected_cost"], budget=rec["budget"], full_cost=rec["full_cost"],
+                             reason=rec["reason"])
+            a_full, res = self.pair_group_advantages(r_full, draw)
+            adv[idx] = torch.as_tensor(a_full[rec["completed"]], dtype=torch.float64)
+            stats.add_result(res)
+            # delayed labels (completed vertices only); marginal inclusion for the IPW losses
+            pi_marg = np.asarray(rec["pi_design"], dtype=np.float64)
+            if rec["anchor"] is not None:
+                pi_marg = pi_marg + (1.0 - pi_marg) * 2.0 / G
+            done = rec["completed"]
+            r_lab = np.where(np.isfinite(r_rows), r_rows, 0.0)
+            ok = (r_lab >= 0) & (r_lab <= 1)
+            stats.unlabeled += int((~ok).sum())
+            if ok.any():
+                labels_f.append(rec["features"][torch.as_tensor(ok)])
+                labels_r.append(torch.as_tensor(r_lab[ok]))
+                labels_c.append(torch.as_tensor(np.asarray(rec["suffix_len"], dtype=np.float64)[ok]))
+                labels_pi.append(torch.as_tensor(pi_marg[done][ok]))
+        for rec in records:
+            if not rec.get("dummy"):
+                stats.add_design(rec)
+        if labels_r:
+            self.pair_heads.add_labels(torch.cat(labels_f), torch.cat(labels_r), torch.cat(labels_c),
+                                       torch.cat(labels_pi))
+            self._pair_needs_refresh = True
+        self._pair_log(stats, batch.mode)
+        return adv.float()
+
+    def _pair_log(self, s: _Stats, mode: str) -> None:
+        n = max(s.groups, 1)
+        m = {
+            "pair/groups": s.groups,
+            "pair/completed_vertices": s.completed,
+            "pair/completed_per_group": s.completed / n,
+            "pair/continued_from_prefix": s.continued,
+            "pair/finished_in_prefix": s.finished,
+            "pair/observed_edges": s.edges,
+            "pair/ess_mean": s.ess / max(s.groups_with_edges, 1),
+            "pair/max_weight": s.max_weight,
+            "pair/pi_min": s.pi_min if s.pi_count else float("nan"),
+            "pair/pi_mean": s.pi_sum / max(s.pi_count, 1),
+            "pair/zero_edge_groups": s.zero_edge,
+            "pair/all_finished_groups": s.all_finished,
+            "pair/solver_fallbacks": s.fallbacks,
+            "pair/degenerate_groups": s.degenerate,
+            "pair/warmup": float(s.warmup),
+            "pair/head_nonfinite": s.nonfinite,
+            "pair/nan_rewards": s.nan_rewards,
+            "pair/budget": s.budget,
+            "pair/predicted_full_suffix_cost": s.full_cost,
+            "pair/predicted_suffix_cost": s.expected_cost,
+            "pair/predicted_cost_selected": s.pred_selected,
+            "pair/realized_suffix_tokens": s.suffix_tokens,
+            "pair/prefix_tokens": s.prefix_tokens,
+            "pair/generated_tokens": s.prefix_tokens + s.suffix_tokens,
+            "pair/tokens_saved_vs_full_group": s.saved_est,
+            "pair/head_labels": self.pair_heads.n_labels,
+        }
+        for key in ("brier", "ece", "cost_mape", "loss_p", "loss_c", "temperature"):
+            if key in self._pair_last_refresh and self._pair_last_refresh[key] is not None:
+                m[f"pair/head_{key}"] = float(self._pair_last_refresh[key])
+        for name, value in m.items():
+            self.log_ext_metric(name, float(value), mode)
+        if mode == "train":
+            self._pair_totals["prefix_tokens"] += int(s.prefix_tokens)
+            self._pair_totals["suffix_tokens"] += int(s.suffix_tokens)
+            self._pair_totals["zero_edge_groups"] += int(s.zero_edge)
+            self._pair_totals["solver_fallbacks"] += int(s.fallbacks)
+            self._pair_totals["groups"] += int(s.groups)
+            self.log_ext_metric("pair/generated_tokens_total",
+                                self._pair_totals["prefix_tokens"] + self._pair_totals["suffix_tokens"], mode)
+        self.last_pair_stats = m
+
+    # ------------------------------------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        if self.model.training and self.args.pair_fixed_normalizer and "pair_num_groups" in inputs:
+            adv = inputs["advantages"]
+            k = inputs["pair_num_groups"].clamp(min=1).to(adv.dtype)
+            if self.loss_type in compat.SEQUENCE_LEVEL_LOSSES:
+                # TRL: mean over B local rows / GA, DDP mean -> 1/(B P spg) per generation batch; we want 1/K.
+                total = adv.shape[0] * self.accelerator.num_processes * self.args.steps_per_generation
+                scale = total / k  # (dr_grpo additionally divides by max_completion_length: 1/(K L) per token sum)
+            else:  # global token-level: sum / num_items_in_batch -> sum / (K L)
+                scale = inputs["num_items_in_batch"].clamp(min=1).to(adv.dtype) / (
+                    k * float(self.args.max_completion_length))
+            inputs = {**inputs, "advantages": adv * scale}
+        return super()._compute_loss(model, inputs)
+
+    # ------------------------------------------------------------------------------------------------ state
+    def ext_state_dict(self) -> dict:
+        state = super().ext_state_dict()
+        state["pair"] = {
+            "heads": self.pair_heads.state_dict(),
+            "lagged_heads": None if self._pair_lagged is None else self._pair_lagged.state_dict(),
+            "needs_refresh": bool(self._pair_needs_refresh),
+            "generation": int(self._pair_generation),
+            "totals": dict(self._pair_totals),
+        }
+        return state
+
+    def load_ext_state_dict(self, state: dict) -> None:
+        super().load_ext_state_dict(state)
+        pair = state.get("pair")
+        if pair is None:
+            self._ext_warn_once("pair_state", "Checkpoint has no PAIR state: the heads and replay window start fresh.")
+            return
+        self.pair_heads.load_state_dict(pair["heads"])
+        if pair.get("lagged_heads") is not None:
+            self._pair_lagged = self.pair_heads.lagged_copy()
+            self._pair_lagged.load_state_dict(pair["lagged_heads"])
+        self._pair_needs_refresh = bool(pair["needs_refresh"])
+        self._pair_generation = int(pair["generation"])
+        self._pair_totals.update({k: int(v) for k, v in pair["totals"].items()})
+
+
+class _Stats:
+    """Accumulates the global per-batch diagnostics."""
+
+    def __init__(self):
+        self.groups = self.completed = self.continued = self.finished = self.edges = 0
+        self.groups_with_edges = self.zero_edge = self.all_finished = self.fallbacks = self.degenerate = 0
+        self.nonfinite = self.nan_rewards = self.unlabeled = 0
+        self.ess = self.max_weight = 0.0
+        self.pi_min, self.pi_sum, self.pi_count = 1.0, 0.0, 0
+        self.budget = self.full_cost = self.expected_cost = self.pred_selected = self.saved_est = 0.0
+        self.suffix_tokens = self.prefix_tokens = 0
+        self.warmup = False
+
+    def add_result(self, res: PairAdvantages) -> None:
+        self.edges += res.n_edges
+        if res.n_edges:
+            self.groups_with_edges += 1
+            self.ess += res.ess
+            self.max_weight = max(self.max_weight, res.max_weight)
+
+    def add_design(self, rec: dict[str, Any]) -> None:
+        sel = np.asarray(rec["selected"], dtype=bool)
+        fin = np.asarray(rec["finished"], dtype=bool)
+        pi = np.asarray(rec["pi_design"], dtype=np.float64)
+        c = np.asarray(rec["c_hat"], dtype=np.float64)
+        self.groups += 1
+        self.completed += int(sel.sum())
+        self.continued += int((sel & ~fin).sum())
+        self.finished += int(fin.sum())
+        if sel.sum() < 2:
+            self.zero_edge += 1
+        if fin.all():
+            self.all_finished += 1
+        self.fallbacks += int(rec["fell_back"])
+        self.degenerate += int(rec["degenerate"])
+        self.nonfinite += int(rec["nonfinite"])
+        self.warmup = self.warmup or bool(rec["warmup"])
+        if (~fin).any():
+            self.pi_min = min(self.pi_min, float(pi[~fin].min()))
+            self.pi_sum += float(pi[~fin].sum())
+            self.pi_count += int((~fin).sum())
+        self.budget += float(rec["budget"])
+        self.full_cost += float(rec["full_cost"])
+        self.expected_cost += float(rec["expected_cost"])
+        cont = sel & ~fin
+        self.pred_selected += float(np.where(np.isfinite(c), c, 0.0)[cont].sum())
+        self.saved_est += float(np.where(np.isfinite(c), c, 0.0)[~sel & ~fin].sum())
+        self.suffix_tokens += int(sum(rec["suffix_len"]))
+        self.prefix_tokens += int(sum(rec["probe_len"]))
