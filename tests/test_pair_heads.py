@@ -191,3 +191,14 @@ def test_lagged_copy_is_independent():
     heads.fit(steps=5, use_holdout=False)
     x = torch.randn(3, 4)
     assert not torch.equal(lag.predict(x).p_hat, heads.predict(x).p_hat)
+
+
+def test_temperature_is_not_fitted_on_a_handful_of_separable_labels():
+    # 8 perfectly separated labels: an unguarded Brier fit runs to the smallest T and saturates p_hat at 0/1.
+    heads = H.PrefixHeads(4, hidden=8, seed=0)
+    feats = torch.cat([torch.full((4, 4), -1.0), torch.full((4, 4), 1.0)])
+    heads.add_labels(feats, torch.tensor([0.0] * 4 + [1.0] * 4), torch.ones(8), torch.ones(8))
+    heads.temperature = 1.0
+    assert heads.calibrate_temperature() == 1.0
+    # with enough labels it is fitted, but never sharper than 1/4
+    assert 0.25 - 1e-9 <= heads.calibrate_temperature(min_labels=1) <= 8.0

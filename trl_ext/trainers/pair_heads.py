@@ -313,12 +313,23 @@ class PrefixHeads:
         return {"steps": int(steps), "loss_p": float(lp.detach()), "loss_c": float(lc.detach())}
 
     @torch.no_grad()
-    def calibrate_temperature(self, log_t_range: tuple[float, float] = (-3.0, 3.0), iters: int = 60) -> float:
+    def calibrate_temperature(
+        self, log_t_range: tuple[float, float] = (-math.log(4.0), math.log(8.0)), iters: int = 60,
+        min_labels: int = 64,
+    ) -> float:
         """Fit the scalar temperature on the newest ``calib_fraction`` of the window by minimizing the IPW Brier
-        score over log T (golden-section search). Returns the temperature (1.0 when the window is empty)."""
+        score over log T (golden-section search). Returns the temperature.
+
+        The temperature is kept unchanged while the calibration slice holds fewer than ``min_labels`` labels: on a
+        handful of perfectly separated labels the Brier minimum sits at the smallest allowed T, which drives every
+        prediction to exactly 0 or 1 and makes every edge proxy (and so the design) degenerate. For the same reason
+        sharpening is limited to T >= 1/4 (softening up to T = 8 is harmless).
+        """
         if self.n_labels == 0:
             return self.temperature
         _, cal = self._split()
+        if cal.stop - cal.start < min_labels:
+            return self.temperature
         self.success_head.eval()
         logit = self.success_head(self._feat[cal]).squeeze(-1).double()
         r, w = self._reward[cal].double(), 1.0 / self._pi[cal].double()
