@@ -521,3 +521,45 @@ def test_keyed_sampling_through_variable_rollout_rounds(tmp_path):
 
     m0 = AutoModelForCausalLM.from_pretrained(str(init), local_files_only=True)
     assert all(regenerate(m0, tr.processing_class, r) == r["completion_ids"] for r in recs)
+
+
+# --------------------------------------------------------------------------------------------------- review fixes
+def test_completions_table_holds_the_whole_variable_batch(tmp_path):
+    """The completions table keeps every real rollout of a variable-size batch, with aligned columns.
+
+    TRL sizes ``_logs`` deques to ``generation_batch_size``; a ``_finish_rollouts`` batch holds more rows (several
+    rollouts per unique prompt), so the table used to keep only the tail, and ``log_rollout_metadata`` columns
+    (extended after the pad rows were dropped) ended up longer than ``prompt``: pandas refuses the table.
+    """
+    def tagged_reward(prompts, completions, log_extra=None, **kw):
+        log_extra("completion_echo", list(completions))  # a log_extra column scored on the pad rows too
+        return hash_reward(prompts, completions)
+
+    tr = recording(tmp_path, cls=VariableRolloutTrainer, per_device_train_batch_size=3, num_generations=2,
+                   gradient_accumulation_steps=2, max_steps=2, log_rollout_metadata=True, log_completions=True,
+                   reward_funcs=[tagged_reward])
+    tr.requested = []
+    tr.train()  # log_completions builds the parquet table at every log: raises on misaligned columns
+    b = tr.batches[-1]
+    n_real = int((~b.is_pad).sum())
+    assert n_real > tr.args.generation_batch_size  # the batch really is larger than TRL's deques
+    logs = tr._logs
+    assert len(logs["prompt"]) == len(logs["completion"]) == len(logs["advantages"]) == n_real
+    assert all(len(v) == n_real for v in logs["rewards"].values())
+    assert list(logs["extra"]["row_idx"]) == b.row_idx[~b.is_pad].tolist()
+    assert list(logs["extra"]["completion_echo"]) == list(logs["completion"])
+    assert any(bb.is_pad.any() for bb in tr.batches)  # pad rows really were dropped from the table
+    assert list(logs["prompt"]) == [p for p, pad in zip(b.prompts, b.is_pad.tolist()) if not pad]
+    np.testing.assert_allclose(list(logs["advantages"]), tr.last_advantages[~b.is_pad].tolist(), rtol=1e-6)
+    assert os.path.exists(tmp_path / "completions")
+
+
+def test_ext_state_is_in_the_checkpoint_before_it_is_pushed(tmp_path):
+    """``push_to_hub`` uploads each checkpoint from inside ``Trainer._save_checkpoint``; the trl_ext state must be
+    written before that, or hub checkpoints (and resumes from them) silently lack it."""
+    tr = make_trainer(tmp_path, max_steps=1, save_strategy="steps", save_steps=1)
+    seen = []
+    tr.args.push_to_hub = True  # after __init__: no hub repository is created (offline)
+    tr._push_from_checkpoint = lambda folder: seen.append(os.path.exists(os.path.join(folder, EXT_STATE_FILE)))
+    tr.train()
+    assert seen == [True]

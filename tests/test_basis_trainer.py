@@ -449,3 +449,29 @@ def test_objective_combinations_train(tmp_path, overrides):
     assert max_change(before, trainer.model) > 0.0
     n_gen = 2 // trainer.args.steps_per_generation
     assert len(trainer.beta_history) == n_gen  # one calibration per generation batch
+
+
+# ------------------------------------------------------------------------------------------------------ review fixes
+def test_evaluate_on_held_out_prompts_uses_the_fallback(tmp_path):
+    """Evaluation prompts are normally held out, hence absent from the (training) value table.
+
+    ``max_missing_fraction`` guards training against a wrong table; applied to eval batches it made
+    ``trainer.evaluate()`` raise on any held-out set. Eval batches get the fallback baseline and log the missing
+    share instead; training batches still raise.
+    """
+    from trl_ext.testbed import make_dataset
+
+    held_out = make_dataset("addition", 8, seed=0, split="test")
+    ds = tiny_dataset(16)
+    model, tok = tiny_model_and_tokenizer(0)
+    trainer = BASISTrainer(model=model, reward_funcs=[binary_reward],
+                           args=basis_config(tmp_path, per_device_eval_batch_size=4),
+                           train_dataset=ds, eval_dataset=held_out, processing_class=tok,
+                           value_table=make_table(ds["prompt"]))
+    assert not set(held_out["prompt"]) & set(ds["prompt"])
+    metrics = trainer.evaluate()
+    assert metrics["eval_basis/missing_fraction"] == 1.0
+    assert np.isfinite(metrics["eval_loss"])
+    assert trainer.beta_history == []  # eval batches do not enter the training beta trajectory
+    with pytest.raises(ValueError, match="missing from the value table"):
+        trainer.compute_advantages(make_batch(held_out["prompt"], [1.0, 0.0] * 4, mode="train"))

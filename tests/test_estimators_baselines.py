@@ -173,6 +173,17 @@ def test_registry():
     with pytest.raises(ValueError, match="already registered"):
         register_advantage_estimator("grpo")(lambda r, g: None)
 
+    # a namesake from another module is a different function: it must not silently replace the built-in
+    # (the check used to compare __qualname__ only, so any function called "grpo_advantages" overwrote "grpo")
+    def grpo_advantages_namesake(rewards, group_ids):
+        return None
+
+    grpo_advantages_namesake.__qualname__ = "grpo_advantages"
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage_estimator("grpo")(grpo_advantages_namesake)
+    assert get_advantage_estimator("grpo") is grpo_advantages
+    register_advantage_estimator("grpo")(grpo_advantages)  # re-registering the same function stays a no-op
+
     @register_advantage_estimator("_test_tmp")
     def _tmp(rewards, group_ids):
         return grpo_advantages(rewards, group_ids)

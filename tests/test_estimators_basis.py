@@ -452,6 +452,10 @@ def test_ties_go_to_largest_beta_and_undefined_paper_objective():
     assert np.all(cal.baseline == 0.0)
     cal = calibrate_beta(np.array([np.nan, np.nan]), np.array([0.3, 0.5]))
     assert cal.beta == 5.0 and cal.loss == np.inf and cal.result.n_nan_rewards == 2
+    # "largest beta" means the largest value, not the last grid entry (a user grid need not be increasing)
+    grid = np.array([5.0, 1.0, 0.1])
+    assert calibrate_beta(np.zeros(6), np.full(6, 0.5), beta_grid=grid).beta == 5.0  # was 0.1
+    assert calibrate_beta(np.array([np.nan, np.nan]), np.array([0.3, 0.5]), beta_grid=grid).beta == 5.0
 
 
 def test_calibration_non_binary_rewards_via_table():
@@ -541,3 +545,20 @@ def test_audit_full_runs_and_is_deterministic():
     from trl_ext.estimators.audits.basis import run_audit
 
     assert run_audit(seed=1, quick=False) == run_audit(seed=1, quick=False)
+
+
+def test_torch_tensors_with_grad_and_bf16_are_accepted_like_numpy():
+    # docs/estimators.md: "torch tensors accepted as input". Rewards that require grad, or bfloat16 tensors, used to
+    # raise inside np.asarray (RuntimeError / TypeError "unsupported ScalarType BFloat16").
+    torch = pytest.importorskip("torch")
+    r = np.array([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+    p = np.array([0.25, 0.5, 0.75, 0.5, 0.0, 0.5])
+    ref = batchwise_baseline(r, p).baseline
+    for rt in (torch.tensor(r, requires_grad=True), torch.tensor(r, dtype=torch.bfloat16)):
+        np.testing.assert_allclose(batchwise_baseline(rt, torch.tensor(p, dtype=torch.bfloat16)).baseline, ref,
+                                   atol=1e-12)  # 0.25 / 0.5 / 0.75 are exact in bfloat16
+        cal = calibrate_beta(rt, torch.tensor(p, requires_grad=True))
+        np.testing.assert_allclose(cal.baseline, calibrate_beta(r, p).baseline, atol=1e-12)
+    np.testing.assert_allclose(v_beta_from_samples(torch.tensor([[0.0, 1.0], [1.0, 1.0]]), 0.5),
+                               v_beta_from_samples([[0.0, 1.0], [1.0, 1.0]], 0.5), atol=1e-12)
+    np.testing.assert_allclose(v_beta(torch.tensor(p, requires_grad=True), 0.5), v_beta(p, 0.5), atol=1e-12)

@@ -7,7 +7,6 @@ Appendix B bias formulas; hypothesis covers shapes, ranges and edge cases.
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -460,17 +459,15 @@ def test_design_solver_failure_falls_back_to_uniform(monkeypatch, fake):
     assert d.expected_cost == pytest.approx(50.0)
 
 
-def test_design_performance_g16_well_under_10ms():
+def test_design_g16_converges_within_the_paper_iteration_cap():
+    # Speed is measured in benchmarks/estimator_microbench.py, not asserted here (no timed assertions in tests):
+    # at the paper's operating point (G = 16, budget ratio 0.5) SLSQP must reach its tolerance well inside 50 steps.
     rng = np.random.default_rng(3)
-    p = rng.uniform(0, 1, 16)
-    c = rng.lognormal(5, 0.5, 16)
-    P.pair_design(p, c, 0.5 * c.sum())
-    times = []
-    for _ in range(30):  # CPU time of this process: robust to other jobs on the shared cores
-        t = time.process_time()
-        P.pair_design(p, c, 0.5 * c.sum())
-        times.append(time.process_time() - t)
-    assert np.median(times) < 0.010
+    for _ in range(5):
+        p = rng.uniform(0, 1, 16)
+        c = rng.lognormal(5, 0.5, 16)
+        d = P.pair_design(p, c, 0.5 * c.sum())
+        assert not d.fell_back and d.reason == "optimal" and d.n_iter < 50
 
 
 @pytest.mark.parametrize(
@@ -603,9 +600,7 @@ def test_audit_quick_reproduces_table2_findings():
 
     from trl_ext.estimators.audits import pair as A
 
-    t = time.process_time()
     res = A.run_audit(seed=0, quick=True)
-    assert time.process_time() - t < 5.0
     d = res["designs"]
     assert set(d) == set(A.DESIGNS)
     for name in ("full_group", "uniform_ht", "pointwise_ht", "pair"):
@@ -648,3 +643,38 @@ def test_pointwise_design_matches_budget_and_floor():
     assert np.all(np.diff(pi[np.argsort(v)]) >= -1e-12)  # monotone in the pointwise value
     with pytest.raises(ValueError):
         pointwise_design(v, c, 0.01 * c.sum(), pi_min=0.08)
+
+
+# ------------------------------------------------------------------------------------------------ torch input
+def test_torch_tensors_with_grad_and_bf16_are_accepted_like_numpy():
+    # docs/estimators.md: "torch tensors accepted as input". A reward tensor that requires grad, or a bfloat16 one,
+    # used to raise inside np.asarray (RuntimeError / TypeError) instead of being read like numpy.
+    torch = pytest.importorskip("torch")
+    r = np.array([1.0, 0.0, 1.0, 0.0, 1.0])
+    sel = np.array([True, True, False, True, True])
+    pi = np.array([0.5, 0.25, 0.5, 0.75, 1.0])
+    s = np.random.default_rng(0).normal(size=(5, 3))
+    ref = P.pair_advantages(r, sel, pi).advantages
+    for rt in (torch.tensor(r, requires_grad=True), torch.tensor(r, dtype=torch.bfloat16)):
+        got = P.pair_advantages(rt, torch.tensor(sel), torch.tensor(pi, requires_grad=True)).advantages
+        np.testing.assert_allclose(got, ref, atol=1e-12)
+    np.testing.assert_allclose(P.design_covariance(torch.tensor(r), torch.tensor(s, requires_grad=True),
+                                                   torch.tensor(pi)), P.design_covariance(r, s, pi), atol=1e-12)
+    d_ref = P.pair_design(pi, r + 1.0, 3.0)
+    d = P.pair_design(torch.tensor(pi, requires_grad=True), torch.tensor(r + 1.0), 3.0)
+    np.testing.assert_allclose(d.pi, d_ref.pi, atol=1e-12)
+
+
+def test_design_never_exceeds_a_tight_budget():
+    # Budgets just above pi_min * sum(c) put most vertices on the floor. The old budget repair shifted all of x by
+    # log(cost/target), which floored vertices cannot follow; after its 100 steps the returned "optimal" design still
+    # exceeded the budget by up to ~1e-7 relative (on ~75% of these instances). The docs promise it never does.
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        p, c = rng.uniform(0, 1, 16), rng.lognormal(0, 2, 16)
+        for ratio in (0.301, 0.31):
+            budget = ratio * c.sum()
+            d = P.pair_design(p, c, budget, pi_min=0.3)
+            assert not d.fell_back
+            assert d.expected_cost <= budget * (1 + 1e-12), (seed, ratio, d.expected_cost / budget - 1)
+            assert d.pi.min() >= 0.3 * (1 - 1e-12) and d.pi.max() <= 1.0

@@ -132,3 +132,18 @@ def test_separation_check_is_per_group_and_optional():
         tie_break_blend(["a"], [1.0], [0])
     with pytest.raises(ValueError, match="NaN"):
         blend_opened_groups([0, 1], [np.nan, 1], [0, 0])
+
+
+def test_within_class_rank_rejects_labels_it_would_truncate():
+    # Float labels 0.2 / 0.7 used to be cast to int 0 and silently merged into one class (ranks 0 and 1 instead of
+    # two singletons); a (M, 1) label array was silently flattened.
+    with pytest.raises(ValueError, match="integer"):
+        within_class_rank([1.0, 2.0, 3.0, 4.0], [0.2, 0.7, 1.5, 1.9])
+    with pytest.raises(ValueError, match="shape"):
+        within_class_rank([1.0, 2.0], [[0], [0]])
+    with pytest.raises(TypeError, match="integer"):
+        within_class_rank([1.0, 2.0], ["a", "b"])
+    # whole-number floats and bools are fine and equal the integer labels
+    np.testing.assert_array_equal(within_class_rank([3.0, 1.0, 2.0], [1.0, 1.0, 0.0]),
+                                  within_class_rank([3.0, 1.0, 2.0], [1, 1, 0]))
+    np.testing.assert_array_equal(within_class_rank([3.0, 1.0], np.array([True, True])), [1.0, 0.0])

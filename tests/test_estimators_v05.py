@@ -1,6 +1,7 @@
 """Tests for trl_ext.estimators.v05: shrinkage fusion (Eq. 6-9, Theorems 3.2-3.4) and OSLA (Theorem 3.6)."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -81,8 +82,13 @@ def test_fusion_properties(rewards, V):
     k = len(rewards)
     gap2 = (np.mean(rewards) - V) ** 2
     assert fr.k == k and 0.0 <= fr.weight < 1.0
-    # hypothesis-test equivalence (Eq. 7-8): w == 0 exactly when the discrepancy is within the 1/k noise bound
-    assert (fr.weight == 0.0) == (gap2 <= 1 / k)
+    # hypothesis-test equivalence (Eq. 7-8): w == 0 exactly when the discrepancy is within the 1/k noise bound,
+    # decided in exact rational arithmetic on the given floats (a float gap2 can land a few ulps off an exact tie)
+    exact_gap2 = (sum(Fraction(x) for x in rewards) / k - Fraction(V)) ** 2
+    if exact_gap2 <= Fraction(1, k):
+        assert fr.weight == 0.0
+    elif exact_gap2 > Fraction(1, k) * (1 + Fraction(1, 10**9)):
+        assert fr.weight > 0.0
     assert fr.accepted == (fr.bias2 == 0.0)
     if fr.weight == 0.0:
         assert fr.baseline == V
@@ -92,6 +98,29 @@ def test_fusion_properties(rewards, V):
     # the pointwise step of the Theorem 3.4 proof: |mu* - vbar| <= 1/sqrt(k)
     assert abs(fr.baseline - fr.mean) <= 1 / math.sqrt(k) + 1e-12
     assert fr.bias2 == pytest.approx(max(0.0, gap2 - 1 / k), abs=1e-12)
+
+
+def test_exact_ties_are_accepted_despite_round_off():
+    # (vbar_k - V)^2 == 1/k exactly must accept the prior (Eq. 7 is "<= 1/k"). Before the fix, ~30% of these exact
+    # ties (e.g. k = 9, three successes, V = 0: (-1/3)^2 vs 1/9) were rejected with bias2 ~ 1e-17.
+    n_ties = 0
+    for k in (1, 4, 9, 16, 25, 36, 49, 64, 81, 100):
+        root = math.isqrt(k)
+        for s in range(k + 1):
+            r = np.array([1.0] * s + [-1.0] * (k - s))
+            for sign in (1, -1):
+                v_exact = Fraction(2 * s - k, k) + sign * Fraction(1, root)
+                if abs(v_exact) > 1:
+                    continue
+                for V in (float(v_exact), 2.0 * float((v_exact + 1) / 2) - 1.0):  # as given, and as 2p - 1
+                    if (Fraction(s - (k - s), k) - Fraction(V)) ** 2 > Fraction(1, k):
+                        continue  # the float V is itself off the tie: not an exact tie any more
+                    fr = shrinkage_fusion(r, V)
+                    assert fr.bias2 == 0.0 and fr.weight == 0.0 and fr.accepted and fr.baseline == V, (k, s, V)
+                    n_ties += 1
+    assert n_ties > 500
+    # just past the tie is still a rejection
+    assert shrinkage_fusion([1.0, 1.0, 1.0, 1.0], 0.5 - 1e-9).bias2 > 0.0
 
 
 def test_appendix_a8_worked_example():

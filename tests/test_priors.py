@@ -178,6 +178,10 @@ def test_constant_prior():
     np.testing.assert_array_equal(p.predict(["a"], ["x", "y"], [1.0, 1.0]), [1.0])
     with pytest.raises(ValueError, match="probability"):
         ConstantPrior(1.5)
+    # numpy scalars are probabilities too (np.float32 used to be rejected as "not in [0, 1]"); bools are not
+    np.testing.assert_array_equal(ConstantPrior(np.float32(0.25)).predict(["a"]), [0.25])
+    with pytest.raises(ValueError, match="probability"):
+        ConstantPrior(True)
 
 
 # ----------------------------------------------------------------------------------------------- in-context heads
@@ -283,6 +287,10 @@ def test_head_config_errors():
         LogisticHead(l2_grid=(0.0,))
     with pytest.raises(ValueError, match="n_folds"):
         LogisticHead(n_folds=1)
+    # numpy grids (np.float32 values were rejected as "not finite, >= 0"); bools are not grid values
+    assert KernelHead(bandwidths=np.array([0.1, 0.5], dtype=np.float32)).bandwidths == pytest.approx((0.1, 0.5))
+    with pytest.raises(ValueError, match="grid values"):
+        LogisticHead(l2_grid=(True,))
 
 
 # ----------------------------------------------------------------------------------------------- embedding prior
@@ -665,6 +673,9 @@ def test_table_prior_from_mapping_and_errors():
     np.testing.assert_allclose(prior.predict(["1+1=", "2+2="]), [0.9, 0.1])
     with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
         TablePrior({"a": 1.5})
+    np.testing.assert_allclose(TablePrior({"a": np.float32(0.5)}).predict(["a"]), [0.5])  # was rejected
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+        TablePrior({"a": True})  # a bool is not a probability (was silently read as 1.0)
     with pytest.raises(ValueError, match="missing must be one of"):
         TablePrior({}, missing="ignore")
     with pytest.raises(TypeError, match="ValueTable, a path or a mapping"):
@@ -686,3 +697,17 @@ def test_build_prior():
         build_prior("table", tabel={})
     with pytest.raises(TypeError, match="missing required arguments \\['fn'\\]"):
         build_prior("callable")
+
+
+def test_value_table_row_accepts_numpy_scalars_and_rejects_bools():
+    # numpy integers are not Python ints: n=np.int64(2), reward_range=np.array([0, 1]) and rewards from an integer
+    # array used to be refused with "must be ... finite numbers"; a bool n was refused but a bool reward accepted.
+    row = ValueTableRow("0123456789abcdef", np.int64(2), np.float32(0.5), tuple(np.array([0, 1])),
+                        rewards=list(np.array([0, 1])))
+    assert row.n == 2 and type(row.n) is int and row.reward_range == (0.0, 1.0) and row.rewards == [0.0, 1.0]
+    json.dumps(row.to_json())  # stays JSON-serializable
+    assert ValueTableRow.from_rewards("p", np.array([1, 1, 0, 1]), np.array([0, 1])).success_probability == 0.75
+    with pytest.raises(ValueError, match="n must be an int"):
+        ValueTableRow("0123456789abcdef", True, 0.5, (0.0, 1.0))
+    with pytest.raises(ValueError, match="finite numbers"):
+        ValueTableRow("0123456789abcdef", 2, 0.5, (0.0, 1.0), rewards=[True, False])

@@ -172,3 +172,56 @@ def test_unsupported_loss_type_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="signal_only_denominator supports loss_type"):
         _validate_ext_options(_ExtOptions(signal_only_denominator=True), Args())
     assert set(compat.SIGNAL_ONLY_LOSSES) == {"grpo", "sapo", "luspo", "dr_grpo", "dapo", "cispo", "vespo", "bnpo"}
+
+
+# ------------------------------------------------------------------------------------------------ review fixes
+class PadRowsTrainer(GRPOTrainer):
+    """Test double: hands ``_finish_rollouts`` the generation batch plus ``N_PAD`` rows flagged ``is_pad``."""
+
+    N_PAD = 5
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("signal_only", [False, True])
+def test_pad_rows_dilute_neither_policy_nor_kl(model_dir, tmp_path, loss_type, signal_only):
+    """Pad rows (equal row counts across ranks, ``_finish_rollouts``) must not change the objective.
+
+    Sequence-level losses average over all B rows, pads included. The base rescales the advantages so the policy
+    term averages over real rows, but the KL term was still divided by B (pads included): its weight shrank by
+    n_real / B. The gradient must equal the explicit objective on the real rows alone.
+    """
+    from transformers import AutoTokenizer
+
+    beta = 0.05
+    args = make_config(tmp_path, loss_type=loss_type, beta=beta, signal_only_denominator=signal_only,
+                       per_device_train_batch_size=4 * G, num_generations=G, max_completion_length=6)
+    tr = PadRowsTrainer(model=model_dir, reward_funcs=[pattern_reward], args=args, train_dataset=tiny_dataset(8),
+                        processing_class=AutoTokenizer.from_pretrained(model_dir))
+    model = tr.model
+    model.train()
+    tr.current_gradient_accumulation_steps = 1
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen))
+    ds = tr.train_dataset
+    rows = [dict(ds[i]) for i in range(4) for _ in range(G)]
+    c_ids, _ = tr._generate_completion_ids(rows)
+    n_pad = PadRowsTrainer.N_PAD
+    out = tr._finish_rollouts(rows + rows[:n_pad], list(c_ids) + list(c_ids[:n_pad]),
+                              group_ids=[i // G for i in range(len(rows))] + [0] * n_pad,
+                              is_pad=[False] * len(rows) + [True] * n_pad)
+    real = ~tr.last_rollout_batch.is_pad
+    assert int((~real).sum()) == n_pad
+    sub = {k: out[k][real] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+    sub["advantages"] = tr.last_advantages[real]
+    model.zero_grad()
+    tr._compute_loss(model, out).backward()
+    got = flat_grad(model)
+    model.zero_grad()
+    explicit_loss(model, tr.ref_model, sub, loss_type, beta, signal_only, tr.max_completion_length,
+                  tr.args.use_bias_correction_kl).backward()
+    want = flat_grad(model)
+    assert want.abs().max() > 1e-4
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert tr.beta == beta  # restored after the loss

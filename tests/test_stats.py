@@ -417,6 +417,10 @@ def test_length_residualized_matches_linregress(seed):
 def test_length_residualized_constant_length_fallback_and_bad_input():
     lr = S.length_residualized_difference([1, 0, 1, 1], [0, 0, 1, 0], [5, 6, 7, 8], [3, 4, 5, 6])
     assert not lr.slope_identified and lr.slope == 0.0 and lr.difference == pytest.approx(0.5)
+    # the fallback estimates one mean: its interval is the one-sample t-interval with n - 1 degrees of freedom
+    d = np.array([1.0, 0.0, 0.0, 1.0])
+    lo, hi = sst.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=sst.sem(d))
+    assert (lr.ci_low, lr.ci_high) == (pytest.approx(lo, rel=1e-12), pytest.approx(hi, rel=1e-12))
     with pytest.raises(ValueError, match="at least 3"):
         S.length_residualized_difference([1, 0], [0, 0], [1, 2], [2, 1])
     with pytest.raises(ValueError, match="same number"):
@@ -452,3 +456,43 @@ def test_evaluate_metric_loads_offline_and_reports_floor():
     assert strings["accuracy"] == 0.5
     with pytest.raises(ValueError, match="no predictions"):
         metric.compute(predictions=[], references=[])
+
+
+def test_compare_single_seed_does_not_attribute_its_smallest_gap_to_the_two_part_rule(tmp_path):
+    # With one seed the two-part rule cannot call a winner at any gap; the report used to print a finite
+    # "smallest gap the two-part rule catches" for it. It now says which test the number belongs to.
+    import json
+
+    rng = np.random.default_rng(0)
+    files = {}
+    for side, p in (("a", 0.7), ("b", 0.4)):
+        path = tmp_path / f"{side}_seed1.jsonl"
+        path.write_text("".join(json.dumps({"question_id": f"q{i}", "correct": int(rng.random() < p)}) + "\n"
+                                for i in range(60)))
+        files[side] = [str(path)]
+    rep = S.compare_outcome_files(files["a"], files["b"], n_boot=200, n_sim=100)
+    assert rep["verdict"]["status"] == "cannot_call"
+    assert rep["smallest_detectable_gap_rule"] == "single_seed_paired_test"
+    text = S.format_report(rep)
+    assert "the two-part rule catches" not in text and "single-seed paired test" in text
+
+
+def test_catch_rate_memory_does_not_grow_with_n_sim():
+    # The Monte Carlo chunks its uniforms "to bound memory" but used to keep every chunk alive (for common random
+    # numbers across gaps), so memory grew linearly in n_sim: 16 bytes x n_sim x seeds x questions.
+    import tracemalloc
+
+    def peak(n_sim):
+        tracemalloc.start()
+        S.two_part_catch_rate([0.02, 0.04], 1000, 4, 0.25, n_sim=n_sim, seed=1)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    small, large = peak(500), peak(2000)  # 500 sims = one chunk at this size
+    assert large < 1.5 * small, (small, large)
+    # common random numbers are kept: the rate is a deterministic, monotone function of the gap for a fixed seed
+    r = S.two_part_catch_rate([0.0, 0.02, 0.04], 300, 3, 0.25, n_sim=200, seed=3)
+    assert np.array_equal(r, S.two_part_catch_rate([0.0, 0.02, 0.04], 300, 3, 0.25, n_sim=200, seed=3))
+    assert r[0] <= r[1] <= r[2]
+    assert S.two_part_catch_rate(0.02, 300, 3, 0.25, n_sim=200, seed=3) == r[1]

@@ -467,3 +467,98 @@ def test_one_and_two_processes_make_the_same_decisions(tmp_path):
         assert s1["k"] == s2["k"] and s1["rounds"] == s2["rounds"] and s1["early_stop"] == s2["early_stop"]
         assert s1["fingerprint"] == s2["fingerprint"]
     assert any(s["rounds"] > 0 for s in one["steps"])  # the corrupted prompts really triggered rounds
+
+
+# ------------------------------------------------------------------------------------------------ review fixes
+def test_empty_dispatch_still_reaches_the_keyed_collective(tmp_path, monkeypatch):
+    """A rank with nothing to dispatch in a round must still join the keyed-request collective.
+
+    ``keyed_requests_for_rows`` is a ``gather_object`` over ranks. In a non-collective round (transformers
+    generation, plain DDP) a rank whose prompts are all done used to return before it, while a rank with work called
+    it: mismatched collectives (hang or garbage on gloo). Every ``_v05_dispatch`` call must reach it exactly once.
+    """
+    tr = make(tmp_path, prior=ConstantPrior(0.5), keyed_sampling=True)
+    calls = []
+    real = tr.keyed_requests_for_rows
+
+    def counting(rows, **kw):
+        calls.append(len(rows))
+        return real(rows, **kw)
+
+    monkeypatch.setattr(tr, "keyed_requests_for_rows", counting)
+    from trl_ext.trainers.v05 import _PromptState
+
+    states = [_PromptState(row={"prompt": "1+1=", "trl_ext_row_idx": 0}, prior_p=0.5)]
+    out = tr._v05_dispatch(states, [])  # this rank has no prompt needing more rollouts in this round
+    assert out == {"rollouts": 0, "discarded": 0, "tokens": 0}
+    assert calls == [0]  # the collective was reached with zero rows
+    assert states[0].k == 0
+
+
+def test_generation_batch_counts_unique_prompts_any_size(tmp_path):
+    """``num_generations`` is unused in V0.5 training, so it must not constrain the unique-prompt batch.
+
+    TRL's check ``generation_batch_size % num_generations == 0`` used to reject e.g. 3 prompts per batch with the
+    default ``num_generations=2`` and a message about a setting V0.5 ignores.
+    """
+    tr = make(tmp_path, prior=ConstantPrior(0.5), per_device_train_batch_size=3, max_steps=1)
+    assert tr.args.num_generations == 2 and tr.num_generations_eval == 2  # still the eval group size
+    assert tr.args.generation_batch_size == 3 and tr.num_generations == 1
+    tr.train()
+    assert len(tr.last_v05["row_idx"]) == 3 and len(set(tr.last_v05["row_idx"])) == 3
+    assert (tr.last_v05["k"] >= 4).all()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_two_ranks_keyed_sampling_with_idle_rounds(tmp_path):
+    """2 ranks, keyed sampling, non-collective generation: a rank with no prompt left in a round still joins the
+    keyed-request collective (it used to skip it, mismatching the ranks' gathers)."""
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path), "2", "keyed"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert ranks[0]["steps"] == ranks[1]["steps"]
+    assert any(0 in r["calls"] for r in ranks)  # the idle-rank round really happened
+    assert len(ranks[0]["calls"]) == len(ranks[1]["calls"])  # one (possibly empty) call per round on each rank
+
+
+def test_lora_reference_kl_and_reused_buffer(tmp_path):
+    """LoRA (reference = adapter disabled), beta > 0 and num_iterations = 2 through the variable-rollout path.
+
+    One generation serves spg x num_iterations = 4 micro-steps: the prior is queried and the support buffer updated
+    once, and the second iteration sees exactly the buffered micro-batches (same advantages, not re-drawn).
+    """
+    from peft import LoraConfig
+
+    class Spy(V05GRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            self.seen.append((inputs["advantages"].clone(), inputs["ref_per_token_logps"].clone()))
+            return super()._compute_loss(model, inputs)
+
+    from trl_ext.testbed import build_tiny_model, build_tokenizer
+
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    cfg = V05GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                        num_iterations=2, beta=0.1, max_completion_length=4, max_steps=2, learning_rate=1e-2,
+                        use_cpu=True, bf16=False, report_to="none", logging_steps=1, save_strategy="no",
+                        disable_tqdm=True, seed=0)
+    tr = Spy(model=build_tiny_model(tok, seed=0), reward_funcs=[hash_bit_reward], args=cfg, train_dataset=_dataset(),
+             processing_class=tok, prior=ConstantPrior(0.5), peft_config=LoraConfig(r=4, target_modules="all-linear"))
+    tr.seen = []
+    assert tr.ref_model is None  # PEFT: the reference is the model with its adapter disabled
+    base_before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if "lora_" not in n}
+    tr.train()
+    assert tr._v05_generation_index == 1 and len(tr.support_buffer) == 8  # one generation for 4 micro-steps
+    assert len(tr.seen) == 4
+    for (a0, r0), (a1, r1) in zip(tr.seen[:2], tr.seen[2:]):
+        assert torch.equal(a0, a1) and torch.equal(r0, r1)  # second iteration: the same buffered micro-batches
+    assert not torch.equal(tr.seen[0][0], tr.seen[1][0])
+    assert all(torch.equal(p, base_before[n]) for n, p in tr.model.named_parameters() if "lora_" not in n)
+    kl = [r["kl"] for r in tr.state.log_history if "kl" in r]
+    assert kl and all(np.isfinite(kl)) and kl[-1] > 0  # the LoRA update moved the policy off the reference

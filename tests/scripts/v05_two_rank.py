@@ -7,6 +7,9 @@ decision is a function of the prompt and its prior only, and must not depend on 
 prior is exact except on a "corrupted" set of rows where it predicts the opposite. Generation is forced into the
 collective mode (every rank dispatches the same number of rows in every round) so the padding path runs too.
 
+With a third argument ``keyed``, generation is left non-collective (a rank whose prompts are all done skips the
+round) and ``keyed_sampling=True``: building keyed requests is a collective every rank must still join.
+
 Each rank writes ``OUT_DIR/rank{r}.json``: per step the global per-prompt decisions ``{row_idx: k}``, rounds,
 early stop, buffer fingerprint, the length of every generation call this rank made, and its world size.
 """
@@ -26,7 +29,8 @@ def truth(row_idx: int) -> float:
     return float(row_idx % 2)
 
 
-def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatch_multiple: int = 1) -> dict:
+def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatch_multiple: int = 1,
+        keyed: bool = False) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -53,7 +57,7 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatc
     cfg = V05GRPOConfig(
         output_dir=os.path.join(out_dir, "run"), per_device_train_batch_size=8 // world, max_completion_length=4,
         max_steps=max_steps, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=0, dispatch_multiple=dispatch_multiple,
+        save_strategy="no", disable_tqdm=True, seed=0, dispatch_multiple=dispatch_multiple, keyed_sampling=keyed,
     )
 
     records, calls = [], []
@@ -91,7 +95,10 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatc
 def main() -> int:
     out_dir = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    run(out_dir, steps)
+    if len(sys.argv) > 3 and sys.argv[3] == "keyed":  # keyed sampling, plain (non-collective) generation
+        run(out_dir, steps, force_collective=False, keyed=True)
+    else:
+        run(out_dir, steps)
     return 0
 
 

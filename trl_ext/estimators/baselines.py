@@ -93,7 +93,11 @@ def register_advantage_estimator(name: str) -> Callable[[Callable[..., Advantage
 
     def decorator(fn: Callable[..., AdvantageResult]) -> Callable[..., AdvantageResult]:
         old = ADVANTAGE_ESTIMATORS.get(name)
-        if old is not None and getattr(old, "__qualname__", None) != getattr(fn, "__qualname__", None):
+
+        def ident(f):  # module + qualname: a reload re-registers "the same" function, a namesake elsewhere is not it
+            return getattr(f, "__module__", None), getattr(f, "__qualname__", None)
+
+        if old is not None and ident(old) != ident(fn):
             raise ValueError(f"advantage estimator {name!r} is already registered to {old!r}; pick another name.")
         ADVANTAGE_ESTIMATORS[name] = fn
         return fn

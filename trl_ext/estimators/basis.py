@@ -25,6 +25,8 @@ from typing import Literal
 import numpy as np
 from scipy.special import logit
 
+from ._validation import to_numpy
+
 __all__ = [
     "BASIS_VARIANTS",
     "BaselineResult",
@@ -46,8 +48,13 @@ _OBJECTIVES: tuple[str, ...] = ("robust", "paper")
 # ----------------------------------------------------------------------------------------------------------------
 # validation helpers (private)
 # ----------------------------------------------------------------------------------------------------------------
+def _f64(x) -> np.ndarray:
+    """``x`` (numpy, sequence, or torch tensor of any dtype / device / grad state) as a float64 numpy array."""
+    return np.asarray(to_numpy(x), dtype=np.float64)
+
+
 def _as_1d_float(x, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64)
+    arr = _f64(x)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of shape (N,), got shape {arr.shape}; flatten or index it first.")
     if arr.size == 0:
@@ -90,7 +97,7 @@ def _check_eps(eps: float) -> float:
 
 
 def _check_beta(beta) -> np.ndarray:
-    b = np.asarray(beta, dtype=np.float64)
+    b = _f64(beta)
     if np.isnan(b).any() or (b <= 0).any():
         raise ValueError("beta must be > 0 (np.inf allowed: the reference policy's value); got "
                          f"{b.ravel()[:5].tolist()}{'...' if b.size > 5 else ''}.")
@@ -176,7 +183,7 @@ def v_beta(p_hat, beta) -> np.ndarray:
     ``1[p_hat > 0]`` (the reward-optimal policy). For fixed ``p_hat`` in (0, 1) the value is strictly decreasing in
     ``beta`` and strictly increasing in ``p_hat``; ``p_hat`` in {0, 1} is a fixed point for every ``beta``.
     """
-    p = np.asarray(p_hat, dtype=np.float64)
+    p = _f64(p_hat)
     _check_unit_interval(p.ravel(), "p_hat", allow_nan=False)
     b = _check_beta(beta)
     return _v_and_q(p, b)[0]
@@ -203,10 +210,12 @@ def v_beta_table(p_hat, beta_grid=None) -> np.ndarray:
 def _to_padded(reward_samples, counts) -> tuple[np.ndarray, np.ndarray]:
     """Ragged samples -> (padded (N, M) float array with NaN/garbage padding, mask (N, M) of real entries)."""
     if counts is None:
+        if hasattr(reward_samples, "detach"):  # a torch tensor is a dense (N, M) array
+            reward_samples = to_numpy(reward_samples)
         if isinstance(reward_samples, np.ndarray) and reward_samples.ndim == 2:
             arr = reward_samples.astype(np.float64)
             return arr, np.ones(arr.shape, dtype=bool)
-        rows = [np.asarray(r, dtype=np.float64).ravel() for r in reward_samples]
+        rows = [_f64(r).ravel() for r in reward_samples]
         if not rows:
             raise ValueError("reward_samples is empty: pass one array of reference rewards per prompt.")
         m = max((r.size for r in rows), default=0)
@@ -216,10 +225,10 @@ def _to_padded(reward_samples, counts) -> tuple[np.ndarray, np.ndarray]:
             arr[i, : r.size] = r
             mask[i, : r.size] = True
         return arr, mask
-    arr = np.asarray(reward_samples, dtype=np.float64)
+    arr = _f64(reward_samples)
     if arr.ndim != 2:
         raise ValueError(f"with counts, reward_samples must be a padded 2-D array (N, M), got shape {arr.shape}.")
-    c = np.asarray(counts)
+    c = to_numpy(counts)
     if c.shape != (arr.shape[0],):
         raise ValueError(f"counts must have shape ({arr.shape[0]},) to match reward_samples, got {c.shape}.")
     if not np.issubdtype(c.dtype, np.integer) and not np.all(c == np.round(c)):
@@ -623,7 +632,7 @@ def calibrate_beta(
     if not (0.0 <= maf <= 1.0):
         raise ValueError(f"min_active_fraction must lie in [0, 1], got {min_active_fraction!r}.")
     grid = _check_grid(beta_grid)
-    ph = np.asarray(p_hat, dtype=np.float64)
+    ph = _f64(p_hat)
     if ph.ndim == 1:
         n = ph.shape[0]
         if n == 0:
@@ -691,9 +700,10 @@ def calibrate_beta(
     if finite.any():
         lmin = losses[finite].min()
         tol = 1e-12 * max(1.0, abs(lmin))
-        idx = int(np.flatnonzero(finite & (losses <= lmin + tol))[-1])
+        tied = np.flatnonzero(finite & (losses <= lmin + tol))
+        idx = int(tied[np.argmax(grid[tied])])  # the largest tied beta, whatever the grid's order
     else:
-        idx = grid.size - 1
+        idx = int(np.argmax(grid))
     beta = float(grid[idx])
     v_sel = values_for(slice(idx, idx + 1))[0][0]
     res = batchwise_baseline(r, np.where(missing, np.nan, v_sel), variant=variant, eps=eps, fallback=fallback)
@@ -729,7 +739,7 @@ def basis_advantages(rewards, p_hat, beta_grid=None, variant="unb", objective="r
     """
     cal = calibrate_beta(rewards, p_hat, beta_grid=beta_grid, variant=variant, objective=objective, eps=eps,
                          fallback=fallback, min_active_fraction=min_active_fraction)
-    r = np.asarray(rewards, dtype=np.float64)
+    r = _f64(rewards)
     adv = np.where(cal.result.valid, np.nan_to_num(r) - cal.baseline, 0.0)
     return adv, cal
 
@@ -791,7 +801,7 @@ def _register():
         else:
             scale = np.ones(n)
         ids = np.arange(n) if group_ids is None else group_ids
-        st = group_stats(np.asarray(rewards, dtype=np.float64), ids)
+        st = group_stats(_f64(rewards), ids)
         cnt, sd_g = st["count"], np.nan_to_num(st["std"], nan=0.0)
         n_zero = int(np.sum((cnt >= 1) & ((cnt == 1) | np.isclose(sd_g, 0.0, atol=1e-12))))
         extras = {"beta": cal.beta, "loss": cal.loss, "active_fraction": cal.active_fraction,

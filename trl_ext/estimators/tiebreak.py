@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import as_float_array, check_positive_scalar, factorize_groups
+from ._validation import as_float_array, check_positive_scalar, factorize_groups, to_numpy
 
 __all__ = ["tie_break_blend", "within_class_rank", "blend_opened_groups", "BlendDiagnostics"]
 
@@ -45,12 +45,21 @@ def within_class_rank(scores: Any, classes: Any, singleton_rank: float = 0.0) ->
     ----------
     scores : array_like, shape (M,), finite
     classes : array_like of int, shape (M,)
+        Integer class labels (e.g. dense codes of the (group, grade) pairs). Float labels must be whole numbers:
+        non-integer labels raise instead of being truncated into one class.
     singleton_rank : float in [0, 1]
     """
     s = as_float_array(scores, "scores", ndim=1)
-    c = np.asarray(classes).astype(np.int64).reshape(-1)
+    c = to_numpy(classes)
     if c.shape != s.shape:
-        raise ValueError(f"classes shape {c.shape} != scores shape {s.shape}.")
+        raise ValueError(f"classes shape {c.shape} != scores shape {s.shape}; pass one class label per score.")
+    if c.dtype.kind == "f":
+        if not np.all(np.isfinite(c)) or np.any(c != np.round(c)):
+            raise ValueError("classes must be integer labels; got non-integer or NaN values (they would be truncated "
+                             "and merge distinct classes). Use factorized integer codes.")
+    elif c.dtype.kind not in "iub":
+        raise TypeError(f"classes must be integer labels, got dtype {c.dtype}; factorize them first.")
+    c = c.astype(np.int64)
     if np.isnan(s).any():
         raise ValueError("scores contain NaN; the scorer must score every rollout (drop or re-score it).")
     order = np.lexsort((s, c))

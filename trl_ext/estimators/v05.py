@@ -84,9 +84,16 @@ class FusionResult:
         return np.asarray(self.bias2) == 0.0
 
 
+#: Relative tolerance of the Eq. 7 test at an exact tie (vbar_k - V)^2 == 1/k. Round-off in vbar_k, V and the square
+#: is a few ulps, so an exact tie such as k = 9, vbar = 1/3, V = 0 (or k = 100, 10 successes, V = 2 * 0.95 - 1) can
+#: come out ~1e-17 above 1/k and be rejected with bias2 ~ 1e-17; the paper's test accepts ties ("<= 1/k").
+_TIE_RTOL = 1e-12
+
+
 def _fuse(mean: np.ndarray, k: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     inv_k = 1.0 / k
-    bias2 = np.maximum(0.0, (mean - prior) ** 2 - inv_k)  # Eq. 7
+    excess = (mean - prior) ** 2 - inv_k
+    bias2 = np.where(excess <= _TIE_RTOL * inv_k, 0.0, excess)  # Eq. 7: max(0, .), ties (to round-off) accepted
     weight = bias2 / (bias2 + inv_k)  # Eq. 8
     baseline = weight * mean + (1.0 - weight) * prior  # Eq. 9
     return bias2, weight, np.clip(baseline, -1.0, 1.0)

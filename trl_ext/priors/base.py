@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import json
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,12 @@ Prompt = str | Sequence[Mapping[str, Any]]
 
 #: Outputs within this distance outside ``[0, 1]`` are treated as float round-off and clipped; beyond it is an error.
 _ROUNDOFF = 1e-9
+
+
+def _is_probability(p: Any) -> bool:
+    """True for a real number in [0, 1] (numpy scalars included); False for bools, NaN and non-numbers."""
+    return (isinstance(p, numbers.Real) and not isinstance(p, bool | np.bool_) and bool(np.isfinite(p))
+            and 0.0 <= float(p) <= 1.0)
 
 
 class PriorOutputError(ValueError):
@@ -264,7 +271,7 @@ class ConstantPrior(ValuePrior):
     """
 
     def __init__(self, p: float = 0.5, *, use_context_mean: bool = False):
-        if not (isinstance(p, int | float) and np.isfinite(p) and 0.0 <= p <= 1.0):
+        if not _is_probability(p):
             raise ValueError(f"ConstantPrior: p must be a probability in [0, 1], got {p!r}.")
         self.p = float(p)
         self.use_context_mean = bool(use_context_mean)

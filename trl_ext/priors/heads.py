@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import importlib
 import importlib.util
+import numbers
 import os
 from collections.abc import Sequence
 
@@ -61,7 +62,8 @@ def _as_grid(name: str, values: Sequence[float] | float, allow_inf: bool = False
     if not vals:
         raise ValueError(f"{name}: the grid is empty; give at least one value.")
     for v in vals:
-        ok = isinstance(v, int | float) and not np.isnan(v) and v >= 0 and (allow_inf or np.isfinite(v))
+        ok = (isinstance(v, numbers.Real) and not isinstance(v, bool | np.bool_) and not np.isnan(v) and v >= 0
+              and (allow_inf or np.isfinite(v)))
         if not ok:
             raise ValueError(f"{name}: grid values must be {'non-negative' if allow_inf else 'finite, >= 0'}, got {v!r}.")
     return tuple(float(v) for v in vals)

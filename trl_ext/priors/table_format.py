@@ -37,11 +37,14 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "TABLE_FORMAT",
@@ -94,7 +97,8 @@ def prompt_key(prompt: str | Sequence[Mapping[str, Any]], length: int = 16) -> s
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+    """A real number, numpy scalars included (``np.int64`` is not an ``int``); bools are not numbers here."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool | np.bool_)
 
 
 @dataclass
@@ -123,8 +127,9 @@ class ValueTableRow:
         k = self.prompt_key
         if not isinstance(k, str) or not k:
             raise ValueError(f"value table row: prompt_key must be a non-empty string, got {k!r}.")
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+        if not isinstance(self.n, numbers.Integral) or isinstance(self.n, bool | np.bool_) or self.n < 1:
             raise ValueError(f"value table row {k}: n must be an int >= 1 (samples scored), got {self.n!r}.")
+        self.n = int(self.n)
         rr = self.reward_range
         if not (isinstance(rr, Sequence) and len(rr) == 2 and all(_is_number(v) and math.isfinite(v) for v in rr)):
             raise ValueError(f"value table row {k}: reward_range must be [low, high] finite numbers, got {rr!r}.")

@@ -113,6 +113,8 @@ def compare_outcome_files(
         "margin_zone": None if reading is None else reading.zone,
         "margin_to_paired_floor_ratio": abs(margin) / floor_paired if floor_paired > 0 else None,
         "smallest_detectable_gap": None if math.isinf(gap) else gap,
+        # with one seed the two-part rule never calls a winner; the gap is then that of a single-run paired test
+        "smallest_detectable_gap_rule": "two_part_rule" if n_s > 1 else "single_seed_paired_test",
         "power": power,
         "alpha": alpha,
     }
@@ -173,8 +175,10 @@ def format_report(r: dict) -> str:
         out.append(f"margin-to-floor ratio: {r['margin_to_floor_ratio']:.2f} ({r['margin_zone']})")
     out.append(f"paired floor (discordance {r['discordance']:.3f}): {_pts(r['paired_detection_floor'])}")
     gap = r["smallest_detectable_gap"]
+    who = ("the two-part rule catches" if r["n_seeds"] > 1 else
+           "a single-seed paired test catches (the two-part rule itself needs >= 2 seeds)")
     out.append(
-        f"smallest gap the two-part rule catches {int(100 * r['power'])}% of the time here "
+        f"smallest gap {who} {int(100 * r['power'])}% of the time here "
         f"({r['n_seeds']} seeds, N = {r['n_questions']}, discordance {r['discordance']:.3f}): "
         + (_pts(gap) if gap is not None else "not computable (no discordant questions: the runs never disagree)"
            if r["discordance"] == 0 else "not reachable at any gap")

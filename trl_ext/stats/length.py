@@ -46,8 +46,8 @@ class LengthResidualized:
         Mean raw score difference (before residualizing).
     slope_identified : bool
         ``False`` when every pair has the same length difference: the slope is then not identifiable from the data,
-        it is set to 0 and ``difference`` falls back to the raw mean (documented fallback, never silent: the flag
-        says so).
+        it is set to 0 and ``difference`` falls back to the raw mean with its one-sample t-interval (``n - 1``
+        degrees of freedom; documented fallback, never silent: the flag says so).
     n : int
     residuals : ndarray, shape (n,)
         ``score_diff - slope * length_diff`` per pair (use their signs for residualized votes).
@@ -123,10 +123,12 @@ def length_residualized_difference(score_a, score_b, length_a, length_b, *, leve
     sxx = float(np.sum(ell_c**2))
     raw = float(d.mean())
     if sxx <= 1e-12 * max(1.0, float(np.sum(ell**2))):
-        # Slope not identifiable: fall back to the raw mean difference (flagged).
+        # Slope not identifiable: fall back to the raw mean difference (flagged). Only the mean is estimated then,
+        # so its t-interval has n - 1 degrees of freedom (not the n - 2 of the two-parameter fit).
         resid = d.copy()
-        se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-        return LengthResidualized(raw, se, raw - tq * se, raw + tq * se, 0.0, float("nan"), 0.0, raw, False, n,
+        se = float(d.std(ddof=1) / np.sqrt(n))
+        tq1 = float(_st.t.ppf(0.5 + level / 2, n - 1))
+        return LengthResidualized(raw, se, raw - tq1 * se, raw + tq1 * se, 0.0, float("nan"), 0.0, raw, False, n,
                                   float(level), resid)
     slope = float(np.sum(ell_c * (d - raw)) / sxx)
     intercept = raw - slope * float(ell.mean())
