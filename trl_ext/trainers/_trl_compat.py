@@ -124,8 +124,8 @@ def replace_last_metric(trainer: Any, mode: str, name: str, value: float) -> Non
 def rewrite_completion_logs(trainer: Any, n_new: int, keep: Sequence[bool], advantages: Sequence[float]) -> None:
     """Rewrite the last ``n_new`` rows TRL appended to ``trainer._logs`` (the completions table).
 
-    Drops rows whose ``keep`` flag is False (pad rows) and replaces the logged advantages with ``advantages``
-    (length ``n_new``, global order), keeping every column aligned.
+    Drops rows whose ``keep`` flag is False (pad rows) from every column (``log_extra`` columns included) and
+    replaces the logged advantages with ``advantages`` (length ``n_new``, global order), keeping the columns aligned.
     """
     keep = [bool(k) for k in keep]
     if len(keep) != n_new or len(advantages) != n_new:
@@ -146,6 +146,38 @@ def rewrite_completion_logs(trainer: Any, n_new: int, keep: Sequence[bool], adva
         _rewrite(logs[key])
     for dq in logs["rewards"].values():
         _rewrite(dq)
+    for dq in logs["extra"].values():  # log_extra columns TRL flushed for the same rows (no-op without pad rows)
+        _rewrite(dq)
+
+
+def resize_completion_logs(trainer: Any, maxlen: int, keep_last: int | None = None) -> None:
+    """Re-create every deque of ``trainer._logs`` (the completions table) with ``maxlen``.
+
+    TRL sizes them to ``generation_batch_size`` (GT 1088-1095), which assumes every generation batch has exactly that
+    many rows; a variable-size batch (``_finish_rollouts``) can hold more. ``keep_last`` keeps only the newest rows
+    of each column (the current generation batch, as TRL's fixed ``maxlen`` does for fixed-size batches). Columns
+    created later (``rewards``/``extra`` are ``defaultdict`` s) get the new ``maxlen`` too.
+    """
+    from collections import deque
+
+    maxlen = int(maxlen)
+    logs = trainer._logs
+
+    def _fix(dq):
+        items = list(dq)
+        if keep_last is not None:
+            items = items[max(len(items) - int(keep_last), 0):]
+        return deque(items, maxlen=maxlen)
+
+    for key in ("images", "prompt", "completion", "advantages"):
+        if key in logs:
+            logs[key] = _fix(logs[key])
+    for key in ("rewards", "extra"):
+        if key in logs:
+            table = logs[key]
+            for name in list(table):
+                table[name] = _fix(table[name])
+            table.default_factory = lambda: deque(maxlen=maxlen)
 
 
 def set_sampler_num_generations(trainer: Any, value: int) -> None:

@@ -674,6 +674,11 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
             "group_ids": gids + [-1] * n_pad,
             "rewards_per_func": rewards_per_func,
         }
+        # TRL's completions-table deques hold generation_batch_size rows, i.e. exactly the latest generation batch;
+        # this batch may hold more (all ranks, pads included). Start the table afresh with room for all of it, so
+        # no rollout is evicted and every column TRL extends (log_extra ones too) holds exactly this batch's rows
+        # when the pad rows are dropped (_ext_log_batch_metrics).
+        compat.resize_completion_logs(self, n_star * self.accelerator.num_processes, keep_last=0)
         saved = (self.num_generations, self.num_generations_eval)
         self.num_generations, self.num_generations_eval = 1, 1  # TRL's view(-1, G) must accept any row count
         try:
@@ -743,6 +748,20 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         return self._ext_finalize(out)
 
     def _compute_loss(self, model, inputs):
+        kl_rescale = inputs.get("ext_kl_rescale")
+        if kl_rescale is None or self.beta == 0.0:
+            return self._ext_compute_loss(model, inputs)
+        # Pad rows (sequence-level losses): TRL divides beta * KL by all B rows, pads included; N / n_real restores
+        # the mean over real rows (pads have an all-zero loss mask, so they add no KL themselves).
+        beta = self.beta
+        self.beta = beta * float(kl_rescale)
+        try:
+            return self._ext_compute_loss(model, inputs)
+        finally:
+            self.beta = beta
+
+    def _ext_compute_loss(self, model, inputs):
+        """Signal-only denominators (notes D) by advantage rescaling, then TRL's ``_compute_loss``."""
         if not self._ext.signal_only_denominator or not self.model.training:
             return super()._compute_loss(model, inputs)
         adv = inputs["advantages"]
@@ -768,12 +787,14 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         return super()._compute_loss(model, {**inputs, "advantages": adv * scale})
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # Written *before* Trainer's save: Trainer._save_checkpoint pushes the folder to the Hub (push_to_hub) and
+        # rotates old checkpoints from inside, so a file added afterwards would be missing from pushed checkpoints.
         if self.args.should_save:
             folder = f"{compat.checkpoint_prefix()}-{self.state.global_step}"
             out_dir = os.path.join(self._get_output_dir(trial=trial), folder)
             os.makedirs(out_dir, exist_ok=True)
             torch.save(self.ext_state_dict(), os.path.join(out_dir, EXT_STATE_FILE))
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -979,13 +1000,17 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
             raise ValueError(f"(N, T) advantages must have T = completion length {out['completion_ids'].shape[1]}, "
                              f"got {adv.shape[1]}.")
         n_real = int((~batch.is_pad).sum())
-        if batch.is_pad.any() and not self._ext.signal_only_denominator and self.loss_type in \
-                compat.SEQUENCE_LEVEL_LOSSES and n_real > 0:
+        seq_pad_rescale = bool(batch.is_pad.any()) and self.loss_type in compat.SEQUENCE_LEVEL_LOSSES and n_real > 0
+        if seq_pad_rescale and not self._ext.signal_only_denominator:
             # Sequence-level losses average over all B rows, pads included; rescale so the policy term averages over
             # real rows only: exact by positive homogeneity (notes D), independent of how many pads each rank got.
             out["advantages"] = (adv[local] * (batch.num_rows / n_real)).to(device)
         else:
             out["advantages"] = adv[local].to(device)
+        if seq_pad_rescale:
+            # the KL term has the same B-row normalizer: _compute_loss scales beta by N / n_real (0-dim: survives
+            # the shuffle and split, notes 0.2)
+            out["ext_kl_rescale"] = torch.tensor(batch.num_rows / n_real, dtype=torch.float32, device=device)
         # pad rows: no loss, excluded from the token normalizer
         pad_local = batch.is_pad[local].to(device)
         if pad_local.any():
@@ -1031,16 +1056,27 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         # completions table: drop pad rows, log the final advantages
         flat_adv = adv.reshape(batch.num_rows, -1)
         adv_log = flat_adv[:, 0] if adv.ndim == 1 else flat_adv.mean(dim=1)
-        n_extra_aligned = {k: len(v) == len(self._logs["prompt"]) for k, v in self._logs["extra"].items()}
         compat.rewrite_completion_logs(self, batch.num_rows, real.tolist(), adv_log.tolist())
         if self._ext.log_rollout_metadata:
-            if all(n_extra_aligned.values()):
-                keep = real.tolist()
-                cols = {"row_idx": batch.row_idx.tolist(), "group_id": batch.group_ids.tolist()}
-                for name, values in batch.extra.items():
-                    cols[name] = values.tolist() if isinstance(values, torch.Tensor) else list(values)
-                for name, values in cols.items():
-                    self._logs["extra"][name].extend(v for v, k in zip(values, keep) if k)
+            from collections import deque
+
+            keep = real.tolist()
+            cols = {"row_idx": batch.row_idx.tolist(), "group_id": batch.group_ids.tolist()}
+            for name, values in batch.extra.items():
+                cols[name] = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+            # align each metadata column with the `prompt` column: its older rows (None where the column did not
+            # exist yet), then this batch's real rows
+            n_prev = max(len(self._logs["prompt"]) - int(real.sum()), 0)
+            for name, values in cols.items():
+                old = list(self._logs["extra"][name])[-n_prev:] if n_prev else []
+                old = [None] * (n_prev - len(old)) + old
+                self._logs["extra"][name] = deque(old + [v for v, k in zip(values, keep) if k],
+                                                  maxlen=self._logs["prompt"].maxlen)
+        if self._ext_replay is not None:
+            # variable-size batch: the table holds exactly this generation batch's real rollouts (TRL's fixed-size
+            # deques hold exactly the latest generation batch too)
+            n_keep = int(real.sum())
+            compat.resize_completion_logs(self, max(n_keep, int(self.args.generation_batch_size)), keep_last=n_keep)
         # shut gate on the checker grade (the blend's input) or the reward
         if self._ext.log_shut_gate:
             r = batch.grades if batch.grades is not None else batch.rewards

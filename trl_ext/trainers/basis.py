@@ -358,7 +358,8 @@ class BASISTrainer(GRPOTrainer):
         Raises
         ------
         ValueError
-            More than ``max_missing_fraction`` of the (non-pad) rows missing from the table; a finite reward
+            More than ``max_missing_fraction`` of the (non-pad) rows of a **training** batch missing from the
+            table (evaluation batches, normally held-out prompts, get the fallback and a warning); a finite reward
             outside the table's ``reward_range``.
         """
         mode = batch.mode
@@ -384,7 +385,15 @@ class BASISTrainer(GRPOTrainer):
         looks = [self._basis_lookup(p) for p in prompts]
         missing = np.array([x.missing for x in looks])
         n_missing = int(missing.sum())
-        if n_missing / n > self.args.max_missing_fraction:
+        if n_missing / n > self.args.max_missing_fraction and mode == "eval":
+            # held-out evaluation prompts are normally absent from the training table: fallback baseline, logged in
+            # eval_basis/missing_fraction (the limit guards training against a wrong table)
+            self._ext_warn_once(
+                "basis_eval_missing",
+                f"{n_missing} of the {n} prompts of an evaluation batch are missing from the value table; they get "
+                f"the '{self.args.basis_fallback}' fallback baseline (logged as eval_basis/missing_fraction).",
+            )
+        elif n_missing / n > self.args.max_missing_fraction:
             raise ValueError(
                 f"{n_missing} of the {n} prompts of this batch ({n_missing / n:.1%}) are missing from the value table "
                 f"(max_missing_fraction={self.args.max_missing_fraction}). The table was probably built for another "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -84,9 +85,9 @@ class V05GRPOConfig(ExtGRPOConfig):
     """:class:`~trl_ext.trainers.base.ExtGRPOConfig` plus the V0.5 options; defaults reproduce the paper.
 
     ``per_device_train_batch_size`` counts **unique prompts** per rank (the sampler yields each prompt once;
-    the rollouts per prompt are chosen by OSLA). ``num_generations`` is not used in training; it only has to
-    divide the generation batch (TRL's config check) and is the group size of evaluation (``num_generations_eval``
-    defaults to it). Its default here is 2.
+    the rollouts per prompt are chosen by OSLA). ``num_generations`` is not used in training; it is only the group
+    size of evaluation (``num_generations_eval`` defaults to it) and need not divide the generation batch (TRL's
+    check is run with a placeholder when it does not). Its default here is 2.
 
     Parameters
     ----------
@@ -165,9 +166,41 @@ class V05GRPOConfig(ExtGRPOConfig):
     check_buffer_sync: bool = field(default=True, metadata={"help": "Assert equal support buffers on all ranks."})
 
     def __post_init__(self):
-        super().__post_init__()
+        # TRL's check generation_batch_size % num_generations == 0 (GC 1131) assumes G-fold repeated prompts; here
+        # the generation batch counts unique prompts and num_generations is only the eval group size, so when it
+        # does not divide the batch, validate with a placeholder that does and restore it (as BASISConfig does).
+        g, eval_g = self.num_generations, self.num_generations_eval
+        placeholder = _unique_prompt_placeholder(self)
+        if placeholder is not None:
+            self.num_generations, self.num_generations_eval = placeholder, eval_g or g
+        try:
+            super().__post_init__()
+        finally:
+            self.num_generations = g
         self.value_prior_kwargs = _parse_kwargs(self.value_prior_kwargs, "value_prior_kwargs")
         validate_v05_config(self)
+
+
+def _unique_prompt_placeholder(cfg) -> int | None:
+    """A ``num_generations`` >= 2 dividing the unique-prompt generation batch, or None if ``cfg``'s already does."""
+    g = cfg.num_generations
+    if not _is_int(g) or g < 1:
+        return None  # TRL reports it
+    if cfg.generation_batch_size is not None:
+        known = int(cfg.generation_batch_size)
+    else:
+        spg = cfg.steps_per_generation if cfg.steps_per_generation is not None else cfg.gradient_accumulation_steps
+        known = int(cfg.per_device_train_batch_size) * int(spg)  # divides per_device * world * spg
+    if known % g == 0 and g >= 2:
+        return None
+    if known < 2:
+        known *= int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if known < 2:
+        raise ValueError(
+            f"V05GRPOConfig: the generation batch holds {known} unique prompt; TRL needs at least 2 rows per "
+            "generation batch. Raise per_device_train_batch_size, steps_per_generation or generation_batch_size."
+        )
+    return known
 
 
 def _is_int(v: Any) -> bool:
@@ -372,6 +405,10 @@ class V05GRPOTrainer(GRPOTrainer):
             target = max(n_max, 1)
         n_dummy = target - len(want)
         if target == 0:
+            if self.keyed_sampling_enabled:
+                # building keyed requests is a collective (sample indices count across ranks): a rank with nothing to
+                # generate in this round must still join it, or the ranks' gathers mismatch
+                self._generate_completion_ids([])
             return {"rollouts": 0, "discarded": 0, "tokens": 0}
         dummy_row = states[0].row
         rows = [states[i].row for i in want] + [dummy_row] * n_dummy
