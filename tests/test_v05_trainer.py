@@ -510,7 +510,6 @@ def test_generation_batch_counts_unique_prompts_any_size(tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.multiprocess
 def test_two_ranks_keyed_sampling_with_idle_rounds(tmp_path):
     """2 ranks, keyed sampling, non-collective generation: a rank with no prompt left in a round still joins the
     keyed-request collective (it used to skip it, mismatching the ranks' gathers)."""
