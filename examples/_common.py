@@ -88,3 +88,12 @@ def log(msg: str) -> None:
     if world_info()[0] == 0:
         print(msg, flush=True)
         sys.stdout.flush()
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group at the end of a multi-process run (a gloo rank can otherwise abort at exit)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -213,6 +213,7 @@ def main(argv=None) -> int:
         print(f"wall time {summary['wall_time_s']['total']:.0f} s (training {train_time:.0f} s); outputs in "
               f"{args.output_dir}")
     state.wait_for_everyone()
+    _common.shutdown_distributed()
     return 0
 
 

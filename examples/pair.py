@@ -163,6 +163,7 @@ def main(argv=None) -> int:
               f"{before[1].accuracy:.3f} -> {after[1].accuracy:.3f}; training generated "
               f"{tokens['generated']:.0f} tokens in {train_time:.0f} s", flush=True)
     state.wait_for_everyone()
+    _common.shutdown_distributed()
     return 0
 
 

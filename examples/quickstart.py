@@ -218,6 +218,7 @@ def main(argv=None) -> int:
         print(f"wall time {summary['wall_time_s']['total']:.0f} s (training {train_time:.0f} s); "
               f"outputs in {args.output_dir}")
     state.wait_for_everyone()
+    _common.shutdown_distributed()
     return 0
 
 

@@ -190,6 +190,7 @@ def main(argv=None) -> int:
         _common.write_json(os.path.join(args.output_dir, "summary.json"), summary)
         _common.log(f"summary: {os.path.join(args.output_dir, 'summary.json')}")
     state.wait_for_everyone()
+    _common.shutdown_distributed()
     return 0
 
 

@@ -413,13 +413,63 @@ def test_warm_model_cache_built_reused_and_corruption_rebuilt(tmp_path):
 
 def test_warm_model_env_cache_root_and_bad_input(tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "envroot"))
-    assert tb.warm_model_dir("substitution", 2) == str(tmp_path / "envroot" / "substitution-seed2-v1")
+    assert tb.warm_model_dir("substitution", 2) == str(tmp_path / "envroot" / "substitution-seed2-v2")
+    assert tb.warm_model_dir("addition", 0) == str(tmp_path / "envroot" / "addition-seed0-v1")
     with pytest.raises(ValueError, match="unknown task"):
         tb.get_warm_model("division", cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="seed"):
         tb.get_warm_model("addition", seed=-1, cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="max_steps"):
         tb.get_warm_model("addition", max_steps=-5, cache_dir=str(tmp_path))
+
+
+def test_cache_versions_are_per_task_and_checked(tmp_path):
+    from trl_ext.testbed import warmup
+
+    # every task has a version; the addition recipe is unchanged (v1), the substitution recipe was bumped
+    assert set(warmup.CACHE_VERSIONS) == set(tb.TASKS)
+    assert warmup.CACHE_VERSIONS["addition"] == warmup.CACHE_VERSION == 1
+    assert warmup.CACHE_VERSIONS["substitution"] >= 2
+    # a substitution directory written by the old recipe (version 1) is rejected, never used
+    path = tmp_path / "substitution-seed0-v1"
+    path.mkdir()
+    (path / "w.bin").write_bytes(b"x")
+    meta = {"task": "substitution", "seed": 0, "version": 1,
+            "sha256": {"w.bin": warmup._sha256(str(path / "w.bin"))}}
+    (path / warmup.META).write_text(json.dumps(meta))
+    (path / warmup.MARKER).write_text("ok\n")
+    assert "version=1, expected 2" in tb.validate_cache(str(path), "substitution", 0)
+    meta["version"] = warmup.CACHE_VERSIONS["substitution"]
+    (path / warmup.META).write_text(json.dumps(meta))
+    assert tb.validate_cache(str(path), "substitution", 0) is None
+
+
+def test_substitution_warmup_data_never_shows_hidden_mappings_or_test_items(tok):
+    from trl_ext.testbed.warmup import _batches, _substitution_extra_rows
+
+    extra = _substitution_extra_rows()
+    code, hidden = tb.substitution_code(0, 2)
+    # exactly the revealed one-digit mappings, each once; no hidden source, no two-digit (test) string
+    assert sorted(r["source"] for r in extra) == [d for d in "0123456789" if d not in hidden]
+    assert all(len(r["source"]) == 1 and r["answer"] == code[int(r["source"])] for r in extra)
+    assert not any(code[int(h)] in r["answer"] for h in hidden for r in extra)
+    # the loss mask: labels only on revealed answer slots and <eos>; every hidden slot is -100
+    rows = [dict(r) for r in tb.make_dataset("substitution", 70, split="train")] + extra
+    ids, att, lab = _batches(tok, rows, "substitution", hidden_mask=True)
+    n_hidden_labels = 0
+    for i, r in enumerate(rows):
+        n = int(att[i].sum())
+        p_len = len(r["prompt"])
+        assert (lab[i, :p_len] == -100).all() and (lab[i, n:] == -100).all()
+        for j, s in enumerate(r["source"]):
+            want = -100 if s in r["hidden_digits"] else tok.convert_tokens_to_ids(r["answer"][j])
+            assert int(lab[i, p_len + j]) == want
+            n_hidden_labels += s in r["hidden_digits"]
+        assert int(lab[i, p_len + len(r["source"])]) == tok.eos_token_id
+    assert n_hidden_labels == sum(r["n_hidden_slots"] for r in rows) > 0  # hidden slots existed and were masked
+    # without the mask (addition path) the answer tokens are all labelled
+    _, _, lab_all = _batches(tok, rows[:5], "substitution", hidden_mask=False)
+    assert int((lab_all != -100).sum()) == sum(len(r["answer"]) + 1 for r in rows[:5])
 
 
 def test_cli_task_names_match_registry():
@@ -429,14 +479,27 @@ def test_cli_task_names_match_registry():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["addition"])
-def test_default_warm_model_lands_in_band(tmp_path, task):
+@pytest.mark.parametrize(("task", "seed"), [("addition", 0), ("substitution", 0), ("substitution", 1),
+                                            ("substitution", 2)])
+def test_default_warm_model_lands_in_band(tmp_path, task, seed):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = tb.get_warm_model(task, seed=0, cache_dir=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither a corrupt-cache nor an out-of-band warning
+        path = tb.get_warm_model(task, seed=seed, cache_dir=str(tmp_path))
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    acc = tb.evaluate_model(model, tok, tb.make_dataset(task, 200, split="test"), task, max_new_tokens=5).accuracy
-    assert 0.3 <= acc <= 0.6
+    n = 200 if task == "addition" else 30
+    res = tb.evaluate_model(model, tok, tb.make_dataset(task, n, split="test"), task,
+                            max_new_tokens=tb.TASKS[task].max_answer_chars() + 1)
+    assert 0.3 <= res.accuracy <= 0.6
+    assert json.load(open(os.path.join(path, "warmup_meta.json")))["test_accuracy_greedy"] == res.accuracy
+    if task == "substitution":
+        # the accuracy comes from the revealed channel; the hidden mappings were never taught (loss-masked), so
+        # hidden slots stay at or below uniform-guess level (1 in 10), leaving RL the hidden channel to learn
+        hid = [sum(r["channels"]["hidden"][k] for r in res.records) for k in (0, 1)]
+        rev = [sum(r["channels"]["revealed"][k] for r in res.records) for k in (0, 1)]
+        assert hid[1] > 0 and hid[0] <= 0.1 * hid[1] + 1
+        assert rev[0] / rev[1] > 0.6
 
 
 @pytest.mark.slow

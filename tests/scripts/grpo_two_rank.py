@@ -74,4 +74,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _dist_exit import run_and_shutdown
+
+    sys.exit(run_and_shutdown(main))
