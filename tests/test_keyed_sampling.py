@@ -359,8 +359,8 @@ def test_mixin_inert_when_off_and_guards_when_on():
     on = _standin(keyed_sampling=True)
     with pytest.raises(RuntimeError, match="set_keyed_requests"):
         on._generate_single_turn([[1]], None, {}, 2)
-    on.use_vllm = True
-    with pytest.raises(NotImplementedError, match="vLLM"):
+    on.use_vllm, on.vllm_mode = True, "server"  # vLLM: colocate with TP 1 only (tests/test_keyed_vllm.py)
+    with pytest.raises(NotImplementedError, match="vllm_mode='colocate' only"):
         on._generate_single_turn([[1]], None, {}, 2)
     on.use_vllm = False
     with pytest.raises(NotImplementedError, match="multimodal"):

@@ -30,9 +30,21 @@ sample index ``j``; with TRL's ``RepeatSampler`` the ``G`` copies of a prompt ar
 ``0..G-1``, and a prompt that appears twice in one batch gets ``G..2G-1`` for its second group rather than a
 copy of the first group's noise.
 
-Not supported (clear ``NotImplementedError``): vLLM (TRL 1.16 passes no per-request seed; see
-``docs/replay.md``), transformers continuous batching, images/multimodal prompts, and tool-calling loops
-(TRL re-enters ``_generate_single_turn`` with partial rollouts).
+vLLM (``use_vllm=True``): supported in colocate mode with ``vllm_tensor_parallel_size == 1`` only. The keyed
+Gumbel processor cannot run inside vLLM, so instead every row gets its own ``SamplingParams`` whose ``seed`` is
+:func:`~trl_ext.measurement.keyed_sampling.per_request_seed` ``(key, sample_index)`` (issue 4 item 5: "per-request
+seeds where the engine supports them"). For the duration of one generation call ``self.vllm_generation.llm`` is
+replaced by :class:`PerRequestSeedLLM`, which expands the single ``SamplingParams`` TRL builds into one clone per row;
+the real ``LLM`` is put back afterwards, also on exceptions. Rollouts are logged with ``backend: "vllm"`` and their
+``request_seed``. A vLLM seed seeds vLLM's own generator: it is NOT the keyed Gumbel stream, ``trl-ext replay``
+(transformers) cannot regenerate such a rollout, and even vLLM reproduces it only at matching batch composition,
+engine version and kernels (see ``docs/replay.md``). Server mode (TRL sends one ``SamplingParams`` with
+``n=num_generations`` to ``vllm_client.generate``, so no per-request seed can be expressed) and tensor parallelism
+> 1 raise ``NotImplementedError`` at construction, before vLLM starts.
+
+Not supported (clear ``NotImplementedError``): vLLM server mode and TP > 1 (above), transformers continuous
+batching, images/multimodal prompts, and tool-calling loops (TRL re-enters ``_generate_single_turn`` with partial
+rollouts).
 
 Subclasses that call ``_generate_single_turn`` themselves (variable-G rounds, two-phase generation) must first
 call :meth:`KeyedSamplingMixin.set_keyed_requests` with one :class:`KeyedRequest` per row they pass; use
@@ -41,8 +53,10 @@ call :meth:`KeyedSamplingMixin.set_keyed_requests` with one :class:`KeyedRequest
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,15 +68,31 @@ from trl_ext.measurement.keyed_sampling import (
     SamplerSettings,
     build_generation_config,
     left_pad,
+    per_request_seed,
     prompt_key_of,
     request_key,
     truncate_at_eos,
 )
 
-__all__ = ["ROLLOUT_FORMAT", "KeyedRequest", "KeyedSamplingMixin"]
+__all__ = [
+    "ROLLOUT_FORMAT",
+    "VLLM_SEED_SCHEME",
+    "KeyedRequest",
+    "KeyedSamplingMixin",
+    "PerRequestSeedLLM",
+    "check_vllm_keyed_config",
+    "vllm_sampling_params_record",
+]
 
 #: ``format`` field of every rollout record.
 ROLLOUT_FORMAT = "trl_ext.keyed_rollout/v1"
+#: ``seed_scheme`` field of vLLM rollout records: how ``request_seed`` was derived from ``(key, sample_index)``.
+VLLM_SEED_SCHEME = "per_request_seed/trl_ext.seed/v1"
+# SamplingParams fields logged with each vLLM rollout (those the object has; the seed is logged separately).
+_VLLM_LOGGED_FIELDS = (
+    "n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "max_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs", "structured_outputs",
+)  # fmt: skip
 
 # GenerationConfig fields that are sampling warpers: greedy decoding would silently drop them.
 _UNSUPPORTED_WARPERS = ("typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
@@ -99,6 +129,169 @@ class KeyedRequest:
     meta: dict = field(default_factory=dict)
 
 
+def check_vllm_keyed_config(mode: Any, tensor_parallel_size: Any, generation_kwargs: dict | None) -> None:
+    """Raise unless keyed sampling can give every vLLM request its own seed under this configuration.
+
+    Parameters
+    ----------
+    mode : str
+        ``vllm_mode`` (``"colocate"`` is the only supported value).
+    tensor_parallel_size : int
+        ``vllm_tensor_parallel_size`` (must be 1).
+    generation_kwargs : dict or None
+        ``args.generation_kwargs`` (passed to vLLM's ``SamplingParams``); must not set ``seed`` or ``n != 1``.
+
+    Raises
+    ------
+    NotImplementedError
+        Server mode: TRL 1.16 sends ONE set of sampling params with ``n=num_generations`` for the unique prompts to
+        ``vllm_client.generate``, so a per-request seed cannot be expressed through TRL's client. Tensor
+        parallelism > 1: TRL gathers the prompts of the whole TP group into one ``llm.generate`` call, and the
+        other ranks' seeds are not gathered (not implemented).
+    ValueError
+        If ``generation_kwargs`` sets ``seed`` (it would be overridden per request; a shared seed would make the
+        ``G`` rollouts of a prompt identical) or ``n`` other than 1.
+    """
+    if mode != "colocate":
+        raise NotImplementedError(
+            f"keyed_sampling=True with use_vllm=True is implemented for vllm_mode='colocate' only (got {mode!r}). "
+            "In vLLM server mode TRL 1.16 sends one set of sampling params (n=num_generations, unique prompts) to "
+            "vllm_client.generate, so a per-request seed cannot be passed through TRL's client. Use "
+            "vllm_mode='colocate', use_vllm=False (keyed Gumbel sampling, byte-identical replay) or "
+            "keyed_sampling=False; see docs/replay.md."
+        )
+    if isinstance(tensor_parallel_size, bool) or tensor_parallel_size != 1:
+        raise NotImplementedError(
+            f"keyed_sampling=True with vLLM needs vllm_tensor_parallel_size=1 (got {tensor_parallel_size!r}): with "
+            "tensor parallelism TRL gathers the prompts of the whole TP group into one llm.generate call on every "
+            "rank, and per-row seeds for the other ranks' rows are not gathered (not implemented). Set "
+            "vllm_tensor_parallel_size=1, use_vllm=False or keyed_sampling=False."
+        )
+    gk = generation_kwargs or {}
+    if gk.get("seed") is not None:
+        raise ValueError(
+            f"generation_kwargs sets seed={gk['seed']!r}, but keyed_sampling gives every vLLM request its own seed "
+            "(per_request_seed(key, sample_index)); a shared seed would also make the G rollouts of a prompt "
+            "identical. Remove 'seed' from generation_kwargs."
+        )
+    if gk.get("n") not in (None, 1):
+        raise ValueError(f"keyed_sampling with vLLM needs n=1 (one request per rollout); generation_kwargs sets "
+                         f"n={gk['n']!r}. Remove it.")  # fmt: skip
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def vllm_sampling_params_record(params: Any) -> dict:
+    """The loggable fields of a vLLM ``SamplingParams`` (those in ``_VLLM_LOGGED_FIELDS`` that it has).
+
+    Values that are not JSON-serialisable are logged as their ``repr``. The seed is not included (it is logged per
+    row as ``request_seed``).
+    """
+    return {k: _jsonable(getattr(params, k)) for k in _VLLM_LOGGED_FIELDS if hasattr(params, k)}
+
+
+class PerRequestSeedLLM:
+    """Proxy for vLLM's ``LLM`` during ONE keyed generation call: one seeded ``SamplingParams`` per row.
+
+    TRL 1.16's ``VLLMGeneration.generate`` (colocate mode, TP = 1) builds one ``SamplingParams(**generation_kwargs)``
+    with ``n=1`` and calls ``self.llm.generate(vllm_prompts, sampling_params=..., use_tqdm=False)`` on this rank's
+    rows, in order. While this proxy sits in ``vllm_generation.llm``, that call becomes
+    ``llm.generate(vllm_prompts, sampling_params=[p_0, ..., p_{B-1}], ...)`` with ``p_i = params.clone()`` and
+    ``p_i.seed = seeds[i]`` (vLLM's ``LLM.generate`` takes a list of ``SamplingParams``, one per prompt, and gives a
+    request with a ``seed`` its own generator). Row ``i``'s seed depends only on row ``i``'s request. The template
+    TRL built is not modified. Every other attribute (``wake_up``, ``sleep``, ``llm_engine``, ``collective_rpc``,
+    ...) is forwarded to the real ``LLM``.
+
+    Parameters
+    ----------
+    llm : vllm.LLM
+        The real engine.
+    prompt_ids : list of list of int
+        The rows TRL will pass, in order (checked against ``prompt_token_ids`` of each vLLM prompt).
+    seeds : list of int
+        One seed per row (:func:`~trl_ext.measurement.keyed_sampling.per_request_seed`).
+
+    Attributes
+    ----------
+    calls : int
+        Number of ``generate`` calls made through the proxy (exactly 1 is allowed).
+    template : SamplingParams or None
+        The single ``SamplingParams`` TRL passed.
+    sampling_params : list or None
+        The per-row clones passed to the real engine.
+
+    Raises
+    ------
+    RuntimeError
+        From ``generate``: a second call (the seeds would repeat), a list of or missing ``SamplingParams``, a
+        template with ``n != 1`` or a ``seed`` already set, a row count or prompt token ids that differ from the
+        keyed rows (the seeds would go to the wrong rows).
+    """
+
+    def __init__(self, llm: Any, prompt_ids, seeds):
+        if len(prompt_ids) != len(seeds):
+            raise ValueError(f"PerRequestSeedLLM: {len(prompt_ids)} prompts but {len(seeds)} seeds")
+        self._llm = llm
+        self._prompt_ids = [[int(t) for t in p] for p in prompt_ids]
+        self._seeds = [int(x) for x in seeds]
+        self.calls = 0
+        self.template = None
+        self.sampling_params = None
+
+    def __getattr__(self, name):  # only reached for attributes the proxy does not define
+        if name == "_llm":
+            raise AttributeError(name)
+        return getattr(self._llm, name)
+
+    def generate(self, prompts, sampling_params=None, **kwargs):
+        """Forward to the real ``LLM.generate`` with one seeded clone of ``sampling_params`` per prompt."""
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError(
+                "keyed_sampling (vLLM): llm.generate was called twice in one keyed generation call; the per-row seeds "
+                "would repeat. This TRL version's VLLMGeneration.generate is not the one the keyed path supports."
+            )
+        if sampling_params is None or isinstance(sampling_params, list | tuple):
+            raise RuntimeError(
+                "keyed_sampling (vLLM): expected TRL to pass one SamplingParams for the whole call, got "
+                f"{type(sampling_params).__name__}; cannot attach per-request seeds"
+            )
+        if getattr(sampling_params, "n", 1) != 1:
+            raise RuntimeError(f"keyed_sampling (vLLM): SamplingParams.n={sampling_params.n}; one request per rollout "
+                               "(n=1) is needed for per-request seeds")  # fmt: skip
+        if getattr(sampling_params, "seed", None) is not None:
+            raise RuntimeError(f"keyed_sampling (vLLM): SamplingParams already carries seed={sampling_params.seed}; "
+                               "remove 'seed' from generation_kwargs")  # fmt: skip
+        prompts = list(prompts)
+        if len(prompts) != len(self._seeds):
+            raise RuntimeError(
+                f"keyed_sampling (vLLM): llm.generate got {len(prompts)} prompts but the keyed call has "
+                f"{len(self._seeds)} rows (tensor parallelism or a TRL change?); refusing to attach seeds to the "
+                "wrong rows"
+            )
+        for i, (p, ids) in enumerate(zip(prompts, self._prompt_ids)):
+            got = p.get("prompt_token_ids") if isinstance(p, dict) else None
+            if got is None or [int(t) for t in got] != ids:
+                raise RuntimeError(
+                    f"keyed_sampling (vLLM): prompt {i} passed to llm.generate does not carry the token ids of keyed "
+                    f"row {i}; refusing to attach seeds to the wrong rows"
+                )
+        per_row = []
+        for seed in self._seeds:
+            sp = sampling_params.clone() if hasattr(sampling_params, "clone") else copy.deepcopy(sampling_params)
+            sp.seed = seed
+            per_row.append(sp)
+        self.template = sampling_params
+        self.sampling_params = per_row
+        return self._llm.generate(prompts, sampling_params=per_row, **kwargs)
+
+
 class KeyedSamplingMixin:
     """Mixin for ``trl.GRPOTrainer`` adding keyed Gumbel-max sampling and per-rollout key logging."""
 
@@ -107,20 +300,28 @@ class KeyedSamplingMixin:
     _keyed_call_counter: int = 0
 
     def __init__(self, *args, **kwargs):
+        # vLLM configurations keyed sampling cannot serve fail before TRL starts the engine or connects to a server.
+        cfg = kwargs.get("args")
+        if cfg is None:
+            cfg = next((a for a in args if hasattr(a, "use_vllm") and hasattr(a, "vllm_mode")), None)
+        if cfg is not None and getattr(cfg, "keyed_sampling", False) and getattr(cfg, "use_vllm", False):
+            check_vllm_keyed_config(
+                cfg.vllm_mode, getattr(cfg, "vllm_tensor_parallel_size", 1), getattr(cfg, "generation_kwargs", None)
+            )
         super().__init__(*args, **kwargs)
         if self.keyed_sampling_enabled:  # fail at construction, not at the first generation
             self._check_keyed_supported()
-            self.keyed_sampler_settings()
+            if not getattr(self, "use_vllm", False):
+                self.keyed_sampler_settings()
 
     # ------------------------------------------------------------------ configuration
     def _check_keyed_supported(self) -> None:
         """Raise ``NotImplementedError`` for generation back-ends keyed sampling does not cover."""
         if getattr(self, "use_vllm", False):
-            raise NotImplementedError(
-                "keyed_sampling=True is implemented for transformers generation only. TRL 1.16's vLLM path sends "
-                "one SamplingParams for the whole batch and no per-request seed; see docs/replay.md for what "
-                "per-request seeds would and would not give. Set use_vllm=False or keyed_sampling=False."
-            )
+            tp = getattr(self, "vllm_tensor_parallel_size", None)
+            if tp is None:
+                tp = getattr(self.args, "vllm_tensor_parallel_size", 1)
+            check_vllm_keyed_config(getattr(self, "vllm_mode", None), tp, getattr(self.args, "generation_kwargs", None))
         if getattr(self, "use_transformers_continuous_batching", False):
             raise NotImplementedError("keyed_sampling does not support use_transformers_continuous_batching")
         if getattr(self, "tools", None):
@@ -286,6 +487,17 @@ class KeyedSamplingMixin:
         self._check_keyed_supported()
         if images is not None or multimodal_fields:
             raise NotImplementedError("keyed_sampling does not support image/multimodal prompts yet")
+        requests = self._take_keyed_requests(prompt_ids)
+        if getattr(self, "use_vllm", False):
+            return self._keyed_generate_vllm(prompt_ids, multimodal_fields, num_generations, has_tool_images, requests)
+        return self._keyed_generate(prompt_ids, requests)
+
+    def _take_keyed_requests(self, prompt_ids) -> list[KeyedRequest]:
+        """This call's requests: those set by ``set_keyed_requests``, else built from the batch rows (collective).
+
+        Shared by the transformers and vLLM paths, so both number samples identically and every rank reaches the
+        gather in :meth:`keyed_requests_for_rows`.
+        """
         requests = self._keyed_requests
         rows = getattr(self, "_keyed_rows", None)
         if requests is None and rows is not None and len(rows) == len(prompt_ids):
@@ -299,7 +511,7 @@ class KeyedSamplingMixin:
                 "self.set_keyed_requests([...one KeyedRequest per row...]) right before it."
             )
         self._keyed_requests = None  # consumed
-        return self._keyed_generate(prompt_ids, requests)
+        return requests
 
     # ------------------------------------------------------------------ generation + logging
     def _keyed_generate(self, prompt_ids, requests: list[KeyedRequest]):
@@ -340,11 +552,72 @@ class KeyedSamplingMixin:
             self._log_keyed_rollouts(prompt_ids, completion_ids, requests, settings, int(input_ids.shape[1]))
         return completion_ids, None
 
+    def _keyed_generate_vllm(self, prompt_ids, multimodal_fields, num_generations, has_tool_images, requests):
+        """TRL's own vLLM generation (colocate, TP = 1) with one seeded ``SamplingParams`` per row.
+
+        Row ``i`` is sampled with ``seed = per_request_seed(requests[i].key, requests[i].sample_index)``
+        (issue 4 item 5). ``self.vllm_generation.llm`` is a :class:`PerRequestSeedLLM` for the duration of the call
+        and is restored afterwards, also when generation raises. Returns what TRL's ``_generate_single_turn``
+        returns: ``(completion_ids, sampling_logprobs)``.
+
+        Raises
+        ------
+        NotImplementedError
+            If a request has ``position_offset != 0``: vLLM's per-request generator restarts at the first generated
+            token, so a continuation cannot see the draws a single pass would have seen.
+        RuntimeError
+            If TRL never called ``llm.generate`` (nothing was sampled with the seeds).
+        """
+        if any(r.position_offset != 0 for r in requests):
+            raise NotImplementedError(
+                "keyed_sampling with vLLM does not support continuations (position_offset != 0): vLLM's per-request "
+                "generator restarts at the first generated token. Use use_vllm=False for two-phase generation."
+            )
+        seeds = [per_request_seed(int(r.key), int(r.sample_index)) for r in requests]
+        vg = self.vllm_generation
+        real_llm = vg.llm
+        proxy = PerRequestSeedLLM(real_llm, prompt_ids, seeds)
+        vg.llm = proxy
+        try:
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, None, multimodal_fields, num_generations, has_tool_images
+            )
+        finally:
+            vg.llm = real_llm
+        if proxy.calls != 1 and len(prompt_ids) > 0:
+            raise RuntimeError(
+                f"keyed_sampling (vLLM): TRL's vLLM generation made {proxy.calls} llm.generate calls for one keyed "
+                "call (expected 1); the per-request seeds were not applied as documented"
+            )
+        if getattr(self.args, "keyed_sampling_log", True):
+            params = vllm_sampling_params_record(proxy.template) if proxy.template is not None else {}
+            vllm_mod = sys.modules.get("vllm")
+            extra = {
+                "backend": "vllm",
+                "seed_scheme": VLLM_SEED_SCHEME,
+                "vllm_sampling_params": params,
+                "engine": {"name": "vllm", "version": getattr(vllm_mod, "__version__", None)},
+            }
+            self._write_rollout_records(
+                prompt_ids, completion_ids, requests, per_row=[{"request_seed": s} for s in seeds], extra=extra,
+                call_extra={},
+            )  # fmt: skip
+        return completion_ids, logprobs
+
     def keyed_rollout_log_path(self) -> str:
         """``<output_dir>/rollouts/rank<r>.jsonl`` for this process."""
         return os.path.join(self.args.output_dir, "rollouts", f"rank{self.accelerator.process_index}.jsonl")
 
     def _log_keyed_rollouts(self, prompt_ids, completion_ids, requests, settings: SamplerSettings, padded_len: int):
+        sdict = settings.to_dict()
+        self._write_rollout_records(
+            prompt_ids, completion_ids, requests, per_row=None,
+            extra={"backend": "transformers", "sampler": sdict, "hash_version": HASH_VERSION},
+            call_extra={"padded_prompt_length": padded_len},
+        )  # fmt: skip
+
+    def _write_rollout_records(self, prompt_ids, completion_ids, requests, *, per_row, extra: dict, call_extra: dict):
+        """Append one JSON line per rollout to :meth:`keyed_rollout_log_path` (shared by both back-ends)."""
         path = self.keyed_rollout_log_path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         step = int(self.state.global_step)
@@ -354,9 +627,8 @@ class KeyedSamplingMixin:
         name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or None
         # Weights used at global step s are those a save at step s writes to checkpoint-s (step 0: the start model).
         checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{step}") if step > 0 else name
-        sdict = settings.to_dict()
         with open(path, "a", encoding="utf-8") as f:
-            for i, (p, c, r) in enumerate(zip(prompt_ids, completion_ids, requests)):
+            for i, (p, c, r) in enumerate(zip(prompt_ids, completion_ids, requests, strict=True)):
                 rec: dict[str, Any] = {
                     "format": ROLLOUT_FORMAT,
                     "key": int(r.key),
@@ -369,9 +641,9 @@ class KeyedSamplingMixin:
                     "model": name,
                     "prompt_ids": [int(t) for t in p],
                     "completion_ids": [int(t) for t in c],
-                    "sampler": sdict,
-                    "call": {"id": call_id, "row": i, "rows": len(prompt_ids), "padded_prompt_length": padded_len},
-                    "hash_version": HASH_VERSION,
+                    **extra,
+                    **(per_row[i] if per_row is not None else {}),
+                    "call": {"id": call_id, "row": i, "rows": len(prompt_ids), **call_extra},
                     **{k: v for k, v in r.meta.items() if k not in ("key", "sample_index")},
                 }
                 f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
