@@ -428,5 +428,6 @@ def test_record_backends_and_what_replay_accepts(tmp_path):
     vllm_log = tmp_path / "vllm.jsonl"
     vrec = {k: v for k, v in rec.items() if k not in ("sampler", "hash_version")}
     vllm_log.write_text(json.dumps({**vrec, "backend": "vllm", "request_seed": per_request_seed(9, 2)}) + "\n")
-    with pytest.raises(ValueError, match="sampler"):
+    with pytest.raises(ValueError, match="sampled by vLLM"):
         load_rollout_log(vllm_log)
+

@@ -51,6 +51,12 @@ _REQUIRED = ("key", "sample_index", "prompt_ids", "completion_ids", "sampler")
 def _check_record(rec: dict, where: str) -> None:
     if not isinstance(rec, dict):
         raise ValueError(f"{where}: a rollout record must be a JSON object, got {type(rec).__name__}")
+    if rec.get("backend") == "vllm":
+        raise ValueError(
+            f"{where}: this rollout was sampled by vLLM with a per-request seed (request_seed="
+            f"{rec.get('request_seed')}); trl-ext replay regenerates with transformers and its keyed Gumbel noise, "
+            "so it cannot reproduce vLLM rollouts (see docs/replay.md). Replay it with vLLM and the logged seed."
+        )
     missing = [k for k in _REQUIRED if k not in rec]
     if missing:
         raise ValueError(
