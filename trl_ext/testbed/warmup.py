@@ -9,19 +9,21 @@ tokens and ``<eos>`` only) and stops as soon as greedy accuracy on a validation 
 For ``"substitution"`` the loss is additionally masked at hidden-mapping slots, so the warm-up teaches only the
 revealed channel and never shows the model a hidden mapping (the paper's setup: hidden mappings are what RL
 must learn, rlvr_measurement_discipline.txt, "Setup"). Trained on the 70 train strings alone the model
-memorises them (measured: 0.53 on train strings, 0.07 held-out), so a quarter of every batch are one-digit
-strings of the revealed mappings (``"...|7="`` -> ``"1"``; no length-2 test item and no hidden mapping is
-shown), with weight decay 0.1. The accuracy ceiling without hidden mappings is the share of strings without a
-hidden digit (47/70 train, 20/30 test for the defaults); the warm-up stops one evaluation after the training
-strings reach that ceiling. Measured: seed 0 stops at step 275 with held-out greedy 0.23 (a pilot with another
-batch order reached 0.40, revealed-slot accuracy 0.86) -- below the 30-60 % band, so a warning is issued.
+memorises them (measured: 0.53 on train strings, 0.07 held-out). Recipe v2 (``SUBSTITUTION_EXTRA_FRACTION``,
+``SUBSTITUTION_WEIGHT_DECAY``): half of every batch are one-digit strings of the revealed mappings
+(``"...|7="`` -> ``"1"``; no length-2 test item and no hidden mapping is shown) and AdamW weight decay is 1.0,
+which makes the revealed channel generalise to unseen pairs. The accuracy ceiling without hidden mappings is
+the share of strings without a hidden digit (47/70 train, 17/30 held-out = 0.567 for the defaults, inside the
+band); the warm-up stops one evaluation after the training strings reach 95 % of that ceiling. Measured held-out
+greedy accuracies are in ``docs/testbed.md``; outside the 30-60 % band a warning is issued.
 
-Cache layout: ``<root>/<task>-seed<seed>-v1`` (``-steps<N>`` is inserted before ``-v1`` when ``max_steps`` is
-given), ``root = cache_dir or $TRL_EXT_CACHE or ~/.cache/trl_ext/testbed``. The directory is built under a
-temporary name and renamed into place; it holds the model, the tokenizer, ``warmup_meta.json`` (task, seed,
-steps, accuracies, sha256 of every file) and the marker ``WARMUP_COMPLETE``. A directory without the marker,
-with unreadable metadata, mismatching metadata or a changed file hash is reported with a ``UserWarning`` and
-rebuilt -- never used.
+Cache layout: ``<root>/<task>-seed<seed>-v<V>`` with ``V = CACHE_VERSIONS[task]`` (addition 1, substitution 2;
+``-steps<N>`` is inserted before ``-v<V>`` when ``max_steps`` is given),
+``root = cache_dir or $TRL_EXT_CACHE or ~/.cache/trl_ext/testbed``. The directory is built under a temporary
+name and renamed into place; it holds the model, the tokenizer, ``warmup_meta.json`` (task, seed, version, steps,
+accuracies, sha256 of every file) and the marker ``WARMUP_COMPLETE``. A directory without the marker, with
+unreadable metadata, mismatching metadata (including an older recipe version) or a changed file hash is
+reported with a ``UserWarning`` and rebuilt -- never used.
 """
 
 from __future__ import annotations
@@ -34,10 +36,22 @@ import time
 import uuid
 import warnings
 
-__all__ = ["CACHE_VERSION", "MARKER", "META", "default_cache_root", "warm_model_dir", "get_warm_model",
-           "validate_cache", "run_warmup"]
+__all__ = ["CACHE_VERSION", "CACHE_VERSIONS", "SUBSTITUTION_EXTRA_FRACTION", "SUBSTITUTION_WEIGHT_DECAY",
+           "SUBSTITUTION_CEILING_SHARE", "MARKER",
+           "META", "default_cache_root", "warm_model_dir", "get_warm_model", "validate_cache", "run_warmup"]
 
+#: Cache version of the addition warm-up (kept for backward compatibility; see :data:`CACHE_VERSIONS`).
 CACHE_VERSION = 1
+#: Cache version per task, part of the cache directory name and checked against ``warmup_meta.json``; bumped
+#: for a task whenever its warm-up recipe changes (substitution: 2 = one-digit half-batches, weight decay 1.0).
+CACHE_VERSIONS: dict[str, int] = {"addition": CACHE_VERSION, "substitution": 2}
+#: Substitution warm-up: share of each batch made of one-digit strings of revealed mappings, and AdamW
+#: weight decay (recipe v2; v1 used 0.25 and 0.1 and reached 0.23 held-out for seed 0).
+SUBSTITUTION_EXTRA_FRACTION = 0.5
+SUBSTITUTION_WEIGHT_DECAY = 1.0
+#: Substitution warm-up stops one evaluation after the training strings reach this share of their revealed-only
+#: ceiling (with weight decay 1.0 the last string or two can flicker for hundreds of steps).
+SUBSTITUTION_CEILING_SHARE = 0.95
 MARKER = "WARMUP_COMPLETE"
 META = "warmup_meta.json"
 DEFAULT_MAX_STEPS = 1500
@@ -51,7 +65,12 @@ def default_cache_root() -> str:
 def warm_model_dir(task: str, seed: int = 0, cache_dir: str | None = None, max_steps: int | None = None) -> str:
     """Path of the cache directory :func:`get_warm_model` uses (it may not exist yet)."""
     steps = "" if max_steps is None else f"-steps{max_steps}"
-    return os.path.join(os.fspath(cache_dir) if cache_dir else default_cache_root(), f"{task}-seed{seed}{steps}-v{CACHE_VERSION}")
+    name = f"{task}-seed{seed}{steps}-v{_version(task)}"
+    return os.path.join(os.fspath(cache_dir) if cache_dir else default_cache_root(), name)
+
+
+def _version(task: str) -> int:
+    return CACHE_VERSIONS.get(task, CACHE_VERSION)
 
 
 def _sha256(path: str) -> str:
@@ -75,7 +94,7 @@ def validate_cache(path: str, task: str, seed: int) -> str | None:
         return f"unreadable {META} ({e})"
     if not isinstance(meta, dict):
         return f"{META} is not a JSON object"
-    for key, want in (("task", task), ("seed", seed), ("version", CACHE_VERSION)):
+    for key, want in (("task", task), ("seed", seed), ("version", _version(task))):
         if meta.get(key) != want:
             return f"metadata {key}={meta.get(key)!r}, expected {want!r}"
     files = meta.get("sha256")
@@ -114,6 +133,19 @@ def _batches(tokenizer, rows, task, hidden_mask: bool):
     return ids, att, lab
 
 
+def _substitution_extra_rows() -> list[dict]:
+    """One-digit substitution strings of the revealed mappings (default task parameters), mixed into warm-up batches.
+
+    Length-1 strings are a different universe from the length-2 task, so no two-digit test item is shown; rows
+    whose source digit is hidden are excluded, so no hidden mapping is shown either (8 rows for the defaults).
+    """
+    from .tasks import make_dataset, split_size
+
+    ones = [dict(r) for split in ("train", "test")
+            for r in make_dataset("substitution", split_size("substitution", split, length=1), split=split, length=1)]
+    return [r for r in ones if r["source"] not in r["hidden_digits"]]
+
+
 def run_warmup(
     model,
     tokenizer,
@@ -132,8 +164,9 @@ def run_warmup(
     Trains on the task's train split (minus ``n_val`` validation questions when the split is larger than
     ``2 * n_val``; otherwise validates on the training questions themselves) until greedy validation accuracy
     >= ``target_accuracy`` or ``max_steps`` steps. ``max_steps=0`` returns the model untouched.
-    ``target_accuracy=None`` means 0.45 for addition; for substitution it means the revealed-only ceiling
-    (share of validation strings without a hidden digit), followed by one more ``eval_every`` interval.
+    ``target_accuracy=None`` means 0.45 for addition; for substitution it means ``SUBSTITUTION_CEILING_SHARE``
+    (0.95) of the revealed-only ceiling (share of validation strings without a hidden digit), followed by one
+    more ``eval_every`` interval.
     """
     import torch
 
@@ -155,17 +188,16 @@ def run_warmup(
     extra_rows: list[dict] = []
     patience = 0
     if task == "substitution":
-        ones = [dict(r) for split in ("train", "test")
-                for r in make_dataset(task, split_size(task, split, length=1), split=split, length=1)]
-        extra_rows = [r for r in ones if r["source"] not in r["hidden_digits"]]
+        extra_rows = _substitution_extra_rows()
         if target_accuracy is None:
-            target_accuracy = sum(r["n_hidden_slots"] == 0 for r in val) / len(val) - 1e-9
+            ceiling = sum(r["n_hidden_slots"] == 0 for r in val) / len(val)
+            target_accuracy = SUBSTITUTION_CEILING_SHARE * ceiling - 1e-9
             patience = 1
     elif target_accuracy is None:
         target_accuracy = 0.45
-    n_extra = batch_size // 4 if extra_rows else 0
+    n_extra = int(batch_size * SUBSTITUTION_EXTRA_FRACTION) if extra_rows else 0
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1 if extra_rows else 0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=SUBSTITUTION_WEIGHT_DECAY if extra_rows else 0.0)
     history = {"step": [], "val_accuracy": []}
     step, acc = 0, None
     t0 = time.time()
@@ -210,8 +242,9 @@ def get_warm_model(task: str = "addition", seed: int = 0, cache_dir: str | None 
     cache_dir : str, optional
         Cache root (default ``$TRL_EXT_CACHE`` or ``~/.cache/trl_ext/testbed``).
     max_steps : int, optional
-        Cap on SFT steps (default 1500; early stop at 0.45 validation accuracy usually comes after 250-550
-        steps, 1-3 min on 2 cores). When given, it is part of the cache directory name.
+        Cap on SFT steps (default 1500; the early stop -- 0.45 validation accuracy for addition, 95 % of the
+        revealed-only ceiling plus 25 steps for substitution -- usually comes after 200-550 steps, 1-4 min on 2
+        shared cores). When given, it is part of the cache directory name.
     verbose : bool
         Print warm-up progress.
 
@@ -292,7 +325,7 @@ def _build(out: str, task: str, seed: int, max_steps: int, verbose: bool) -> Non
     meta = {
         "task": task,
         "seed": seed,
-        "version": CACHE_VERSION,
+        "version": _version(task),
         "max_steps": max_steps,
         "steps": hist["steps"],
         "val_accuracy": hist["final_val_accuracy"],
