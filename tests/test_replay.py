@@ -273,10 +273,12 @@ args = trl.GRPOConfig(output_dir=sys.argv[1] + "/out", use_cpu=True, bf16=False,
 args.keyed_sampling = True
 KeyedGRPO(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,
           train_dataset=ds, processing_class=tok).train()
-import torch.distributed as dist  # clean gloo shutdown (see tests/scripts/_dist_exit.py)
+import os, torch.distributed as dist  # clean gloo shutdown (see tests/scripts/_dist_exit.py)
 if dist.is_initialized():
     dist.barrier()
     dist.destroy_process_group()
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)
 """
 
 
