@@ -16,7 +16,7 @@ evaluate again at a few checkpoints and at the end; write to ``--output_dir``
 Adding a GRPO-shaped trainer is one entry in :data:`TRAINERS`: ``name -> (config class, trainer class, extra
 config kwargs)``. The trl_ext method trainers need method-specific set-up (BASIS builds a value table and uses
 ``G = 1``; V0.5 counts unique prompts per step; PAIR probes prefixes), so ``--trainer basis|v05|pair`` runs the
-matching ``examples/<name>.py`` with the remaining arguments (``--output_dir``, ``--max_steps``, ``--seed``, and
+matching example script (``examples/basis.py``, ``examples/v05_grpo.py``, ``examples/pair.py``) with the remaining arguments (``--output_dir``, ``--max_steps``, ``--seed``, and
 any option that script accepts); each writes the same ``summary.json`` / ``trainer_state.json`` outputs.
 """
 
@@ -36,7 +36,7 @@ TRAINERS: dict[str, tuple[str, str, dict]] = {
 }
 
 #: name -> example script (in this directory) that runs that trl_ext trainer end to end on the testbed.
-METHOD_EXAMPLES: dict[str, str] = {"basis": "basis", "v05": "v05", "pair": "pair"}
+METHOD_EXAMPLES: dict[str, str] = {"basis": "basis", "v05": "v05_grpo", "pair": "pair"}
 
 TASK = "addition"
 
@@ -73,7 +73,7 @@ def evaluate(model, tok, test_ds, args, max_new_tokens):
 
 
 def _delegate_to_method_example(argv) -> int | None:
-    """``--trainer basis|v05|pair``: run ``examples/<name>.py`` with the other arguments; None for GRPO trainers."""
+    """``--trainer basis|v05|pair``: run the matching example script with the other arguments; None for GRPO trainers."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--trainer", default="grpo")
     known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)

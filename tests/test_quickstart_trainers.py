@@ -1,4 +1,4 @@
-"""``examples/quickstart.py --trainer v05`` hands off to ``examples/v05.py`` and leaves the standard outputs."""
+"""``examples/quickstart.py --trainer v05`` hands off to ``examples/v05_grpo.py`` and leaves the standard outputs."""
 
 import json
 import os
