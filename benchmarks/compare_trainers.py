@@ -70,6 +70,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import import_module
 
+from trl_ext._argtypes import nonneg_int as _nonneg_int
+from trl_ext._argtypes import positive_float as _pos_float
+from trl_ext._argtypes import positive_int as _pos_int
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -278,25 +282,6 @@ class TokenBudgetCallback(_trainer_callback_base()):
 
 
 # ------------------------------------------------------------------------------------------------- arguments
-def _pos_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
-    return v
-
-
-def _pos_float(text: str) -> float:
-    v = float(text)
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,10 @@ import os
 import sys
 from importlib import import_module
 
+from trl_ext._argtypes import nonneg_int as _nonneg_int
+from trl_ext._argtypes import positive_float  # noqa: F401  (re-exported for the example scripts)
+from trl_ext._argtypes import positive_int as _positive_int
+
 # CPU-only, offline defaults; set before torch/transformers are imported by the caller.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,26 +37,6 @@ def add_common_args(parser: argparse.ArgumentParser, *, output_dir: str, max_ste
     return parser
 
 
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite float > 0."""
-    v = float(text)
-    if not (v > 0 and v < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
 
 
 def setup_torch(num_threads: int = 1) -> None:

@@ -40,3 +40,15 @@ def test_help_does_not_import_trl_or_torch():
             "sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shared_argparse_types():
+    import argparse
+
+    from trl_ext._argtypes import nonneg_int, positive_float, positive_int
+
+    assert positive_int("3") == 3 and nonneg_int("0") == 0 and positive_float("0.5") == 0.5
+    for fn, bad in ((positive_int, "0"), (nonneg_int, "-1"), (positive_float, "0"), (positive_float, "inf"),
+                    (positive_float, "nan")):  # fmt: skip
+        with pytest.raises(argparse.ArgumentTypeError):
+            fn(bad)
