@@ -73,6 +73,7 @@ from importlib import import_module
 from trl_ext._argtypes import nonneg_int as _nonneg_int
 from trl_ext._argtypes import positive_float as _pos_float
 from trl_ext._argtypes import positive_int as _pos_int
+from trl_ext._io import write_json as _write_json
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -849,15 +850,6 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
         plt.close(fig)
         paths.append(path)
     return paths
-
-
-def _write_json(path: str, obj) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, path)
-    return path
 
 
 # ----------------------------------------------------------------------------------------------------- main

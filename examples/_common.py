@@ -7,7 +7,6 @@ standard ``trainer_state.json`` (with ``log_history``) in ``--output_dir``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from importlib import import_module
@@ -15,6 +14,7 @@ from importlib import import_module
 from trl_ext._argtypes import nonneg_int as _nonneg_int
 from trl_ext._argtypes import positive_float  # noqa: F401  (re-exported for the example scripts)
 from trl_ext._argtypes import positive_int as _positive_int
+from trl_ext._io import write_json  # noqa: F401  (re-exported for the example scripts)
 
 # CPU-only, offline defaults; set before torch/transformers are imported by the caller.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -55,16 +55,6 @@ def load_object(spec: str):
 def world_info() -> tuple[int, int]:
     """``(rank, world_size)`` from the launcher's environment (``torchrun`` / ``accelerate launch``)."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def write_json(path: str, obj) -> str:
-    """Write ``obj`` as indented JSON atomically (tmp file then rename); returns ``path``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, path)
-    return path
 
 
 def log(msg: str) -> None:

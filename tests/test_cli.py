@@ -52,3 +52,14 @@ def test_shared_argparse_types():
                     (positive_float, "nan")):  # fmt: skip
         with pytest.raises(argparse.ArgumentTypeError):
             fn(bad)
+
+
+def test_write_json_is_atomic_and_creates_dirs(tmp_path):
+    import json
+
+    from trl_ext._io import write_json
+
+    path = tmp_path / "a" / "b.json"
+    assert write_json(str(path), {"x": 1}) == str(path)
+    assert json.loads(path.read_text()) == {"x": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["b.json"]  # no tmp file left behind
