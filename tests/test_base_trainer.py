@@ -212,8 +212,15 @@ def test_variable_rollouts_per_prompt(tmp_path, loss_type):
     # ragged GRPO advantages equal the direct formula
     ref = numpy_grpo(b.rewards.numpy(), b.group_ids.numpy())
     # sequence-level losses average over all rows: the base rescales by N / n_real so pads do not dilute
-    pad_scale = b.num_rows / n_real if loss_type == "grpo" else 1.0
-    np.testing.assert_allclose(out["advantages"].numpy(), ref * pad_scale, rtol=1e-5, atol=1e-6)
+    # (applied once, in the loss: the micro-batch's policy denominator B * P * spg rows becomes n_real)
+    np.testing.assert_allclose(out["advantages"].numpy(), ref, rtol=1e-5, atol=1e-6)
+    micro = {"advantages": out["advantages"][: b.num_rows // 2], "ext_real_rows": out["ext_real_rows"],
+             "num_items_in_batch": out["num_items_in_batch"]}
+    scale = tr._ext_policy_scale(micro)
+    if loss_type == "grpo":
+        assert float(scale) == pytest.approx(b.num_rows / n_real)
+    else:
+        assert scale is None
     # training moved the weights and the token metrics count only real rollouts
     assert any(not torch.equal(a, p.detach()) for a, p in zip(before, tr.model.parameters()))
     assert tr.state.log_history[0]["ext/rollouts"] == n_real

@@ -9,8 +9,11 @@ Two scenarios run one after the other, each one SGD step with greedy decoding an
 global generation batch is identical with 1 and 2 processes:
 
 * ``fixed`` / ``fixed_dapo``: TRL's layout (4 prompts x G=4, signal-only ``grpo`` / ``dapo``).
-* ``variable``: unique prompts, 2-4 rollouts per prompt through ``_finish_rollouts`` with subclass-computed
-  rewards; ranks get different row counts and are padded (default ``grpo`` normalizer, pad-corrected).
+* ``variable``: unique prompts, 2-4 rollouts per prompt through ``finish_rollouts`` (a scripted rollout strategy)
+  with strategy-computed rewards; ranks get different row counts and are padded (``grpo``, pad-corrected).
+* ``rloo``, ``dr_grpo``, ``reinforce_pp``: estimators selected by ``advantage_estimator`` only (REINFORCE++ with
+  ``num_generations=1``).
+* ``dynamic_sampling``: DAPO dynamic sampling (zero-variance groups dropped and refilled).
 
 Each rank writes ``{out}/{scenario}_rank{r}.pt`` with the gathered RolloutBatch fields (pad rows dropped), the
 global advantages, this rank's local advantages and the parameter update.
@@ -27,6 +30,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 G = 4
+ESTIMATOR_SCENARIOS = {"rloo": ("rloo", G), "dr_grpo": ("dr_grpo", G), "reinforce_pp": ("reinforce_pp", 1)}
+ALL_SCENARIOS = ("fixed", "fixed_dapo", "variable", *ESTIMATOR_SCENARIOS, "dynamic_sampling")
 
 
 def pattern_reward(prompts, completions, trl_ext_row_idx=None, **kwargs):
@@ -49,8 +54,8 @@ def fixed_trainer_cls():
     from trl_ext.trainers.base import GRPOTrainer
 
     class ScriptedRollouts(GRPOTrainer):
-        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kw):
-            keys = [hash(tuple(p)) % 1000 for p in prompt_ids]
+        def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, *a, **kw):
+            keys = [sum((i + 1) * t for i, t in enumerate(p)) % 1000 for p in prompt_ids]
             return [scripted_ids(self.processing_class, k, i % G) for i, k in enumerate(keys)], None
 
     return ScriptedRollouts
@@ -58,13 +63,12 @@ def fixed_trainer_cls():
 
 def variable_trainer_cls():
     from trl_ext.trainers.base import GRPOTrainer
+    from trl_ext.trainers.rollouts import RolloutStrategy
 
-    class VariableRollouts(GRPOTrainer):
-        unique_prompt_sampler = True
+    class ScriptedVariable(RolloutStrategy):
+        name = "scripted_variable"
 
-        def _generate_and_score_completions(self, inputs):
-            if not self.model.training:
-                return super()._generate_and_score_completions(inputs)
+        def generate_and_score(self, trainer, inputs):
             rows, gids, rpf = [], [], []
             for i, x in enumerate(inputs):
                 k = 2 + x["trl_ext_row_idx"] % 3
@@ -73,8 +77,14 @@ def variable_trainer_cls():
                     gids.append(i)
                     rpf.append([1.0 if x["trl_ext_row_idx"] % 2 == 0 else float(j % 2)])
             js = [j for i, x in enumerate(inputs) for j in range(2 + x["trl_ext_row_idx"] % 3)]
-            c_ids = [scripted_ids(self.processing_class, x["trl_ext_row_idx"], j) for x, j in zip(rows, js)]
-            return self._finish_rollouts(rows, c_ids, group_ids=gids, rewards_per_func=torch.tensor(rpf))
+            c_ids = [scripted_ids(trainer.processing_class, x["trl_ext_row_idx"], j) for x, j in zip(rows, js)]
+            return trainer.finish_rollouts(rows, c_ids, group_ids=gids, rewards_per_func=torch.tensor(rpf))
+
+    class VariableRollouts(GRPOTrainer):
+        unique_prompt_sampler = True
+
+        def create_rollout_strategy(self):
+            return ScriptedVariable()
 
     return VariableRollouts
 
@@ -91,6 +101,20 @@ def run(scenario: str, out_dir: str, world: int) -> None:
         args = make_config(os.path.join(out_dir, scenario), per_device_train_batch_size=4 * G // world,
                            num_generations=G, signal_only_denominator=True,
                            loss_type="dapo" if scenario == "fixed_dapo" else "grpo", **common)
+    elif scenario in ESTIMATOR_SCENARIOS:
+        # estimators selected by configuration only (TRL's fixed layout, or one rollout per prompt)
+        cls = fixed_trainer_cls()
+        est, g = ESTIMATOR_SCENARIOS[scenario]
+        args = make_config(os.path.join(out_dir, scenario), per_device_train_batch_size=4 * G // world,
+                           num_generations=g, advantage_estimator=est,
+                           loss_type="dr_grpo" if est == "dr_grpo" else "grpo", **common)
+    elif scenario == "dynamic_sampling":
+        # DAPO dynamic sampling: zero-variance groups are dropped and refilled from the dataset; ranks end up with
+        # different numbers of kept groups (padded)
+        cls = fixed_trainer_cls()
+        args = make_config(os.path.join(out_dir, scenario), per_device_train_batch_size=4 * G // world,
+                           num_generations=G, dynamic_sampling=True, dynamic_sampling_max_rounds=2,
+                           loss_type="grpo", **common)
     else:
         cls = variable_trainer_cls()
         args = make_config(os.path.join(out_dir, scenario), per_device_train_batch_size=8 // world,
@@ -136,7 +160,7 @@ def run(scenario: str, out_dir: str, world: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--scenarios", default="fixed,fixed_dapo,variable")
+    parser.add_argument("--scenarios", default=",".join(ALL_SCENARIOS))
     a = parser.parse_args()
     os.makedirs(a.out, exist_ok=True)
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from ._validation import as_float_array, check_nonneg_scalar, factorize_groups
 
@@ -38,6 +39,11 @@ __all__ = [
     "rloo_advantages",
     "reinforce_pp_advantages",
     "group_stats",
+    "trl_grpo_advantages",
+    "dr_grpo_advantages",
+    "estimator_min_group_size",
+    "ESTIMATOR_MIN_GROUP_SIZE",
+    "nanstd",
 ]
 
 
@@ -82,14 +88,36 @@ class AdvantageResult:
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., AdvantageResult]] = {}
 
 
-def register_advantage_estimator(name: str) -> Callable[[Callable[..., AdvantageResult]], Callable[..., AdvantageResult]]:
+ESTIMATOR_MIN_GROUP_SIZE: dict[str, int] = {}
+"""Smallest rollouts-per-prompt each registered estimator accepts (1: it has a cross-prompt baseline)."""
+
+
+def estimator_min_group_size(name: str) -> int:
+    """The ``min_group_size`` ``name`` was registered with (2 unless declared)."""
+    get_advantage_estimator(name)
+    return ESTIMATOR_MIN_GROUP_SIZE.get(name, 2)
+
+
+def register_advantage_estimator(name: str, *, min_group_size: int = 2) -> Callable[[Callable[..., AdvantageResult]], Callable[..., AdvantageResult]]:
     """Decorator registering ``fn(rewards, group_ids, **kwargs) -> AdvantageResult`` under ``name``.
 
     Mirrors verl's ``register_adv_est`` (``verl/trainer/ppo/core_algos.py``). Registering a *different* function
     under an existing name raises ``ValueError``; re-registering the same function (module reload) is a no-op.
+    A registered estimator is selected in a trainer by name only: ``ExtGRPOConfig(advantage_estimator=name,
+    advantage_estimator_kwargs={...})``.
+
+    Parameters
+    ----------
+    name : str
+        Registry key.
+    min_group_size : int, default 2
+        Smallest ``num_generations`` the estimator accepts; 1 for estimators with a cross-prompt baseline (one
+        rollout per prompt, e.g. REINFORCE++).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"estimator name must be a non-empty string, got {name!r}.")
+    if isinstance(min_group_size, bool) or not isinstance(min_group_size, int) or min_group_size < 1:
+        raise ValueError(f"min_group_size must be an int >= 1, got {min_group_size!r}.")
 
     def decorator(fn: Callable[..., AdvantageResult]) -> Callable[..., AdvantageResult]:
         old = ADVANTAGE_ESTIMATORS.get(name)
@@ -100,6 +128,7 @@ def register_advantage_estimator(name: str) -> Callable[[Callable[..., Advantage
         if old is not None and ident(old) != ident(fn):
             raise ValueError(f"advantage estimator {name!r} is already registered to {old!r}; pick another name.")
         ADVANTAGE_ESTIMATORS[name] = fn
+        ESTIMATOR_MIN_GROUP_SIZE[name] = int(min_group_size)
         return fn
 
     return decorator
@@ -207,6 +236,165 @@ def batch_mean_baseline(rewards: Any) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------- advantages
+def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """NaN-ignoring Bessel-corrected std with exactly the operations of TRL 1.16's ``trl.trainer.utils.nanstd``
+    (``tests/test_trl_compat.py`` checks bitwise equality), so GRPO advantages match TRL's bit for bit."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    variance = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True)
+    count = torch.sum(~torch.isnan(x), dim=dim, keepdim=True)
+    correction = count / (count - 1)
+    correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
+    variance *= correction
+    std = torch.sqrt(variance)
+    if keepdim:
+        return std
+    if dim is None:
+        return std.squeeze()
+    return std.squeeze(dim)
+
+
+def _group_mean_std(values: torch.Tensor, gid: torch.Tensor, k: int, ddof: int = 1
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """NaN-ignoring per-group mean and std (``ddof=1``: Bessel-corrected, TRL's ``nanstd``), for ragged groups.
+
+    ``values`` is (N,) or (N, F); groups with ``<= ddof`` finite values get std NaN (as TRL's ``nanstd``).
+    """
+    ok = ~torch.isnan(values)
+    shape = (k,) + tuple(values.shape[1:])
+    cnt = torch.zeros(shape, dtype=values.dtype).index_add_(0, gid, ok.to(values.dtype))
+    tot = torch.zeros(shape, dtype=values.dtype).index_add_(0, gid, torch.nan_to_num(values, nan=0.0))
+    mean = tot / cnt  # NaN when cnt == 0
+    dev = torch.where(ok, (values - mean[gid]) ** 2, torch.zeros_like(values))
+    var = torch.zeros(shape, dtype=values.dtype).index_add_(0, gid, dev) / cnt
+    if ddof == 1:
+        var = torch.where(cnt > 1, var * cnt / (cnt - 1), torch.full_like(var, float("nan")))
+    return mean, var.sqrt()
+
+
+def trl_grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    scale_rewards: str = "group",
+    rewards_per_func: torch.Tensor | None = None,
+    reward_weights: torch.Tensor | None = None,
+    aggregation: str = "sum_then_normalize",
+    eps: float = 1e-4,
+    ddof: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL 1.16's GRPO advantages (``GRPOTrainer._generate_and_score_completions``), generalized to ragged groups.
+
+    ``sum_then_normalize`` (TRL default)::
+
+        A_i = (r_i - mean_g(r)) / (std_g(r) + eps)       scale_rewards="group"
+        A_i = (r_i - mean_g(r)) / (std_batch(r) + eps)   scale_rewards="batch"
+        A_i =  r_i - mean_g(r)                           scale_rewards="none"
+
+    ``normalize_then_sum`` (GDPO): each reward function is standardized within its group, the weighted sum is then
+    standardized over the batch. Means/stds ignore NaN rewards, std is Bessel-corrected (TRL's ``nanstd``), NaN
+    advantages (unscorable rows, singleton groups under group scaling) become 0 as in TRL.
+
+    When every row belongs to one of ``K`` contiguous groups of equal size ``G`` (TRL's layout) the computation uses
+    TRL's own ``view(-1, G)`` operations, so the result is bitwise identical to TRL's.
+
+    Parameters
+    ----------
+    rewards : Tensor, shape (N,)
+        Weighted summed rewards, NaN for unscorable rows (ignored if ``aggregation="normalize_then_sum"``).
+    group_ids : Tensor, shape (N,), int64
+        Group index ``0..K-1``; rows with ``group_ids < 0`` (pad rows) get advantage 0 and are ignored.
+    scale_rewards : {"group", "batch", "none"}
+    rewards_per_func : Tensor, shape (N, F), optional
+        Needed for ``normalize_then_sum``.
+    reward_weights : Tensor, shape (F,), optional
+        Needed for ``normalize_then_sum``.
+    aggregation : {"sum_then_normalize", "normalize_then_sum"}
+    eps : float
+        TRL's guard constant 1e-4.
+    ddof : {1, 0}
+        1 = Bessel-corrected std (TRL); 0 = population std (``sum_then_normalize`` only; never TRL's layout path).
+    dtype : torch.dtype
+        Computation dtype (TRL: float32; :func:`grpo_advantages` uses float64).
+
+    Returns
+    -------
+    advantages : Tensor, shape (N,), float32
+    group_std : Tensor, shape (N,)
+        Each row's group std of ``rewards`` (NaN for groups with < 2 finite rewards and for pad rows): TRL's
+        ``is_std_zero`` uses it for ``frac_reward_zero_std``.
+    """
+    if rewards.ndim != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(f"rewards and group_ids must both be (N,), got {tuple(rewards.shape)} and "
+                         f"{tuple(group_ids.shape)}.")
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}.")
+    if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+        raise ValueError(f"aggregation must be 'sum_then_normalize' or 'normalize_then_sum', got {aggregation!r}.")
+    n = rewards.shape[0]
+    rewards = rewards.to(dtype)
+    valid = group_ids >= 0
+    out = torch.zeros(n, dtype=dtype, device=rewards.device)
+    std_out = torch.full((n,), float("nan"), dtype=dtype, device=rewards.device)
+    if not valid.any():
+        return out, std_out
+    gid = group_ids[valid]
+    k = int(gid.max().item()) + 1
+    sizes = torch.bincount(gid, minlength=k)
+    g_size = int(sizes[0].item())
+    uniform = ddof == 1 and bool(valid.all()) and bool((sizes == g_size).all()) and bool(
+        torch.equal(gid, torch.arange(n, device=gid.device) // g_size)
+    )
+    r = rewards[valid]
+    if aggregation == "sum_then_normalize":
+        if uniform:  # TRL's exact operations
+            mean = torch.nanmean(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
+            if g_size > 1:
+                std_g = nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
+            else:
+                std_g = torch.zeros_like(r)
+        else:
+            mean_k, std_k = _group_mean_std(r.cpu(), gid.cpu(), k, ddof)
+            mean, std_g = mean_k.to(r.device)[gid], std_k.to(r.device)[gid]
+        if scale_rewards == "batch" and ddof == 0:
+            std = _group_mean_std(r.cpu(), torch.zeros_like(gid.cpu()), 1, 0)[1].to(r.device).expand_as(r)
+        elif scale_rewards == "batch":
+            std = nanstd(r).expand_as(r) if r.numel() > 1 else torch.zeros_like(r)
+        else:
+            std = std_g
+        adv = r - mean
+        if scale_rewards != "none":
+            adv = adv / (std + eps)
+    else:
+        if rewards_per_func is None or reward_weights is None:
+            raise ValueError("normalize_then_sum needs rewards_per_func and reward_weights.")
+        rpf = rewards_per_func[valid].float()
+        w = reward_weights.to(rpf.device, torch.float32)
+        unscorable = torch.isnan(rpf).all(dim=1)
+        if uniform:
+            grouped = rpf.view(-1, g_size, rpf.shape[1])
+            mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+            std_k = nanstd(grouped, dim=1, keepdim=True) if g_size > 1 else torch.zeros_like(mean_k)
+            reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, rpf.shape[1])
+        else:
+            mk, sk = _group_mean_std(rpf.cpu(), gid.cpu(), k)
+            reward_k = (rpf - mk.to(rpf.device)[gid]) / (sk.to(rpf.device)[gid] + eps)
+        summed = (reward_k * w.unsqueeze(0)).nansum(dim=1)
+        summed[unscorable] = torch.nan
+        std = nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
+        adv = (summed - torch.nanmean(summed)) / (std + eps)
+        if uniform and g_size > 1:
+            std_g = nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
+        elif uniform:
+            std_g = torch.zeros_like(r)
+        else:
+            std_g = _group_mean_std(r.cpu(), gid.cpu(), k)[1].to(r.device)[gid]
+    out[valid] = torch.nan_to_num(adv, nan=0.0).to(dtype)
+    std_out[valid] = std_g.to(dtype)
+    return out, std_out
+
+
+
 @register_advantage_estimator("grpo")
 def grpo_advantages(rewards: Any, group_ids: Any, scale: str = "group", eps: float = 1e-4, ddof: int = 1) -> AdvantageResult:
     """GRPO advantages, as TRL 1.16's ``GRPOTrainer`` computes them, on ragged groups.
@@ -232,22 +420,35 @@ def grpo_advantages(rewards: Any, group_ids: Any, scale: str = "group", eps: flo
     """
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}.")
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof must be 0 or 1, got {ddof!r}.")
     eps = check_nonneg_scalar(eps, "eps")
     r, codes, ok, g = _prepare(rewards, group_ids)
     st = _group_stats(r, codes, ok, g, ddof)
     base = st["mean"][codes]
-    centred = np.where(ok, r - base, 0.0)
+    # the one GRPO implementation: the same function the trainer calls (float64 here)
+    adv_t, _ = trl_grpo_advantages(torch.from_numpy(r), torch.from_numpy(codes.astype(np.int64)),
+                                   scale_rewards=scale, eps=eps, ddof=ddof, dtype=torch.float64)
+    adv = adv_t.numpy()
     if scale == "group":
         s = np.nan_to_num(st["std"][codes], nan=0.0) + eps
     elif scale == "batch":
         fin = r[ok]
-        s_b = fin.std(ddof=ddof) if fin.size > ddof else 0.0
-        s = np.full(r.shape, s_b + eps)
+        s = np.full(r.shape, (fin.std(ddof=ddof) if fin.size > ddof else 0.0) + eps)
     else:
         s = np.ones_like(r)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        adv = np.where(centred == 0.0, 0.0, centred / s)
     return AdvantageResult(adv, base, s, int((~ok).sum()), g, _zero_std_groups(st))
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo_advantages(rewards: Any, group_ids: Any) -> AdvantageResult:
+    """Dr. GRPO advantages ("Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783,
+    Section 3.1): the group mean is subtracted and the std division dropped, ``A_i = r_i - mean_g``.
+
+    Pair it with ``loss_type="dr_grpo"`` (the paper's constant length normalizer). Same NaN handling as
+    :func:`grpo_advantages`.
+    """
+    return grpo_advantages(rewards, group_ids, scale="none")
 
 
 @register_advantage_estimator("rloo")
@@ -278,7 +479,7 @@ def rloo_advantages(rewards: Any, group_ids: Any, normalize: bool = False, eps: 
     return AdvantageResult(adv, base, s, int((~ok).sum()), g, _zero_std_groups(st), n_degenerate=int(single.sum()))
 
 
-@register_advantage_estimator("reinforce_pp")
+@register_advantage_estimator("reinforce_pp", min_group_size=1)
 def reinforce_pp_advantages(
     rewards: Any, group_ids: Any = None, normalize: bool = True, eps: float = 1e-4, ddof: int = 1
 ) -> AdvantageResult:

@@ -6,11 +6,17 @@ and only *adds* metrics. On top it provides:
 * **hooks for trainer authors** (see ``docs/base_trainer.md``):
 
   - :class:`~trl_ext.trainers.batch.RolloutBatch`: the gathered, rank-identical view of one generation batch;
-  - :meth:`GRPOTrainer.compute_advantages`: override it to plug in an estimator (BASIS, V0.5, PAIR);
-  - :meth:`GRPOTrainer._finish_rollouts`: feed rollouts a subclass generated itself (variable count per prompt)
-    into TRL's tail (padding, old/ref log-probs, loss masks, logs), notes section B.3; helpers
-    :meth:`GRPOTrainer._generate_completion_ids` and :meth:`GRPOTrainer._score_rollouts_local` for rounds;
-  - ``unique_prompt_sampler = True``: the sampler yields unique prompts (G = 1 in the sampler), notes B.1;
+  - ``advantage_estimator``: any estimator registered with
+    :func:`trl_ext.estimators.register_advantage_estimator` (``grpo`` -- TRL's, bitwise --, ``dr_grpo``,
+    ``rloo``, ``reinforce_pp``, or your own), selected by name; :meth:`GRPOTrainer.compute_advantages` dispatches
+    through one valid-row adapter (pad rows, NaN rewards, ragged groups); override it for estimators that need
+    more than rewards and groups (BASIS, V0.5, PAIR);
+  - :class:`~trl_ext.trainers.rollouts.RolloutStrategy` objects for the rollout allocation
+    (:meth:`GRPOTrainer.create_rollout_strategy`): TRL's fixed groups, DAPO dynamic sampling
+    (``dynamic_sampling=True``), V0.5's OSLA rounds, PAIR's probe-then-continue; they generate with
+    :meth:`GRPOTrainer.generate_rollouts`, score with :meth:`GRPOTrainer.score_rollouts_local` and feed variable
+    rollout counts into TRL's tail with :meth:`GRPOTrainer.finish_rollouts`;
+  - ``unique_prompt_sampler = True``: the sampler yields unique prompts (G = 1 in the sampler);
   - ``rollout_columns``: dataset columns gathered into ``RolloutBatch.extra``;
   - :meth:`GRPOTrainer.ext_state_dict` / :meth:`GRPOTrainer.load_ext_state_dict`: state saved as
     ``trl_ext_state.pt`` in every checkpoint and restored on ``resume_from_checkpoint``;
@@ -18,33 +24,48 @@ and only *adds* metrics. On top it provides:
 
 * **measurement options** (``rlvr_measurement_discipline.txt``):
 
-  - signal-only loss denominators (``signal_only_denominator``), notes section D;
+  - signal-only loss denominators (``signal_only_denominator``);
   - the tie-break blend reward (``tie_break_scorer_index``) computed on the gathered groups, with optional
     confidence scaling of formerly tied groups by scorer separation relative to the noise floor;
-  - shut-gate diagnostics every generation batch (``gate/*``) and generated-token counts (``ext/*``).
+  - shut-gate diagnostics every generation batch (``gate/*``) and **one generated-token counter**
+    (``ext/generated_tokens``, ``ext/generated_tokens_total``) at the generation call every strategy goes through.
+
+Every contact with TRL private names goes through :mod:`trl_ext.trainers._trl_compat` (the ``ext_*`` hooks below
+are public names that its :class:`~trl_ext.trainers._trl_compat.TRLGlue` forwards TRL's private methods to).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import math
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
+import trl  # noqa: E402  (after _trl_compat's version check)
 
+from ..estimators.baselines import (
+    _group_mean_std,
+    estimator_min_group_size,
+    get_advantage_estimator,
+    trl_grpo_advantages,
+)
 from ..measurement.shut_gate import shut_gate_stats
 from . import _trl_compat as compat
 from .batch import RolloutBatch
 from .keyed_sampling_mixin import KeyedSamplingMixin
+from .rollouts import DynamicSampling, FixedGroups, RolloutStrategy, validate_dynamic_sampling
 
-compat.check_trl_version()
+__all__ = ["ExtGRPOConfig", "GRPOTrainer", "RolloutBatch", "trl_grpo_advantages", "EXT_STATE_FILE",
+           "as_config", "parse_kwargs_field"]
 
-import trl  # noqa: E402
-
-__all__ = ["ExtGRPOConfig", "GRPOTrainer", "RolloutBatch", "trl_grpo_advantages", "EXT_STATE_FILE"]
+logger = logging.getLogger(__name__)
 
 EXT_STATE_FILE = "trl_ext_state.pt"
 """File name of the trl_ext state inside each ``checkpoint-*`` directory."""
@@ -58,11 +79,28 @@ class ExtGRPOConfig(trl.GRPOConfig):
     """:class:`trl.GRPOConfig` plus the trl_ext measurement options.
 
     Every new option is off (or purely additive) by default, so a default ``ExtGRPOConfig`` trains exactly like
-    ``trl.GRPOConfig``. A plain ``trl.GRPOConfig`` is also accepted by :class:`GRPOTrainer` (the defaults below
-    apply).
+    ``trl.GRPOConfig``. Which config classes a trainer accepts (one rule for every trl_ext trainer, see
+    :func:`as_config`): its own config class or a subclass of it, or a plain ``trl.GRPOConfig`` (or a parent
+    trl_ext config), which is upgraded to the trainer's config class with that class's defaults for the fields it
+    lacks. Anything else is a ``TypeError``.
 
     Parameters
     ----------
+    advantage_estimator : str, default "grpo"
+        Name of a registered advantage estimator (:func:`trl_ext.estimators.register_advantage_estimator`):
+        ``"grpo"`` (TRL's advantages, bitwise, honouring ``scale_rewards`` and ``multi_objective_aggregation``),
+        ``"dr_grpo"`` (group mean, no std; use with ``loss_type="dr_grpo"``), ``"rloo"`` (leave-one-out),
+        ``"reinforce_pp"`` (global batch mean and std; accepts ``num_generations=1``), or your own.
+    advantage_estimator_kwargs : dict or JSON str, optional
+        Keyword arguments of the estimator (e.g. ``{"normalize": true}`` for ``rloo``).
+    dynamic_sampling : bool, default False
+        DAPO dynamic sampling (:class:`~trl_ext.trainers.rollouts.DynamicSampling`): drop groups whose rewards are
+        all equal and generate more prompts until the batch is full or ``dynamic_sampling_max_rounds`` extra rounds
+        ran.
+    dynamic_sampling_max_rounds : int, default 3
+        Cap of extra generation rounds per generation batch (each at most as large as the missing groups).
+    dynamic_sampling_std_atol : float, default 0.0
+        A group is dropped when ``max - min`` of its finite rewards is ``<=`` this.
     signal_only_denominator : bool, default False
         Divide the policy loss only by the sequences (sequence-level losses ``grpo``, ``sapo``, ``luspo``,
         ``dr_grpo``) or tokens (token-level losses ``dapo``, ``cispo``, ``vespo``, ``bnpo``) of **groups that carry
@@ -99,6 +137,25 @@ class ExtGRPOConfig(trl.GRPOConfig):
         Add ``row_idx``, ``group_id`` and the trainer's ``rollout_columns`` to the completions table.
     """
 
+    advantage_estimator: str = field(
+        default="grpo",
+        metadata={"help": "Registered advantage estimator: grpo (TRL's, default), dr_grpo, rloo, reinforce_pp, or a "
+                          "name registered with trl_ext.estimators.register_advantage_estimator."},
+    )
+    advantage_estimator_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Keyword arguments of the advantage estimator (dict or JSON string)."}
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "DAPO dynamic sampling: drop zero-variance groups and generate more prompts until the batch "
+                          "is full or dynamic_sampling_max_rounds extra rounds ran."},
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3, metadata={"help": "Cap of extra generation rounds per generation batch (dynamic_sampling)."}
+    )
+    dynamic_sampling_std_atol: float = field(
+        default=0.0, metadata={"help": "Groups with max - min reward <= this are dropped (dynamic_sampling)."}
+    )
     signal_only_denominator: bool = field(
         default=False,
         metadata={"help": "Divide the policy loss only by the sequences/tokens of groups with nonzero advantage "
@@ -147,28 +204,77 @@ class ExtGRPOConfig(trl.GRPOConfig):
     )
 
     def __post_init__(self):
-        super().__post_init__()
-        _validate_ext_options(_ExtOptions.from_args(self), self)
+        self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
+                                                             "advantage_estimator_kwargs")
+        group_size = self.num_generations if isinstance(self.num_generations, int) else 2
+        compat.validate_config_with_placeholder_group_size(self, super().__post_init__, group_size=group_size)
+        validate_ext_config(self)
 
 
-@dataclass(frozen=True)
-class _ExtOptions:
-    signal_only_denominator: bool = False
-    tie_break_scorer_index: int | None = None
-    tie_break_epsilon: float = 0.1
-    tie_break_confidence_scaling: bool = False
-    scorer_noise_floor: float | None = None
-    log_shut_gate: bool = True
-    gate_success_threshold: float = 0.5
-    gate_atol: float = 0.0
-    log_rollout_metadata: bool = False
-
-    @classmethod
-    def from_args(cls, args) -> _ExtOptions:
-        return cls(**{f.name: getattr(args, f.name, f.default) for f in fields(cls)})
+def parse_kwargs_field(value: Any, name: str) -> dict:
+    """A dict-valued config field given as a dict, a JSON object string (command line) or ``None``."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict (or a JSON object string), got {type(value).__name__}.")
+    return dict(value)
 
 
-def _validate_ext_options(o: _ExtOptions, args) -> None:
+def as_config(args: Any, config_class: type, trainer_name: str):
+    """Return ``args`` as an instance of ``config_class`` (the one rule every trl_ext trainer applies).
+
+    * an instance of ``config_class`` (or a subclass) is returned unchanged;
+    * a ``trl.GRPOConfig`` that is not (a plain TRL config, or a parent trl_ext config) is upgraded: a
+      ``config_class`` object with the same field values, the defaults of ``config_class`` for the fields it lacks,
+      and ``config_class``'s own validation (TRL's ``__post_init__`` is not re-run: its derived fields are kept);
+    * anything else raises ``TypeError``.
+    """
+    if isinstance(args, config_class):
+        return args
+    if not isinstance(args, trl.GRPOConfig):
+        raise TypeError(f"{trainer_name} needs a {config_class.__name__} (or a trl.GRPOConfig), got "
+                        f"{type(args).__name__}.")
+    new = object.__new__(config_class)
+    new.__dict__.update(args.__dict__)
+    for f in fields(config_class):
+        if f.name in new.__dict__:
+            continue
+        if f.default is not MISSING:
+            setattr(new, f.name, f.default)
+        elif f.default_factory is not MISSING:
+            setattr(new, f.name, f.default_factory())
+    validate = getattr(config_class, "validate_method_options", None)
+    if validate is not None:
+        validate(new)
+    else:
+        validate_ext_config(new)
+    return new
+
+
+def validate_ext_config(o) -> None:
+    """Check the trl_ext fields of a config; raises ``ValueError`` saying what to change."""
+    args = o
+    o.advantage_estimator_kwargs = parse_kwargs_field(o.advantage_estimator_kwargs, "advantage_estimator_kwargs")
+    try:
+        min_g = estimator_min_group_size(o.advantage_estimator)
+    except KeyError as e:
+        raise ValueError(f"advantage_estimator={o.advantage_estimator!r} is not registered: {e.args[0]}. Register it "
+                         "with @trl_ext.estimators.register_advantage_estimator(name) before building the config."
+                         ) from None
+    g = o.num_generations
+    if isinstance(g, int) and g < min_g:
+        raise ValueError(f"advantage_estimator={o.advantage_estimator!r} needs num_generations >= {min_g} (it has a "
+                         f"per-prompt baseline), got {g}. Raise num_generations or pick an estimator with a "
+                         "cross-prompt baseline (reinforce_pp).")
+    validate_dynamic_sampling(o)
+    if o.dynamic_sampling and isinstance(g, int) and g < 2:
+        raise ValueError("dynamic_sampling drops groups whose rewards are all equal, which needs num_generations >= 2; "
+                         f"got {g}.")
     if o.signal_only_denominator and args.loss_type not in compat.SIGNAL_ONLY_LOSSES:
         raise ValueError(
             f"signal_only_denominator supports loss_type in {compat.SIGNAL_ONLY_LOSSES}, got {args.loss_type!r}. "
@@ -207,138 +313,6 @@ def _validate_ext_options(o: _ExtOptions, args) -> None:
         raise ValueError(f"gate_atol must be a finite number >= 0, got {o.gate_atol!r}.")
 
 
-# ------------------------------------------------------------------------------------------------ advantages (pure)
-def _group_mean_std(values: torch.Tensor, gid: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """NaN-ignoring per-group mean and Bessel-corrected std (TRL's ``nanstd``), for ragged groups.
-
-    ``values`` is (N,) or (N, F); groups with fewer than 2 finite values get std NaN (as TRL's ``nanstd``).
-    """
-    ok = ~torch.isnan(values)
-    shape = (k,) + tuple(values.shape[1:])
-    cnt = torch.zeros(shape, dtype=values.dtype).index_add_(0, gid, ok.to(values.dtype))
-    tot = torch.zeros(shape, dtype=values.dtype).index_add_(0, gid, torch.nan_to_num(values, nan=0.0))
-    mean = tot / cnt  # NaN when cnt == 0
-    dev = torch.where(ok, (values - mean[gid]) ** 2, torch.zeros_like(values))
-    var = torch.zeros(shape, dtype=values.dtype).index_add_(0, gid, dev) / cnt
-    var = torch.where(cnt > 1, var * cnt / (cnt - 1), torch.full_like(var, float("nan")))
-    return mean, var.sqrt()
-
-
-def trl_grpo_advantages(
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    *,
-    scale_rewards: str = "group",
-    rewards_per_func: torch.Tensor | None = None,
-    reward_weights: torch.Tensor | None = None,
-    aggregation: str = "sum_then_normalize",
-    eps: float = 1e-4,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """TRL 1.16's GRPO advantages (GT 2753-2810), generalized to ragged groups.
-
-    ``sum_then_normalize`` (TRL default)::
-
-        A_i = (r_i - mean_g(r)) / (std_g(r) + eps)       scale_rewards="group"
-        A_i = (r_i - mean_g(r)) / (std_batch(r) + eps)   scale_rewards="batch"
-        A_i =  r_i - mean_g(r)                           scale_rewards="none"
-
-    ``normalize_then_sum`` (GDPO): each reward function is standardized within its group, the weighted sum is then
-    standardized over the batch. Means/stds ignore NaN rewards, std is Bessel-corrected (TRL's ``nanstd``), NaN
-    advantages (unscorable rows, singleton groups under group scaling) become 0 as in TRL.
-
-    When every row belongs to one of ``K`` contiguous groups of equal size ``G`` (TRL's layout) the computation uses
-    TRL's own ``view(-1, G)`` operations, so the result is bitwise identical to TRL's.
-
-    Parameters
-    ----------
-    rewards : Tensor, shape (N,)
-        Weighted summed rewards, NaN for unscorable rows (ignored if ``aggregation="normalize_then_sum"``).
-    group_ids : Tensor, shape (N,), int64
-        Group index ``0..K-1``; rows with ``group_ids < 0`` (pad rows) get advantage 0 and are ignored.
-    scale_rewards : {"group", "batch", "none"}
-    rewards_per_func : Tensor, shape (N, F), optional
-        Needed for ``normalize_then_sum``.
-    reward_weights : Tensor, shape (F,), optional
-        Needed for ``normalize_then_sum``.
-    aggregation : {"sum_then_normalize", "normalize_then_sum"}
-    eps : float
-        TRL's guard constant 1e-4.
-
-    Returns
-    -------
-    advantages : Tensor, shape (N,), float32
-    group_std : Tensor, shape (N,)
-        Each row's group std of ``rewards`` (NaN for groups with < 2 finite rewards and for pad rows): TRL's
-        ``is_std_zero`` uses it for ``frac_reward_zero_std``.
-    """
-    if rewards.ndim != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(f"rewards and group_ids must both be (N,), got {tuple(rewards.shape)} and "
-                         f"{tuple(group_ids.shape)}.")
-    if scale_rewards not in ("group", "batch", "none"):
-        raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}.")
-    if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
-        raise ValueError(f"aggregation must be 'sum_then_normalize' or 'normalize_then_sum', got {aggregation!r}.")
-    n = rewards.shape[0]
-    rewards = rewards.float()
-    valid = group_ids >= 0
-    out = torch.zeros(n, dtype=torch.float32, device=rewards.device)
-    std_out = torch.full((n,), float("nan"), dtype=torch.float32, device=rewards.device)
-    if not valid.any():
-        return out, std_out
-    gid = group_ids[valid]
-    k = int(gid.max().item()) + 1
-    sizes = torch.bincount(gid, minlength=k)
-    g_size = int(sizes[0].item())
-    uniform = bool(valid.all()) and bool((sizes == g_size).all()) and bool(
-        torch.equal(gid, torch.arange(n, device=gid.device) // g_size)
-    )
-    r = rewards[valid]
-    if aggregation == "sum_then_normalize":
-        if uniform:  # TRL's exact operations (GT 2765-2808)
-            mean = torch.nanmean(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
-            if g_size > 1:
-                std_g = compat.nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
-            else:
-                std_g = torch.zeros_like(r)
-        else:
-            mean_k, std_k = _group_mean_std(r.cpu(), gid.cpu(), k)
-            mean, std_g = mean_k.to(r.device)[gid], std_k.to(r.device)[gid]
-        if scale_rewards == "batch":
-            std = compat.nanstd(r).expand_as(r) if r.numel() > 1 else torch.zeros_like(r)
-        else:
-            std = std_g
-        adv = r - mean
-        if scale_rewards != "none":
-            adv = adv / (std + eps)
-    else:
-        if rewards_per_func is None or reward_weights is None:
-            raise ValueError("normalize_then_sum needs rewards_per_func and reward_weights.")
-        rpf = rewards_per_func[valid].float()
-        w = reward_weights.to(rpf.device, torch.float32)
-        unscorable = torch.isnan(rpf).all(dim=1)
-        if uniform:
-            grouped = rpf.view(-1, g_size, rpf.shape[1])
-            mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
-            std_k = compat.nanstd(grouped, dim=1, keepdim=True) if g_size > 1 else torch.zeros_like(mean_k)
-            reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, rpf.shape[1])
-        else:
-            mk, sk = _group_mean_std(rpf.cpu(), gid.cpu(), k)
-            reward_k = (rpf - mk.to(rpf.device)[gid]) / (sk.to(rpf.device)[gid] + eps)
-        summed = (reward_k * w.unsqueeze(0)).nansum(dim=1)
-        summed[unscorable] = torch.nan
-        std = compat.nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
-        adv = (summed - torch.nanmean(summed)) / (std + eps)
-        if uniform and g_size > 1:
-            std_g = compat.nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
-        elif uniform:
-            std_g = torch.zeros_like(r)
-        else:
-            std_g = _group_mean_std(r.cpu(), gid.cpu(), k)[1].to(r.device)[gid]
-    out[valid] = torch.nan_to_num(adv, nan=0.0).float()
-    std_out[valid] = std_g.float()
-    return out, std_out
-
-
 # ---------------------------------------------------------------------------------------------------------- trainer
 def _add_row_index(dataset):
     """Add the ``trl_ext_row_idx`` column (dataset row index) unless present. Handles dict-like eval datasets."""
@@ -361,21 +335,23 @@ def _add_row_index(dataset):
     return dataset  # torch Dataset or other: groups fall back to TRL's contiguous blocks
 
 
-class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
-    """Drop-in :class:`trl.GRPOTrainer` with estimator hooks and measurement options.
+class GRPOTrainer(KeyedSamplingMixin, compat.TRLGlue):
+    """Drop-in :class:`trl.GRPOTrainer` with estimator selection, rollout strategies and measurement options.
 
     Same constructor as :class:`trl.GRPOTrainer`; ``args`` may be an :class:`ExtGRPOConfig` or a plain
-    :class:`trl.GRPOConfig`. The dataset gains a ``trl_ext_row_idx`` column (the row index) that keys groups; like
+    :class:`trl.GRPOConfig` (upgraded by :func:`as_config`). The dataset gains a ``trl_ext_row_idx`` column (the row index) that keys groups; like
     every dataset column it is also passed to reward functions as a keyword argument (TRL reward functions take
     ``**kwargs``).
 
     Class attributes for subclasses
     -------------------------------
+    config_class : type, default ExtGRPOConfig
+        The config class the trainer accepts (see :func:`as_config`).
     unique_prompt_sampler : bool, default False
-        If True, ``self.num_generations`` is set to 1 after ``__init__`` (notes B.1): the train sampler yields
-        ``generation_batch_size`` **unique** prompts per generation batch (``args.num_generations`` must still
-        divide ``generation_batch_size`` to pass TRL's config check). TRL's own generation then produces one
-        rollout per prompt (BASIS, G = 1); subclasses that want more call :meth:`_finish_rollouts`.
+        If True, ``self.num_generations`` is set to 1 after ``__init__``: the train sampler yields
+        ``generation_batch_size`` **unique** prompts per generation batch. TRL's own generation then produces one
+        rollout per prompt (BASIS, G = 1); strategies that want more call :meth:`finish_rollouts`. A config with
+        ``num_generations=1`` (estimators with a cross-prompt baseline) has the same effect.
     rollout_columns : tuple of str, default ()
         Dataset columns gathered into :attr:`RolloutBatch.extra` (numeric columns become float64 tensors, others
         lists). A missing column raises a ``KeyError`` naming it.
@@ -388,45 +364,73 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         The final global advantages of the latest generation (after pad zeroing and confidence scaling).
     """
 
+    config_class: ClassVar[type] = ExtGRPOConfig
     unique_prompt_sampler: ClassVar[bool] = False
     rollout_columns: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         if args is None:
             name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
-            args = ExtGRPOConfig(f"{str(name).split('/')[-1] or 'model'}-GRPO")
-        self._ext = _ExtOptions.from_args(args)
-        _validate_ext_options(self._ext, args)  # also for plain trl.GRPOConfig
+            args = self.config_class(f"{str(name).split('/')[-1] or 'model'}-GRPO")
+        args = as_config(args, self.config_class, type(self).__name__)
         train_dataset = _add_row_index(train_dataset)
         eval_dataset = _add_row_index(eval_dataset)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         n_funcs = len(self.reward_funcs)
-        if self._ext.tie_break_scorer_index is not None:
+        if self.args.tie_break_scorer_index is not None:
             if n_funcs < 2:
                 raise ValueError(
                     f"The tie-break blend needs a scorer and at least one checker, but only {n_funcs} reward "
                     "function was given. Pass [checker(s)..., scorer] and set tie_break_scorer_index."
                 )
-            if self._ext.tie_break_scorer_index >= n_funcs:
+            if self.args.tie_break_scorer_index >= n_funcs:
                 raise ValueError(
-                    f"tie_break_scorer_index={self._ext.tie_break_scorer_index} is out of range for {n_funcs} "
+                    f"tie_break_scorer_index={self.args.tie_break_scorer_index} is out of range for {n_funcs} "
                     f"reward functions ({self.reward_func_names})."
                 )
-        if self.unique_prompt_sampler:
+        if self.unique_prompt_sampler or args.num_generations == 1:
             compat.set_sampler_num_generations(self, 1)
+        self._ext_gen_tokens_local = 0  # the one generated-token counter (this rank, since the last batch)
         self._ext_replay: dict | None = None
         self._ext_pending: RolloutBatch | None = None
         self._ext_warned: set[str] = set()
         self._ext_totals = {"generated_tokens_total": 0, "generation_batches": 0, "tie_break_groups_opened_total": 0}
         self.last_rollout_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
+        self.last_estimator_result = None
+        self.rollout_strategy: RolloutStrategy = self.create_rollout_strategy()
+        if self.rollout_strategy.has_fixed_normalizer and self.args.signal_only_denominator:
+            raise ValueError(f"{type(self).__name__}: signal_only_denominator cannot be combined with the fixed policy "
+                             f"normalizer of rollout strategy {self.rollout_strategy.name!r}; set "
+                             "signal_only_denominator=False.")
+        if self.args.dynamic_sampling and self.rollout_strategy.name != "dynamic_sampling":
+            raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
+                             f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
+        if self.accelerator.is_main_process:
+            logger.info("%s: %s; advantage estimator %s.", type(self).__name__,
+                        self.rollout_strategy.describe(self), self.args.advantage_estimator)
+
+    def create_rollout_strategy(self) -> RolloutStrategy:
+        """The train-mode rollout allocation (override in trainers with their own, e.g. V0.5's OSLA rounds)."""
+        if self.args.dynamic_sampling:
+            from datasets import IterableDataset
+
+            if isinstance(self.train_dataset, IterableDataset) or not hasattr(self.train_dataset, "__len__"):
+                raise ValueError("dynamic_sampling draws refill prompts by index and needs a map-style training "
+                                 "dataset (datasets.Dataset); got an iterable dataset.")
+            return DynamicSampling(self.args.dynamic_sampling_max_rounds, self.args.dynamic_sampling_std_atol,
+                                   seed=self.args.seed)
+        return FixedGroups()
 
     # ------------------------------------------------------------------------------------------------ public hooks
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """Advantages of every row of the generation batch (override this to plug in an estimator).
+        """Advantages of every row of the generation batch, from the estimator named by ``advantage_estimator``.
 
-        The default reproduces TRL 1.16 (:func:`trl_grpo_advantages` with the trainer's ``scale_rewards`` and
-        ``multi_objective_aggregation``), on ragged groups too.
+        ``"grpo"`` without ``advantage_estimator_kwargs`` reproduces TRL 1.16 bitwise
+        (:func:`~trl_ext.estimators.trl_grpo_advantages` with the trainer's ``scale_rewards`` and
+        ``multi_objective_aggregation``), on ragged groups too. Any other registered name goes through
+        :meth:`registry_advantages`, the one valid-row adapter. Override this method for estimators that need
+        more than rewards and group labels (BASIS, V0.5, PAIR).
 
         Parameters
         ----------
@@ -440,11 +444,44 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
             from ``batch`` only). The base class then zeroes pad and unscorable rows, applies the tie-break
             confidence scaling, slices the local rows and fixes the logs.
         """
-        gid = torch.where(batch.is_pad, torch.full_like(batch.group_ids, -1), batch.group_ids)
-        adv, _ = trl_grpo_advantages(
-            batch.rewards, gid, scale_rewards=self.scale_rewards, rewards_per_func=batch.rewards_per_func,
-            reward_weights=self.reward_weights, aggregation=self.multi_objective_aggregation,
-        )
+        name, kwargs = self.args.advantage_estimator, self.args.advantage_estimator_kwargs
+        if name == "grpo" and not kwargs:
+            gid = torch.where(batch.is_pad, torch.full_like(batch.group_ids, -1), batch.group_ids)
+            adv, _ = trl_grpo_advantages(
+                batch.rewards, gid, scale_rewards=self.scale_rewards, rewards_per_func=batch.rewards_per_func,
+                reward_weights=self.reward_weights, aggregation=self.multi_objective_aggregation,
+            )
+            return adv
+        return self.registry_advantages(batch, name, **kwargs)
+
+    def registry_advantages(self, batch: RolloutBatch, name: str, **kwargs) -> torch.Tensor:
+        """Run the registered estimator ``name`` on the valid rows of ``batch``; 0 elsewhere.
+
+        The one valid-row adapter: pad rows and unscorable rows (NaN reward) are removed before the estimator sees
+        the batch (so it gets flat ``rewards`` and ``group_ids`` of real, scorable rollouts, groups possibly
+        ragged) and get advantage 0; they are counted in ``adv/unscorable_rows``. The estimator's own fallbacks
+        (e.g. RLOO singletons) are counted in ``adv/degenerate_rows``.
+
+        Returns
+        -------
+        Tensor, shape (N,), float32
+        """
+        estimator = get_advantage_estimator(name)
+        valid = batch.valid
+        adv = torch.zeros(batch.num_rows, dtype=torch.float32)
+        n_unscorable = int((~batch.is_pad & ~valid).sum())
+        self.log_ext_metric("adv/unscorable_rows", float(n_unscorable), batch.mode)
+        if not bool(valid.any()):
+            self.last_estimator_result = None
+            return adv
+        res = estimator(batch.rewards[valid].double().numpy(), batch.group_ids[valid].numpy(), **kwargs)
+        values = np.asarray(getattr(res, "advantages", res), dtype=np.float64)
+        if values.shape != (int(valid.sum()),):
+            raise ValueError(f"advantage estimator {name!r} returned shape {values.shape}; expected "
+                             f"({int(valid.sum())},), one advantage per valid row.")
+        adv[valid] = torch.as_tensor(values, dtype=torch.float32)
+        self.log_ext_metric("adv/degenerate_rows", float(getattr(res, "n_degenerate", 0)), batch.mode)
+        self.last_estimator_result = res
         return adv
 
     def ext_state_dict(self) -> dict:
@@ -454,7 +491,8 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         and lists/tuples/dicts of those (convert numpy arrays to tensors or lists). The state must be identical on
         every rank (only the main process writes it; every rank reads it back).
         """
-        return {"trl_ext_version": _EXT_STATE_VERSION, "trainer_class": type(self).__name__, **self._ext_totals}
+        return {"trl_ext_version": _EXT_STATE_VERSION, "trainer_class": type(self).__name__, **self._ext_totals,
+                "rollout_strategy": {"name": self.rollout_strategy.name, "state": self.rollout_strategy.state_dict()}}
 
     def load_ext_state_dict(self, state: dict) -> None:
         """Restore what :meth:`ext_state_dict` saved (extend with ``super().load_ext_state_dict(state)``)."""
@@ -471,6 +509,12 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         for key in self._ext_totals:
             if key in state:
                 self._ext_totals[key] = int(state[key])
+        strat = state.get("rollout_strategy")
+        if strat is not None and strat.get("name") == self.rollout_strategy.name:
+            self.rollout_strategy.load_state_dict(strat.get("state", {}))
+        elif strat is not None:
+            warnings.warn(f"{EXT_STATE_FILE} holds the state of rollout strategy {strat.get('name')!r}, but this trainer "
+                          f"uses {self.rollout_strategy.name!r}; its state starts fresh.", stacklevel=2)
 
     def log_ext_metric(self, name: str, value: float, mode: str | None = None) -> None:
         """Append a scalar to ``self._metrics[mode][name]`` (averaged per logging step, sent to every backend).
@@ -484,13 +528,23 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         compat.metrics(self, mode)[name].append(value)
 
     # ------------------------------------------------------------------------------------------ variable rollouts
-    def _generate_completion_ids(self, rows: Sequence[dict]) -> tuple[list[list[int]], list[list[float]] | None]:
-        """Generate one completion per row with TRL's backend (``_generate_single_turn``, notes B.2).
+    def generate_rollouts(self, rows: Sequence[dict], *, max_new_tokens: int | None = None,
+                          fallback_row: dict | None = None) -> tuple[list[list[int]], list[list[float]] | None]:
+        """Generate one completion per row with TRL's backend (counted in ``ext/generated_tokens``).
+
+        Every rank must call it the same number of times (keyed sampling builds its keys with a collective, and
+        collective generation back-ends need every rank in the call); a rank may pass no rows.
 
         Parameters
         ----------
         rows : sequence of dict
             Local dataset rows, one per wanted rollout (repeat a row to get several rollouts of its prompt).
+        max_new_tokens : int, optional
+            Cap for this call (default: ``max_completion_length``).
+        fallback_row : dict, optional
+            Row used for the dummy rollouts that equalize the call across ranks when generation is a collective
+            (vLLM server, tensor parallel, ZeRO-3/FSDP) and this rank has no row of its own; dummy rollouts are
+            generated (and counted), then discarded.
 
         Returns
         -------
@@ -499,20 +553,56 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         logprobs : list of list of float or None
             Per-token sampling log-probs (vLLM only; ``None`` with transformers generation).
         """
+        rows = list(rows)
+        n = len(rows)
+        if compat.generation_is_collective(self):
+            n_max = int(compat.gather(torch.tensor([n], device=self.accelerator.device)).max().item())
+            filler = rows[0] if rows else fallback_row
+            if n_max > n and filler is None:
+                raise ValueError("generate_rollouts: generation is a collective and this rank has no row; pass "
+                                 "fallback_row so it can join the call with a dummy rollout.")
+            rows = rows + [filler] * (n_max - n)
         if self.keyed_sampling_enabled:
             # Rows generated outside TRL's _generate need their keys set explicitly. Building them is a collective
             # (sample indices count across ranks), so it runs before the empty-rows shortcut.
-            requests = self.keyed_requests_for_rows(list(rows))
-            if len(rows) == 0:
-                return [], None
-            self.set_keyed_requests(requests)
-        if len(rows) == 0:
+            requests = self.keyed_requests_for_rows(rows)
+            if rows:
+                self.set_keyed_requests(requests)
+        if not rows:
             return [], None
-        prompts = [x["prompt"] for x in rows]
-        prompt_ids, images, mm = self._tokenize_prompts(prompts)
-        return self._generate_single_turn(prompt_ids, images, mm, 1)
+        prompt_ids = compat.tokenize_prompts(self, [x["prompt"] for x in rows])
+        c_ids, lps = self.generate_token_ids(prompt_ids, max_new_tokens=max_new_tokens, equalize=False)
+        return c_ids[:n], None if lps is None else lps[:n]
 
-    def _score_rollouts_local(self, rows: Sequence[dict], completion_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+    def generate_token_ids(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int | None = None,
+                           equalize: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:
+        """One sampled continuation per token-id prompt (e.g. ``prompt + prefix``), counted in
+        ``ext/generated_tokens``.
+
+        With ``equalize`` (default) the call is padded to the same length on every rank when generation is a
+        collective (dummy rows are generated, counted and discarded). ``max_new_tokens`` caps this call only.
+        """
+        seqs = [list(p) for p in prompt_ids]
+        n = len(seqs)
+        if equalize and compat.generation_is_collective(self):
+            n_call = max(1, int(compat.gather(torch.tensor([n], device=self.accelerator.device)).max().item()))
+            dummy = seqs[0] if seqs else [compat.tokenizer(self).eos_token_id]
+            seqs += [dummy] * (n_call - n)
+        if not seqs:
+            return [], None
+        cap = contextlib.nullcontext() if max_new_tokens is None else compat.max_new_tokens(self, max_new_tokens)
+        with cap:
+            c_ids, lps = self.ext_generate_single_turn(seqs, None, {}, 1)
+        self.ext_on_generated(c_ids)
+        c_ids = [list(c) for c in c_ids[:n]]
+        return c_ids, None if lps is None else [list(lp) for lp in lps[:n]]
+
+    def ext_on_generated(self, completion_ids) -> None:
+        """The one generated-token counter: every generation call ends here (TRL's ``_generate`` and its tool loops
+        through :class:`~trl_ext.trainers._trl_compat.TRLGlue`, strategies through :meth:`generate_token_ids`)."""
+        self._ext_gen_tokens_local += int(sum(len(c) for c in completion_ids))
+
+    def score_rollouts_local(self, rows: Sequence[dict], completion_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """Score rollouts on this rank only (no gather), e.g. between generation rounds.
 
         Calls every reward function like TRL's ``_calculate_rewards`` does (dataset columns as keyword arguments,
@@ -529,7 +619,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         Returns
         -------
         Tensor, shape (n, F), float32
-            NaN where a reward function returned ``None``. Pass it to :meth:`_finish_rollouts` as
+            NaN where a reward function returned ``None``. Pass it to :meth:`finish_rollouts` as
             ``rewards_per_func`` to avoid scoring twice.
 
         Raises
@@ -544,7 +634,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         if n == 0:
             return out
         if len(completion_ids) != n:
-            raise ValueError(f"_score_rollouts_local: {n} rows but {len(completion_ids)} completions.")
+            raise ValueError(f"score_rollouts_local: {n} rows but {len(completion_ids)} completions.")
         prompts = [x["prompt"] for x in rows]
         texts = self.processing_class.batch_decode([list(c) for c in completion_ids], skip_special_tokens=True)
         conversational = isinstance(prompts[0], list)
@@ -555,14 +645,14 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         for i, (func, proc) in enumerate(zip(self.reward_funcs, self.reward_processing_classes)):
             if isinstance(func, torch.nn.Module):
                 if conversational:
-                    raise NotImplementedError("_score_rollouts_local: reward models on conversational prompts are not "
-                                              "supported; score them through _finish_rollouts instead.")
+                    raise NotImplementedError("score_rollouts_local: reward models on conversational prompts are not "
+                                              "supported; score them through finish_rollouts instead.")
                 enc = proc(text=[p + c for p, c in zip(prompts, texts)], return_tensors="pt", padding=True,
                            padding_side="right", add_special_tokens=False).to(self.accelerator.device)
                 with torch.inference_mode():
                     out[:, i] = func(**enc).logits[:, 0].float().cpu()
             elif inspect.iscoroutinefunction(func):
-                raise NotImplementedError("_score_rollouts_local does not run async reward functions.")
+                raise NotImplementedError("score_rollouts_local does not run async reward functions.")
             else:
                 values = func(prompts=prompts, completions=completions, completion_ids=[list(c) for c in completion_ids],
                               **kwargs)
@@ -572,7 +662,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
                 out[:, i] = torch.tensor([float("nan") if v is None else float(v) for v in values])
         return out
 
-    def _finish_rollouts(
+    def finish_rollouts(
         self,
         inputs: Sequence[dict],
         completion_ids: Sequence[Sequence[int]],
@@ -589,8 +679,8 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
 
         1. pads every rank to the same row count ``N* = ceil(max_rank n / steps_per_generation) *
            steps_per_generation`` with copies of the rank's last row flagged ``is_pad`` (equal sizes are required by
-           TRL's gathers, notes 0.4, and by ``split_tensor_dict``, notes 0.2);
-        2. replays the rollouts into TRL's ``_generate_and_score_completions`` (notes B.3): prompt/completion
+           TRL's gathers and by ``split_tensor_dict``);
+        2. replays the rollouts into TRL's ``_generate_and_score_completions``: prompt/completion
            padding, old/reference log-probs, the vLLM importance-sampling ratio when ``logprobs`` is given, and the
            reward functions (unless ``rewards_per_func`` is given);
         3. builds the :class:`RolloutBatch` (pad rows: ``group_ids = -1``, NaN rewards), calls
@@ -627,26 +717,26 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         """
         n = len(inputs)
         if n < 1:
-            raise ValueError("_finish_rollouts needs at least one rollout on every rank (got 0); if a rank has nothing "
+            raise ValueError("finish_rollouts needs at least one rollout on every rank (got 0); if a rank has nothing "
                              "to score, pass one dummy rollout with is_pad=[True].")
         if len(completion_ids) != n or len(group_ids) != n:
-            raise ValueError(f"_finish_rollouts: inputs ({n}), completion_ids ({len(completion_ids)}) and group_ids "
+            raise ValueError(f"finish_rollouts: inputs ({n}), completion_ids ({len(completion_ids)}) and group_ids "
                              f"({len(group_ids)}) must have the same length.")
         if logprobs is not None and len(logprobs) != n:
-            raise ValueError(f"_finish_rollouts: logprobs has {len(logprobs)} rows, expected {n}.")
+            raise ValueError(f"finish_rollouts: logprobs has {len(logprobs)} rows, expected {n}.")
         user_pad = [False] * n if is_pad is None else [bool(p) for p in is_pad]
         if len(user_pad) != n:
-            raise ValueError(f"_finish_rollouts: is_pad has {len(user_pad)} flags, expected {n}.")
+            raise ValueError(f"finish_rollouts: is_pad has {len(user_pad)} flags, expected {n}.")
         gids = [-1 if p else int(g) for g, p in zip(group_ids, user_pad)]
         real_g = [g for g, p in zip(gids, user_pad) if not p]
         runs = [g for i, g in enumerate(real_g) if i == 0 or g != real_g[i - 1]]
         if len(runs) != len(set(runs)):
-            raise ValueError("_finish_rollouts: the rollouts of a group must be contiguous (group_ids "
+            raise ValueError("finish_rollouts: the rollouts of a group must be contiguous (group_ids "
                              f"{gids[:20]}...). Sort the rollouts by group first.")
         if rewards_per_func is not None:
             rewards_per_func = torch.as_tensor(rewards_per_func, dtype=torch.float32)
             if tuple(rewards_per_func.shape) != (n, len(self.reward_funcs)):
-                raise ValueError(f"_finish_rollouts: rewards_per_func must have shape ({n}, {len(self.reward_funcs)}),"
+                raise ValueError(f"finish_rollouts: rewards_per_func must have shape ({n}, {len(self.reward_funcs)}),"
                                  f" got {tuple(rewards_per_func.shape)}.")
         mode = "train" if self.model.training else "eval"
         device = self.accelerator.device
@@ -664,8 +754,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
             rewards_per_func = torch.cat(
                 [rewards_per_func, torch.full((n_pad, rewards_per_func.shape[1]), float("nan"))], dim=0
             )
-        prompts = [x["prompt"] for x in rows]
-        prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        prompt_ids = compat.tokenize_prompts(self, [x["prompt"] for x in rows])
         self._ext_replay = {
             "prompt_ids": prompt_ids,
             "completion_ids": c_ids,
@@ -679,19 +768,40 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         # no rollout is evicted and every column TRL extends (log_extra ones too) holds exactly this batch's rows
         # when the pad rows are dropped (_ext_log_batch_metrics).
         compat.resize_completion_logs(self, n_star * self.accelerator.num_processes, keep_last=0)
-        saved = (self.num_generations, self.num_generations_eval)
-        self.num_generations, self.num_generations_eval = 1, 1  # TRL's view(-1, G) must accept any row count
         try:
-            return GRPOTrainer._generate_and_score_completions(self, rows)
+            with compat.group_size_override(self, 1):  # TRL's view(-1, G) must accept any row count
+                return self.score_fixed_groups(rows)
         finally:
-            self.num_generations, self.num_generations_eval = saved
             self._ext_replay = None
 
-    # ------------------------------------------------------------------------------------------ TRL overrides
-    def _generate(self, prompts: list):
+    # transition aliases (old names used by subclasses)
+    def _generate_completion_ids(self, rows):
+        return self.generate_rollouts(rows)
+
+    def _score_rollouts_local(self, rows, completion_ids):
+        return self.score_rollouts_local(rows, completion_ids)
+
+    def _finish_rollouts(self, *args, **kwargs):
+        return self.finish_rollouts(*args, **kwargs)
+
+    # -------------------------------------------------------------------------- hooks TRL's private methods reach
+    def ext_generate_and_score(self, inputs):
+        """One generation batch: the rollout strategy in train mode, TRL's fixed groups in evaluation."""
+        if self.model.training and self._ext_replay is None:
+            return self.rollout_strategy.generate_and_score(self, list(inputs))
+        return self.score_fixed_groups(inputs)
+
+    def score_fixed_groups(self, inputs):
+        """TRL's generation, scoring and tail for ``inputs`` (or the rollouts :meth:`finish_rollouts` replays),
+        then :meth:`compute_advantages` and the trl_ext bookkeeping."""
+        self._ext_pending = None
+        out = super().ext_generate_and_score(inputs)
+        return self._ext_finalize(out)
+
+    def ext_generate(self, prompts: list):
         replay = self._ext_replay
         if replay is None:
-            return super()._generate(prompts)
+            return super().ext_generate(prompts)
         mode = "train" if self.model.training else "eval"
         c_ids = replay["completion_ids"]
         completions = self.processing_class.batch_decode(c_ids, skip_special_tokens=True)
@@ -701,12 +811,12 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         return replay["prompt_ids"], c_ids, None, completions, replay["logprobs"], {}, None, []
 
     def _ext_log_generation_metrics(self, mode, prompt_ids, completion_ids, is_pad) -> None:
-        """TRL's ``_generate`` metrics (GT 2276-2310) for replayed rollouts, excluding pad rows."""
+        """TRL's ``_generate`` metrics for replayed rollouts, excluding pad rows."""
         device = self.accelerator.device
         keep = torch.tensor([not p for p in is_pad], device=device)
         p_len = torch.tensor([len(x) for x in prompt_ids], device=device)
         c_len = torch.tensor([len(x) for x in completion_ids], device=device)
-        eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+        eos_and_pad = [*self.eos_token_ids, compat.tokenizer(self).pad_token_id]
         trunc = torch.tensor([len(x) == 0 or x[-1] not in eos_and_pad for x in completion_ids], device=device)
         keep, p_len, c_len, trunc = (compat.gather(t) for t in (keep, p_len, c_len, trunc))
         p_len, c_len, trunc = p_len[keep], c_len[keep], trunc[keep]
@@ -727,13 +837,13 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         m["completions/min_terminated_length"].append(term.float().min().item())
         m["completions/max_terminated_length"].append(term.float().max().item())
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+    def ext_calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         replay = self._ext_replay
         device = self.accelerator.device
         if replay is not None and replay["rewards_per_func"] is not None:
             rpf = compat.gather(replay["rewards_per_func"].to(device))
         else:
-            rpf = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            rpf = super().ext_calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if replay is not None:
             pad = compat.gather(torch.tensor(replay["is_pad"], device=device))
             if pad.any():
@@ -742,68 +852,77 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         self._ext_pending = self._ext_build_batch(inputs, prompts, completion_ids_list, rpf)
         return rpf
 
-    def _generate_and_score_completions(self, inputs):
-        self._ext_pending = None
-        out = super()._generate_and_score_completions(inputs)
-        return self._ext_finalize(out)
-
-    def _compute_loss(self, model, inputs):
+    def ext_compute_loss(self, model, inputs):
+        """TRL's loss with the policy term's denominator chosen in one place (:meth:`_ext_policy_scale`) and the
+        KL term averaged over real rows."""
+        if self.model.training:
+            scale = self._ext_policy_scale(inputs)
+            if scale is not None:
+                inputs = {**inputs, "advantages": inputs["advantages"] * scale}
         kl_rescale = inputs.get("ext_kl_rescale")
         if kl_rescale is None or self.beta == 0.0:
-            return self._ext_compute_loss(model, inputs)
+            return super().ext_compute_loss(model, inputs)
         # Pad rows (sequence-level losses): TRL divides beta * KL by all B rows, pads included; N / n_real restores
         # the mean over real rows (pads have an all-zero loss mask, so they add no KL themselves).
         beta = self.beta
         self.beta = beta * float(kl_rescale)
         try:
-            return self._ext_compute_loss(model, inputs)
+            return super().ext_compute_loss(model, inputs)
         finally:
             self.beta = beta
 
-    def _ext_compute_loss(self, model, inputs):
-        """Signal-only denominators (notes D) by advantage rescaling, then TRL's ``_compute_loss``."""
-        if not self._ext.signal_only_denominator or not self.model.training:
-            return super()._compute_loss(model, inputs)
+    def _ext_policy_scale(self, inputs) -> torch.Tensor | None:
+        """Factor on the advantages that replaces TRL's policy-loss denominator by the wanted one (or ``None``).
+
+        Every TRL 1.16 loss is a sum of ``A_i`` times terms that do not depend on ``A`` (positively homogeneous), so
+        changing the denominator is exact by rescaling advantages. TRL's denominators per generation batch:
+        ``R = B * P * spg`` rows for sequence-level losses (``B`` local micro-batch rows), ``num_items_in_batch``
+        tokens for global token-level losses, local tokens for ``bnpo``. The wanted one is, in order of precedence:
+
+        * the rollout strategy's fixed normalizer ``K`` (``ext_fixed_normalizer``): ``K`` rows, or
+          ``K * max_completion_length`` tokens (PAIR);
+        * signal-only denominators: the rows / tokens of groups with a nonzero advantage;
+        * with pad rows and a sequence-level loss: the real rows ``n_real`` (``ext_real_rows``).
+        """
         adv = inputs["advantages"]
         lt = self.loss_type
-        if lt in compat.SEQUENCE_LEVEL_LOSSES:
-            # TRL: mean over the B local rows / GA, DDP mean over P ranks -> 1/(B*P*spg) per generation batch.
-            # Signal-only: 1/N_signal, N_signal = global rows of live groups (notes D, probe p7).
-            b = adv.shape[0]
-            total = b * self.accelerator.num_processes * self.args.steps_per_generation
-            scale = total / inputs["ext_num_signal"].clamp(min=1).to(adv.dtype)
-        elif lt in compat.GLOBAL_TOKEN_LEVEL_LOSSES:
-            # TRL: sum / (num_items_in_batch / P * GA / spg); signal-only replaces num_items_in_batch by the global
-            # loss-mask tokens of live rows, for the policy term only (KL keeps num_items_in_batch).
-            scale = inputs["num_items_in_batch"].clamp(min=1).to(adv.dtype) / inputs[
-                "ext_num_signal_tokens"].clamp(min=1).to(adv.dtype)
-        elif lt in compat.LOCAL_TOKEN_LEVEL_LOSSES:
-            mask = inputs["completion_mask"] if "tool_mask" not in inputs else \
-                inputs["completion_mask"] * inputs["tool_mask"]
-            live = inputs["ext_signal_mask"].to(mask.dtype).unsqueeze(1)
-            scale = mask.sum().clamp(min=1).to(adv.dtype) / (mask * live).sum().clamp(min=1).to(adv.dtype)
-        else:  # guarded in the config; kept for subclasses that change loss_type after init
+        rows_trl = adv.shape[0] * self.accelerator.num_processes * self.args.steps_per_generation
+        fixed = inputs.get("ext_fixed_normalizer")
+        if fixed is not None:
+            k = fixed.clamp(min=1).to(adv.dtype)
+            if lt in compat.SEQUENCE_LEVEL_LOSSES:
+                return rows_trl / k
+            if lt in compat.GLOBAL_TOKEN_LEVEL_LOSSES:
+                return inputs["num_items_in_batch"].clamp(min=1).to(adv.dtype) / (
+                    k * float(self.args.max_completion_length))
+            raise ValueError(f"a fixed policy normalizer does not support loss_type={lt!r}.")
+        if self.args.signal_only_denominator:
+            if lt in compat.SEQUENCE_LEVEL_LOSSES:
+                return rows_trl / inputs["ext_num_signal"].clamp(min=1).to(adv.dtype)
+            if lt in compat.GLOBAL_TOKEN_LEVEL_LOSSES:
+                # the policy term only: the KL term keeps num_items_in_batch
+                return inputs["num_items_in_batch"].clamp(min=1).to(adv.dtype) / inputs[
+                    "ext_num_signal_tokens"].clamp(min=1).to(adv.dtype)
+            if lt in compat.LOCAL_TOKEN_LEVEL_LOSSES:
+                mask = inputs["completion_mask"] if "tool_mask" not in inputs else \
+                    inputs["completion_mask"] * inputs["tool_mask"]
+                live = inputs["ext_signal_mask"].to(mask.dtype).unsqueeze(1)
+                return mask.sum().clamp(min=1).to(adv.dtype) / (mask * live).sum().clamp(min=1).to(adv.dtype)
             raise ValueError(f"signal_only_denominator does not support loss_type={lt!r}.")
-        return super()._compute_loss(model, {**inputs, "advantages": adv * scale})
+        real_rows = inputs.get("ext_real_rows")
+        if real_rows is not None and lt in compat.SEQUENCE_LEVEL_LOSSES:
+            return rows_trl / real_rows.clamp(min=1).to(adv.dtype)
+        return None
 
-    def _save_checkpoint(self, model, trial):
-        # Written *before* Trainer's save: Trainer._save_checkpoint pushes the folder to the Hub (push_to_hub) and
-        # rotates old checkpoints from inside, so a file added afterwards would be missing from pushed checkpoints.
-        if self.args.should_save:
-            folder = f"{compat.checkpoint_prefix()}-{self.state.global_step}"
-            out_dir = os.path.join(self._get_output_dir(trial=trial), folder)
-            os.makedirs(out_dir, exist_ok=True)
-            torch.save(self.ext_state_dict(), os.path.join(out_dir, EXT_STATE_FILE))
-        super()._save_checkpoint(model, trial)
+    def ext_before_save_checkpoint(self, checkpoint_dir: str) -> None:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        torch.save(self.ext_state_dict(), os.path.join(checkpoint_dir, EXT_STATE_FILE))
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, EXT_STATE_FILE)
+    def ext_after_load_checkpoint(self, checkpoint_dir: str) -> None:
+        path = os.path.join(checkpoint_dir, EXT_STATE_FILE)
         if not os.path.exists(path):
             warnings.warn(
-                f"Resuming from {checkpoint} without {EXT_STATE_FILE}: trl_ext state (counters"
+                f"Resuming from {checkpoint_dir} without {EXT_STATE_FILE}: trl_ext state (counters"
                 f"{', estimator state' if type(self) is not GRPOTrainer else ''}) starts fresh.", stacklevel=2,
             )
             return
@@ -861,7 +980,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
                     raise RuntimeError(
                         f"Rows of group {key!r} are not contiguous in the generation batch; trl_ext needs each "
                         "prompt's rollouts next to each other (TRL's RepeatSampler guarantees it for the default "
-                        "path; for _finish_rollouts sort rollouts by group)."
+                        "path; for finish_rollouts sort rollouts by group)."
                     )
                 seen.add(key)
                 next_id += 1
@@ -873,7 +992,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         rewards = (rpf * w.unsqueeze(0)).nansum(dim=1)
         rewards[unscorable] = float("nan")
         grades = None
-        if self._ext.tie_break_scorer_index is not None:
+        if self.args.tie_break_scorer_index is not None:
             grades, rewards = self._ext_tie_break(rpf, group_ids, is_pad, mode)
         extra = {}
         if self.rollout_columns:
@@ -914,7 +1033,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
 
         from ..estimators import blend_opened_groups, tie_break_blend
 
-        s_idx = self._ext.tie_break_scorer_index
+        s_idx = self.args.tie_break_scorer_index
         w = self.reward_weights.to(rpf.device)
         checkers = [i for i in range(rpf.shape[1]) if i != s_idx]
         chk = rpf[:, checkers]
@@ -929,7 +1048,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         rank_rows = np.isfinite(g_np) & np.isfinite(s_np)
         if rank_rows.any():
             blended[rank_rows] = tie_break_blend(g_np[rank_rows], s_np[rank_rows], gid[rank_rows],
-                                                 float(self._ext.tie_break_epsilon))
+                                                 float(self.args.tie_break_epsilon))
         real = ~is_pad.numpy()
         if real.any():
             diag = blend_opened_groups(g_np[real], blended[real], gid[real])
@@ -951,9 +1070,9 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         scale = torch.ones(batch.num_rows, dtype=torch.float32)
         g = batch.grades.double().numpy()
         blended = batch.rewards.double().numpy()
-        s = batch.rewards_per_func[:, self._ext.tie_break_scorer_index].double().numpy()
+        s = batch.rewards_per_func[:, self.args.tie_break_scorer_index].double().numpy()
         gid = batch.group_ids.numpy()
-        floor = float(self._ext.scorer_noise_floor)
+        floor = float(self.args.scorer_noise_floor)
         applied = []
         for k in range(batch.num_groups):
             rows = (gid == k) & np.isfinite(g)
@@ -993,24 +1112,24 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         shape_tail = (1,) * (adv.ndim - 1)
         adv = torch.where(valid.view(-1, *shape_tail), adv, torch.zeros_like(adv))
         adv = torch.nan_to_num(adv, nan=0.0)
-        if self._ext.tie_break_confidence_scaling and batch.grades is not None:
+        if self.args.tie_break_confidence_scaling and batch.grades is not None:
             adv = adv * self._ext_confidence_scale(batch).view(-1, *shape_tail)
         local = batch.local_slice()
         if adv.ndim == 2 and adv.shape[1] != out["completion_ids"].shape[1]:
             raise ValueError(f"(N, T) advantages must have T = completion length {out['completion_ids'].shape[1]}, "
                              f"got {adv.shape[1]}.")
         n_real = int((~batch.is_pad).sum())
-        seq_pad_rescale = bool(batch.is_pad.any()) and self.loss_type in compat.SEQUENCE_LEVEL_LOSSES and n_real > 0
-        if seq_pad_rescale and not self._ext.signal_only_denominator:
-            # Sequence-level losses average over all B rows, pads included; rescale so the policy term averages over
-            # real rows only: exact by positive homogeneity (notes D), independent of how many pads each rank got.
-            out["advantages"] = (adv[local] * (batch.num_rows / n_real)).to(device)
-        else:
-            out["advantages"] = adv[local].to(device)
-        if seq_pad_rescale:
-            # the KL term has the same B-row normalizer: _compute_loss scales beta by N / n_real (0-dim: survives
-            # the shuffle and split, notes 0.2)
-            out["ext_kl_rescale"] = torch.tensor(batch.num_rows / n_real, dtype=torch.float32, device=device)
+        out["advantages"] = adv[local].to(device)
+        # Denominators for _ext_policy_scale, as 0-dim tensors (they survive TRL's shuffle and split_tensor_dict)
+        if bool(batch.is_pad.any()) and n_real > 0:
+            # sequence-level losses average over all rows, pads included: the policy term is rescaled to the real
+            # rows (independent of how many pads each rank got), and so is the KL term (beta * N / n_real)
+            out["ext_real_rows"] = torch.tensor(float(n_real), device=device)
+            if self.loss_type in compat.SEQUENCE_LEVEL_LOSSES:
+                out["ext_kl_rescale"] = torch.tensor(batch.num_rows / n_real, dtype=torch.float32, device=device)
+        fixed = self.rollout_strategy.fixed_policy_normalizer(self, batch) if mode == "train" else None
+        if fixed is not None:
+            out["ext_fixed_normalizer"] = torch.tensor(float(fixed), device=device)
         # pad rows: no loss, excluded from the token normalizer
         pad_local = batch.is_pad[local].to(device)
         if pad_local.any():
@@ -1020,14 +1139,14 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         loss_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
         if pad_local.any() or batch.is_pad.any():
             out["num_items_in_batch"] = compat.gather(loss_mask.sum()).sum()
-        # signal-only bookkeeping (global counts survive shuffle/split as 0-dim tensors, notes 0.2)
+        # signal-only bookkeeping (global counts survive shuffle/split as 0-dim tensors)
         nonzero_row = adv.reshape(batch.num_rows, -1).ne(0).any(dim=1) & valid
         live_groups = torch.zeros(max(batch.num_groups, 1), dtype=torch.bool)
         gid = batch.group_ids
         if nonzero_row.any():
             live_groups[gid[nonzero_row]] = True
         live_row = (gid >= 0) & live_groups[gid.clamp(min=0)] & ~batch.is_pad
-        if self._ext.signal_only_denominator:
+        if self.args.signal_only_denominator:
             live_local = live_row[local].to(device)
             out["ext_num_signal"] = live_row.sum().to(device)
             out["ext_num_signal_tokens"] = compat.gather((loss_mask * live_local.unsqueeze(1)).sum()).sum()
@@ -1057,7 +1176,7 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
         flat_adv = adv.reshape(batch.num_rows, -1)
         adv_log = flat_adv[:, 0] if adv.ndim == 1 else flat_adv.mean(dim=1)
         compat.rewrite_completion_logs(self, batch.num_rows, real.tolist(), adv_log.tolist())
-        if self._ext.log_rollout_metadata:
+        if self.args.log_rollout_metadata:
             from collections import deque
 
             keep = real.tolist()
@@ -1066,29 +1185,35 @@ class GRPOTrainer(KeyedSamplingMixin, trl.GRPOTrainer):
                 cols[name] = values.tolist() if isinstance(values, torch.Tensor) else list(values)
             # align each metadata column with the `prompt` column: its older rows (None where the column did not
             # exist yet), then this batch's real rows
-            n_prev = max(len(self._logs["prompt"]) - int(real.sum()), 0)
+            logs = compat.completion_logs(self)
+            n_prev = max(len(logs["prompt"]) - int(real.sum()), 0)
             for name, values in cols.items():
-                old = list(self._logs["extra"][name])[-n_prev:] if n_prev else []
+                old = list(logs["extra"][name])[-n_prev:] if n_prev else []
                 old = [None] * (n_prev - len(old)) + old
-                self._logs["extra"][name] = deque(old + [v for v, k in zip(values, keep) if k],
-                                                  maxlen=self._logs["prompt"].maxlen)
+                logs["extra"][name] = deque(old + [v for v, k in zip(values, keep) if k],
+                                            maxlen=logs["prompt"].maxlen)
         if self._ext_replay is not None:
             # variable-size batch: the table holds exactly this generation batch's real rollouts (TRL's fixed-size
             # deques hold exactly the latest generation batch too)
             n_keep = int(real.sum())
             compat.resize_completion_logs(self, max(n_keep, int(self.args.generation_batch_size)), keep_last=n_keep)
         # shut gate on the checker grade (the blend's input) or the reward
-        if self._ext.log_shut_gate:
+        if self.args.log_shut_gate:
             r = batch.grades if batch.grades is not None else batch.rewards
-            stats = shut_gate_stats(r[real], batch.group_ids[real], success_threshold=self._ext.gate_success_threshold,
-                                    atol=self._ext.gate_atol)
+            stats = shut_gate_stats(r[real], batch.group_ids[real], success_threshold=self.args.gate_success_threshold,
+                                    atol=self.args.gate_atol)
             for name, value in stats.as_metrics("gate/").items():
                 m[name].append(value)
         # signal share and generated tokens
         n_real = int(real.sum())
         m["ext/signal_row_frac"].append(float(live_row.sum()) / max(n_real, 1))
-        gen_tokens = int(batch.completion_lengths[real].sum())
+        # the one generated-token counter: every token generated on any rank since the previous batch (discarded
+        # rounds, probe prefixes, filtered groups and dummy rows included); trained_tokens: the rows in the loss
+        local = torch.tensor([self._ext_gen_tokens_local], dtype=torch.long, device=self.accelerator.device)
+        self._ext_gen_tokens_local = 0
+        gen_tokens = int(compat.gather(local).sum().item())
         m["ext/generated_tokens"].append(float(gen_tokens))
+        m["ext/trained_tokens"].append(float(batch.completion_lengths[real].sum()))
         m["ext/rollouts"].append(float(n_real))
         if mode == "train":
             self._ext_totals["generated_tokens_total"] += gen_tokens

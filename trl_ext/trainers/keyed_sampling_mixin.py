@@ -74,6 +74,8 @@ from trl_ext.measurement.keyed_sampling import (
     truncate_at_eos,
 )
 
+from . import _trl_compat as compat
+
 __all__ = [
     "ROLLOUT_FORMAT",
     "VLLM_SEED_SCHEME",
@@ -466,22 +468,22 @@ class KeyedSamplingMixin:
         self._keyed_requests = None if requests is None else list(requests)
 
     # ------------------------------------------------------------------ TRL overrides
-    def _generate_and_score_completions(self, inputs):
+    def ext_generate_and_score(self, inputs):
         if not self.keyed_sampling_enabled:
-            return super()._generate_and_score_completions(inputs)
+            return super().ext_generate_and_score(inputs)
         self._check_keyed_supported()
         # Keys are built lazily by the _generate_single_turn call that uses these rows (a collective every rank
         # reaches); trainers that replay stored rollouts through TRL's tail never generate and never build them.
         self._keyed_rows = list(inputs)
         try:
-            return super()._generate_and_score_completions(inputs)
+            return super().ext_generate_and_score(inputs)
         finally:
             self._keyed_rows = None
             self._keyed_requests = None
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if not self.keyed_sampling_enabled:
-            return super()._generate_single_turn(
+            return super().ext_generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         self._check_keyed_supported()
@@ -539,7 +541,7 @@ class KeyedSamplingMixin:
                 gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
             ) as unwrapped_model,
             torch.no_grad(),
-            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+            compat.summon_full_params(self),
         ):
             out = unwrapped_model.generate(
                 input_ids=input_ids,
@@ -574,16 +576,11 @@ class KeyedSamplingMixin:
                 "generator restarts at the first generated token. Use use_vllm=False for two-phase generation."
             )
         seeds = [per_request_seed(int(r.key), int(r.sample_index)) for r in requests]
-        vg = self.vllm_generation
-        real_llm = vg.llm
-        proxy = PerRequestSeedLLM(real_llm, prompt_ids, seeds)
-        vg.llm = proxy
-        try:
-            completion_ids, logprobs = super()._generate_single_turn(
+        proxy = PerRequestSeedLLM(self.vllm_generation.llm, prompt_ids, seeds)
+        with compat.swap_vllm_engine(self, proxy):
+            completion_ids, logprobs = super().ext_generate_single_turn(
                 prompt_ids, None, multimodal_fields, num_generations, has_tool_images
             )
-        finally:
-            vg.llm = real_llm
         if proxy.calls != 1 and len(prompt_ids) > 0:
             raise RuntimeError(
                 f"keyed_sampling (vLLM): TRL's vLLM generation made {proxy.calls} llm.generate calls for one keyed "
