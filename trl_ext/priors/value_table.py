@@ -335,7 +335,7 @@ def _render_prompts(prompts: list, tokenizer: Any) -> list[str]:
     return out
 
 
-def _tokenize_prompts(prompts: list, tokenizer: Any) -> list[list[int]]:
+def _prompt_token_ids(prompts: list, tokenizer: Any) -> list[list[int]]:
     """Prompt token ids exactly as TRL's ``_tokenize_prompts`` builds them (text: ``tokenizer(text=...)``;
     conversations: ``apply_chat_template(add_generation_prompt=True)``)."""
     ids: list[list[int]] = []
@@ -719,7 +719,7 @@ def build_value_table(
                 else:
                     import torch
 
-                    p_ids = _tokenize_prompts(prompts, tokenizer)
+                    p_ids = _prompt_token_ids(prompts, tokenizer)
                     with torch.no_grad():
                         if sampler == "keyed":
                             comp_ids = _generate_keyed(model, p_ids, seeds, num_samples, batch_size, settings)
