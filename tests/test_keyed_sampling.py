@@ -338,7 +338,7 @@ def test_continuation_with_position_offset_equals_single_pass(tiny):
 
 # ----------------------------------------------------------------------------- mixin guards (stand-in trainer)
 class _Base:
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         return "base", None
 
 
@@ -355,16 +355,16 @@ def _standin(**args):
 
 def test_mixin_inert_when_off_and_guards_when_on():
     off = _standin()
-    assert off._generate_single_turn([[1]], None, {}, 2) == ("base", None)
+    assert off.ext_generate_single_turn([[1]], None, {}, 2) == ("base", None)
     on = _standin(keyed_sampling=True)
     with pytest.raises(RuntimeError, match="set_keyed_requests"):
-        on._generate_single_turn([[1]], None, {}, 2)
+        on.ext_generate_single_turn([[1]], None, {}, 2)
     on.use_vllm, on.vllm_mode = True, "server"  # vLLM: colocate with TP 1 only (tests/test_keyed_vllm.py)
     with pytest.raises(NotImplementedError, match="vllm_mode='colocate' only"):
-        on._generate_single_turn([[1]], None, {}, 2)
+        on.ext_generate_single_turn([[1]], None, {}, 2)
     on.use_vllm = False
     with pytest.raises(NotImplementedError, match="multimodal"):
-        on._generate_single_turn([[1]], [["img"]], {}, 2)
+        on.ext_generate_single_turn([[1]], [["img"]], {}, 2)
     with pytest.raises(TypeError, match="KeyedRequest"):
         on.set_keyed_requests([1, 2])
 

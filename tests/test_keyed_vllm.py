@@ -145,7 +145,7 @@ def colocate():
 class _TRLLike:
     """TRL's vLLM branch of ``_generate_single_turn`` (the part the mixin relies on)."""
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         _, completion_ids, logprobs, _ = self.vllm_generation.generate(
             prompts=prompt_ids, images=images, num_generations=num_generations
         )
@@ -166,7 +166,7 @@ def _standin(vg, **args):
 def _run(obj, rows):
     """rows: list of (prompt_ids, key, sample_index) -> completions (one keyed call)."""
     obj.set_keyed_requests([KeyedRequest(key=k, sample_index=j) for _, k, j in rows])
-    comps, _ = obj._generate_single_turn([list(p) for p, _, _ in rows], None, {}, 1)
+    comps, _ = obj.ext_generate_single_turn([list(p) for p, _, _ in rows], None, {}, 1)
     return comps
 
 
@@ -217,12 +217,12 @@ def test_sample_indices_are_the_shared_count_of_the_transformers_path(colocate):
     rows = [{"prompt": "a"}, {"prompt": "a"}, {"prompt": "b"}, {"prompt": "a"}]
     ids = [[5, 6], [5, 6], [7], [5, 6]]
     obj._keyed_rows = rows
-    obj._generate_single_turn(ids, None, {}, 1)
+    obj.ext_generate_single_turn(ids, None, {}, 1)
     keys = [request_key(3, 2, prompt_key_of(r["prompt"])) for r in rows]
     expect = [per_request_seed(k, j) for k, j in zip(keys, [0, 1, 0, 2])]
     assert [sp.seed for sp in llm.received[-1]] == expect
     obj._keyed_rows = rows[:2]  # a second call at the same step continues the count
-    obj._generate_single_turn(ids[:2], None, {}, 1)
+    obj.ext_generate_single_turn(ids[:2], None, {}, 1)
     assert [sp.seed for sp in llm.received[-1]] == [per_request_seed(keys[0], 3), per_request_seed(keys[0], 4)]
 
 
@@ -289,7 +289,7 @@ def test_continuations_are_refused_on_vllm(colocate):
     obj = _standin(colocate(llm))
     obj.set_keyed_requests([KeyedRequest(key=1, sample_index=0, position_offset=3)])
     with pytest.raises(NotImplementedError, match="position_offset"):
-        obj._generate_single_turn([[3, 4]], None, {}, 1)
+        obj.ext_generate_single_turn([[3, 4]], None, {}, 1)
     assert llm.received == []
 
 

@@ -257,9 +257,10 @@ from datasets import Dataset
 torch.set_num_threads(1)
 from trl_ext.testbed.model import build_tiny_model
 from trl_ext.testbed.tokenizer import build_tokenizer
+from trl_ext.trainers._trl_compat import TRLGlue
 from trl_ext.trainers.keyed_sampling_mixin import KeyedSamplingMixin
 
-class KeyedGRPO(KeyedSamplingMixin, trl.GRPOTrainer):
+class KeyedGRPO(KeyedSamplingMixin, TRLGlue):
     pass
 
 tok = build_tokenizer()

@@ -164,13 +164,12 @@ def test_gradient_accumulation_gives_the_same_update(model_dir, tmp_path, loss_t
 
 def test_unsupported_loss_type_is_rejected(tmp_path):
     from trl_ext.trainers import _trl_compat as compat
-    from trl_ext.trainers.base import _ExtOptions, _validate_ext_options
+    from trl_ext.trainers.base import validate_ext_config
 
-    class Args:
-        loss_type = "my_new_loss"
-
+    cfg = make_config(tmp_path, signal_only_denominator=True)
+    cfg.loss_type = "my_new_loss"
     with pytest.raises(ValueError, match="signal_only_denominator supports loss_type"):
-        _validate_ext_options(_ExtOptions(signal_only_denominator=True), Args())
+        validate_ext_config(cfg)
     assert set(compat.SIGNAL_ONLY_LOSSES) == {"grpo", "sapo", "luspo", "dr_grpo", "dapo", "cispo", "vespo", "bnpo"}
 
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 from ._validation import as_float_array, check_nonneg_scalar, factorize_groups
 
@@ -239,6 +241,7 @@ def batch_mean_baseline(rewards: Any) -> np.ndarray:
 def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
     """NaN-ignoring Bessel-corrected std with exactly the operations of TRL 1.16's ``trl.trainer.utils.nanstd``
     (``tests/test_trl_compat.py`` checks bitwise equality), so GRPO advantages match TRL's bit for bit."""
+    import torch  # torch is imported lazily: `trl-ext --help` and the numpy estimators stay torch-free
     mean = torch.nanmean(x, dim=dim, keepdim=True)
     variance = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True)
     count = torch.sum(~torch.isnan(x), dim=dim, keepdim=True)
@@ -259,6 +262,7 @@ def _group_mean_std(values: torch.Tensor, gid: torch.Tensor, k: int, ddof: int =
 
     ``values`` is (N,) or (N, F); groups with ``<= ddof`` finite values get std NaN (as TRL's ``nanstd``).
     """
+    import torch
     ok = ~torch.isnan(values)
     shape = (k,) + tuple(values.shape[1:])
     cnt = torch.zeros(shape, dtype=values.dtype).index_add_(0, gid, ok.to(values.dtype))
@@ -281,7 +285,7 @@ def trl_grpo_advantages(
     aggregation: str = "sum_then_normalize",
     eps: float = 1e-4,
     ddof: int = 1,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TRL 1.16's GRPO advantages (``GRPOTrainer._generate_and_score_completions``), generalized to ragged groups.
 
@@ -314,8 +318,8 @@ def trl_grpo_advantages(
         TRL's guard constant 1e-4.
     ddof : {1, 0}
         1 = Bessel-corrected std (TRL); 0 = population std (``sum_then_normalize`` only; never TRL's layout path).
-    dtype : torch.dtype
-        Computation dtype (TRL: float32; :func:`grpo_advantages` uses float64).
+    dtype : torch.dtype, optional
+        Computation dtype (default float32, as TRL; :func:`grpo_advantages` uses float64).
 
     Returns
     -------
@@ -332,6 +336,9 @@ def trl_grpo_advantages(
     if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
         raise ValueError(f"aggregation must be 'sum_then_normalize' or 'normalize_then_sum', got {aggregation!r}.")
     n = rewards.shape[0]
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     rewards = rewards.to(dtype)
     valid = group_ids >= 0
     out = torch.zeros(n, dtype=dtype, device=rewards.device)
@@ -427,6 +434,8 @@ def grpo_advantages(rewards: Any, group_ids: Any, scale: str = "group", eps: flo
     st = _group_stats(r, codes, ok, g, ddof)
     base = st["mean"][codes]
     # the one GRPO implementation: the same function the trainer calls (float64 here)
+    import torch
+
     adv_t, _ = trl_grpo_advantages(torch.from_numpy(r), torch.from_numpy(codes.astype(np.int64)),
                                    scale_rewards=scale, eps=eps, ddof=ddof, dtype=torch.float64)
     adv = adv_t.numpy()
