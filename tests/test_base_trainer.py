@@ -5,7 +5,7 @@ What is checked:
 * drop-in: with a default config the advantages are bitwise TRL's (several scale_rewards / aggregation settings);
 * ``trl_grpo_advantages`` on ragged groups against a direct numpy implementation of the GRPO formula, and the
   uniform (TRL ``view``) path against the ragged path (hypothesis);
-* variable rollouts per prompt through ``_finish_rollouts`` (padding, masks, ``num_items_in_batch``, ragged
+* variable rollouts per prompt through ``finish_rollouts`` (a rollout strategy) (padding, masks, ``num_items_in_batch``, ragged
   advantages), the unique-prompt sampler, ``rollout_columns``;
 * checkpointed ext state and resume; ``log_ext_metric``; the tie-break blend in the trainer and its confidence
   scaling; config validation and bad-input errors.
@@ -28,6 +28,7 @@ from base_helpers import binary_reward, hash_reward, length_score, make_config, 
 
 from trl_ext.trainers.base import EXT_STATE_FILE, ExtGRPOConfig, GRPOTrainer, trl_grpo_advantages  # noqa: E402
 from trl_ext.trainers.batch import RolloutBatch  # noqa: E402
+from trl_ext.trainers.rollouts import RolloutStrategy  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -163,8 +164,27 @@ def test_trl_grpo_advantages_bad_input():
 
 
 # --------------------------------------------------------------------------------------------------- variable rollouts
+class _KPerPrompt(RolloutStrategy):
+    """2-4 rollouts per unique prompt decided by the dataset row (a stand-in for V0.5 / PAIR rounds)."""
+
+    name = "k_per_prompt"
+
+    def generate_and_score(self, trainer, inputs):
+        rows, gids = [], []
+        for i, x in enumerate(inputs):
+            k = trainer.rollouts_for(x)
+            rows += [x] * k
+            gids += [i] * k
+        # two "rounds" to exercise repeated generation calls
+        half = len(rows) // 2
+        c1, _ = trainer.generate_rollouts(rows[:half])
+        c2, _ = trainer.generate_rollouts(rows[half:])
+        trainer.requested.append([trainer.rollouts_for(x) for x in inputs])
+        return trainer.finish_rollouts(rows, c1 + c2, group_ids=gids)
+
+
 class VariableRolloutTrainer(RecordingTrainer):
-    """Unique prompts; 2-4 rollouts per prompt decided by the dataset row (a stand-in for V0.5 / PAIR rounds)."""
+    """Unique prompts; 2-4 rollouts per prompt through a rollout strategy."""
 
     unique_prompt_sampler = True
 
@@ -172,20 +192,8 @@ class VariableRolloutTrainer(RecordingTrainer):
     def rollouts_for(row) -> int:
         return 2 + row["trl_ext_row_idx"] % 3
 
-    def _generate_and_score_completions(self, inputs):
-        if not self.model.training:
-            return super()._generate_and_score_completions(inputs)
-        rows, gids = [], []
-        for i, x in enumerate(inputs):
-            k = self.rollouts_for(x)
-            rows += [x] * k
-            gids += [i] * k
-        # two "rounds" to exercise repeated generation calls
-        half = len(rows) // 2
-        c1, _ = self._generate_completion_ids(rows[:half])
-        c2, _ = self._generate_completion_ids(rows[half:])
-        self.requested.append([self.rollouts_for(x) for x in inputs])
-        return self._finish_rollouts(rows, c1 + c2, group_ids=gids)
+    def create_rollout_strategy(self):
+        return _KPerPrompt()
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
@@ -231,18 +239,18 @@ def test_local_scoring_equals_trl_scoring(tmp_path):
     tr.model.train()
     ds = tr.train_dataset
     rows = [dict(ds[0])] * 3 + [dict(ds[1])] * 2
-    c_ids, lps = tr._generate_completion_ids(rows)
+    c_ids, lps = tr.generate_rollouts(rows)
     assert lps is None and len(c_ids) == 5
-    local = tr._score_rollouts_local(rows, c_ids)
+    local = tr.score_rollouts_local(rows, c_ids)
     texts = tr.processing_class.batch_decode(c_ids, skip_special_tokens=True)
     assert local[:, 0].tolist() == hash_reward(None, texts) and local[:, 1].tolist() == binary_reward(None, texts)
-    out_a = tr._finish_rollouts(rows, c_ids, group_ids=[0, 0, 0, 1, 1], rewards_per_func=local)
+    out_a = tr.finish_rollouts(rows, c_ids, group_ids=[0, 0, 0, 1, 1], rewards_per_func=local)
     batch_a = tr.last_rollout_batch
-    out_b = tr._finish_rollouts(rows, c_ids, group_ids=[0, 0, 0, 1, 1])  # TRL's _calculate_rewards path
+    out_b = tr.finish_rollouts(rows, c_ids, group_ids=[0, 0, 0, 1, 1])  # TRL's _calculate_rewards path
     assert torch.equal(batch_a.rewards_per_func, tr.last_rollout_batch.rewards_per_func)
     assert torch.equal(out_a["advantages"], out_b["advantages"])
-    assert tr._generate_completion_ids([]) == ([], None)
-    assert tr._score_rollouts_local([], []).shape == (0, 2)
+    assert tr.generate_rollouts([]) == ([], None)
+    assert tr.score_rollouts_local([], []).shape == (0, 2)
 
 
 def test_finish_rollouts_caller_pad_rows(tmp_path):
@@ -250,18 +258,18 @@ def test_finish_rollouts_caller_pad_rows(tmp_path):
     tr.model.train()
     ds = tr.train_dataset
     rows = [dict(ds[0])] * 2 + [dict(ds[5])] + [dict(ds[1])] * 2
-    c_ids, _ = tr._generate_completion_ids(rows)
-    out = tr._finish_rollouts(rows, c_ids, group_ids=[0, 0, 99, 1, 1], is_pad=[False, False, True, False, False])
+    c_ids, _ = tr.generate_rollouts(rows)
+    out = tr.finish_rollouts(rows, c_ids, group_ids=[0, 0, 99, 1, 1], is_pad=[False, False, True, False, False])
     b = tr.last_rollout_batch
     assert b.is_pad.tolist() == [False, False, True, False, False]
     assert b.group_ids.tolist() == [0, 0, -1, 1, 1] and torch.isnan(b.rewards[2])
     assert out["completion_mask"][2].sum() == 0 and out["advantages"][2] == 0
     assert out["num_items_in_batch"].item() == int(out["completion_mask"].sum())
     # a rank with nothing to contribute: one dummy rollout, entirely masked
-    out = tr._finish_rollouts(rows[:1], c_ids[:1], group_ids=[0], is_pad=[True])
+    out = tr.finish_rollouts(rows[:1], c_ids[:1], group_ids=[0], is_pad=[True])
     assert tr.last_rollout_batch.num_groups == 0 and out["num_items_in_batch"].item() == 0
     with pytest.raises(ValueError, match="is_pad has"):
-        tr._finish_rollouts(rows, c_ids, group_ids=[0] * 5, is_pad=[True])
+        tr.finish_rollouts(rows, c_ids, group_ids=[0] * 5, is_pad=[True])
 
 
 def test_finish_rollouts_bad_input(tmp_path):
@@ -269,13 +277,13 @@ def test_finish_rollouts_bad_input(tmp_path):
     tr.model.train()
     row = dict(tr.train_dataset[0])
     with pytest.raises(ValueError, match="at least one rollout"):
-        tr._finish_rollouts([], [], group_ids=[])
+        tr.finish_rollouts([], [], group_ids=[])
     with pytest.raises(ValueError, match="same length"):
-        tr._finish_rollouts([row, row], [[1]], group_ids=[0, 0])
+        tr.finish_rollouts([row, row], [[1]], group_ids=[0, 0])
     with pytest.raises(ValueError, match="contiguous"):
-        tr._finish_rollouts([row] * 3, [[1]] * 3, group_ids=[0, 1, 0])
+        tr.finish_rollouts([row] * 3, [[1]] * 3, group_ids=[0, 1, 0])
     with pytest.raises(ValueError, match="rewards_per_func must have shape"):
-        tr._finish_rollouts([row] * 2, [[1]] * 2, group_ids=[0, 0], rewards_per_func=torch.zeros(3, 1))
+        tr.finish_rollouts([row] * 2, [[1]] * 2, group_ids=[0, 0], rewards_per_func=torch.zeros(3, 1))
 
 
 class SingleRolloutTrainer(RecordingTrainer):
@@ -506,7 +514,7 @@ def test_defaults_are_off_and_plain_grpo_config_is_accepted(tmp_path):
 
 
 def test_keyed_sampling_through_variable_rollout_rounds(tmp_path):
-    """Keyed sampling on the subclass path (_generate_completion_ids rounds): every logged rollout replays."""
+    """Keyed sampling on the strategy path (generate_rollouts rounds): every logged rollout replays."""
     from trl_ext.measurement.replay import load_rollout_log, regenerate
 
     tr = recording(tmp_path, cls=VariableRolloutTrainer, per_device_train_batch_size=3, num_generations=2,
@@ -534,7 +542,7 @@ def test_keyed_sampling_through_variable_rollout_rounds(tmp_path):
 def test_completions_table_holds_the_whole_variable_batch(tmp_path):
     """The completions table keeps every real rollout of a variable-size batch, with aligned columns.
 
-    TRL sizes ``_logs`` deques to ``generation_batch_size``; a ``_finish_rollouts`` batch holds more rows (several
+    TRL sizes ``_logs`` deques to ``generation_batch_size``; a ``finish_rollouts`` batch holds more rows (several
     rollouts per unique prompt), so the table used to keep only the tail, and ``log_rollout_metadata`` columns
     (extended after the pad rows were dropped) ended up longer than ``prompt``: pandas refuses the table.
     """

@@ -175,7 +175,7 @@ def test_unsupported_loss_type_is_rejected(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ review fixes
 class PadRowsTrainer(GRPOTrainer):
-    """Test double: hands ``_finish_rollouts`` the generation batch plus ``N_PAD`` rows flagged ``is_pad``."""
+    """Test double: hands ``finish_rollouts`` the generation batch plus ``N_PAD`` rows flagged ``is_pad``."""
 
     N_PAD = 5
 
@@ -183,7 +183,7 @@ class PadRowsTrainer(GRPOTrainer):
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("signal_only", [False, True])
 def test_pad_rows_dilute_neither_policy_nor_kl(model_dir, tmp_path, loss_type, signal_only):
-    """Pad rows (equal row counts across ranks, ``_finish_rollouts``) must not change the objective.
+    """Pad rows (equal row counts across ranks, ``finish_rollouts``) must not change the objective.
 
     Sequence-level losses average over all B rows, pads included. The base rescales the advantages so the policy
     term averages over real rows, but the KL term was still divided by B (pads included): its weight shrank by
@@ -205,9 +205,9 @@ def test_pad_rows_dilute_neither_policy_nor_kl(model_dir, tmp_path, loss_type, s
             p.add_(0.02 * torch.randn(p.shape, generator=gen))
     ds = tr.train_dataset
     rows = [dict(ds[i]) for i in range(4) for _ in range(G)]
-    c_ids, _ = tr._generate_completion_ids(rows)
+    c_ids, _ = tr.generate_rollouts(rows)
     n_pad = PadRowsTrainer.N_PAD
-    out = tr._finish_rollouts(rows + rows[:n_pad], list(c_ids) + list(c_ids[:n_pad]),
+    out = tr.finish_rollouts(rows + rows[:n_pad], list(c_ids) + list(c_ids[:n_pad]),
                               group_ids=[i // G for i in range(len(rows))] + [0] * n_pad,
                               is_pad=[False] * len(rows) + [True] * n_pad)
     real = ~tr.last_rollout_batch.is_pad
