@@ -116,7 +116,6 @@ def test_config_errors_name_the_fix(tmp_path):
 
 def test_plain_trl_config_is_upgraded(tmp_path):
     import trl
-
     from base_helpers import tiny_dataset, tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer(0)
@@ -157,7 +156,7 @@ def test_dynamic_sampling_filters_counts_and_resumes(tmp_path):
     tr.train()
     logs = [h for h in tr.state.log_history if "dapo/kept_groups" in h]
     assert len(logs) == 2
-    for (batch, adv), log in zip(tr.recorded, logs):
+    for (batch, _adv), log in zip(tr.recorded, logs):
         real = ~batch.is_pad
         assert (batch.row_idx[real] % 2 == 1).all()  # no zero-variance group was trained on
         assert log["dapo/kept_groups"] == batch.num_groups <= 2  # K = 8 rows / G = 4

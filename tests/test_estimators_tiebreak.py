@@ -1,4 +1,4 @@
-"""Tests for trl_ext.estimators.tiebreak (rlvr_measurement_discipline.txt, Section 2 tie-break blend)."""
+"""Tests for trl_ext.estimators.tiebreak ("Measurement Discipline for RLVR", Section 2 tie-break blend)."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,9 @@
-"""Tests for trl_ext.stats: formulas against the hand-worked cases of rlvr_measurement_discipline.txt, exact
-enumeration, property tests and bad input."""
+"""Tests for trl_ext.stats: formulas against the hand-worked cases of "Measurement Discipline for RLVR", exact
+enumeration, property tests and bad input.
+
+"Companion section N" in the comments is section N of that paper's companion piece "Same RL Recipe, Different
+Seed, Different Verdict: Here's a Training Comparison You Can Trust", published alongside it.
+"""
 
 from __future__ import annotations
 

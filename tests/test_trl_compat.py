@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 
-import trl  # noqa: E402
 import transformers  # noqa: E402
+import trl  # noqa: E402
 
 from trl_ext.trainers import _trl_compat as compat  # noqa: E402
 

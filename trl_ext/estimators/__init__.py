@@ -5,12 +5,14 @@ Each submodule declares ``__all__``; the public API is re-exported here.
 
 - :mod:`.baselines` -- group mean (GRPO), leave-one-out (RLOO), global batch mean (REINFORCE++) on ragged groups,
   and the advantage-estimator registry.
-- :mod:`.v05` -- V0.5 empirical shrinkage fusion and Sequential OSLA (``v05_value_prior_osla.txt``).
-- :mod:`.basis` -- BASIS V_beta tables, batchwise leave-one-out baselines and beta calibration
-  (``basis_batchwise_single_rollout.txt``).
+- :mod:`.v05` -- V0.5 empirical shrinkage fusion and Sequential OSLA ("V0.5: Generalist Value Model as a Prior
+  for Sparse RL Rollouts", arXiv:2603.10848).
+- :mod:`.basis` -- BASIS V_beta tables, batchwise leave-one-out baselines and beta calibration ("BASIS: Batchwise
+  Advantage Estimation from Single-Rollout Information Sharing for LLM Reasoning", May 2026).
 - :mod:`.pair` -- PAIR pair kernel, edge proxies, convex continuation design and inverse pair-inclusion
-  advantages (``pair_prefix_inclusion_reweighting.txt``).
-- :mod:`.tiebreak` -- checker + epsilon x within-class rank blends (``rlvr_measurement_discipline.txt``).
+  advantages ("PAIR: Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR", Voss, Hale and
+  Reyes, arXiv:2608.11368).
+- :mod:`.tiebreak` -- checker + epsilon x within-class rank blends ("Measurement Discipline for RLVR").
 """
 
 from . import baselines, basis, pair, tiebreak, v05  # noqa: E402

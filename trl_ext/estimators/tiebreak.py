@@ -1,6 +1,6 @@
 """Tie-break blend: checker grade + epsilon x within-class rank of a scorer's score.
 
-Source: ``rlvr_measurement_discipline.txt``, Section 2 ("tie-break blend: reward = checker grade + epsilon x
+Source: "Measurement Discipline for RLVR", Section 2 ("tie-break blend: reward = checker grade + epsilon x
 within-class reward-model rank, where epsilon = 0.1") and the worked eight-attempt example ("The same group,
 all the way through the tie-break"): inside each (group, grade) class the attempts are ranked by the scorer,
 lowest to highest, and the rank is normalised to [0, 1] (rank / (n_class - 1)), so the lowest adds 0 and the

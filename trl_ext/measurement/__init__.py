@@ -1,4 +1,4 @@
-"""Measurement tools (``rlvr_measurement_discipline.txt``) shared by every trl_ext trainer.
+"""Measurement tools ("Measurement Discipline for RLVR") shared by every trl_ext trainer.
 
 - :mod:`.shut_gate` -- share of tied (zero-signal) groups, all-right / all-wrong, tied-correct share; ``trl-ext gate``.
 - :mod:`.noise_floor` -- a scorer's noise floor (alone vs. inside filler batches); ``trl-ext noise-floor``.

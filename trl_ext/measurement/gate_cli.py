@@ -3,7 +3,7 @@
 Samples ``--num_generations`` completions for each of ``--num_prompts`` prompts of a testbed task (at training
 temperature), scores them with the task's reward functions and reports the tied-group share, its split into
 all-right / all-wrong, and the tied-correct share (``trl_ext.measurement.shut_gate``). Read it next to the
-model's held-out accuracy (``rlvr_measurement_discipline.txt``: "ties in a sub-skill whose held-out score never
+model's held-out accuracy ("Measurement Discipline for RLVR": "ties in a sub-skill whose held-out score never
 left the floor are the reason it never left").
 
 Example::

@@ -1,6 +1,6 @@
 """Keyed, replayable sampling for transformers generation (Gumbel-max with addressable noise).
 
-Background (``rlvr_measurement_discipline.txt``, "1. The sampler's noise should be addressable" and
+Background ("Measurement Discipline for RLVR", "1. The sampler's noise should be addressable" and
 "2. Every request should carry its own replay key"): sampling a token from ``softmax(z / T)`` is the same as
 taking ``argmax_v (z_v / T + g_v)`` with ``g_v`` i.i.d. standard Gumbel (the Gumbel-max trick; Kool, van Hoof
 and Welling, ICML 2019, arXiv:1903.06059, eq. 1). Ordinary samplers draw ``g`` from a live RNG and throw it

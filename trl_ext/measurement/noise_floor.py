@@ -1,6 +1,6 @@
 """Scorer noise floor: how far a scorer's output moves on text it has already scored.
 
-Source: ``rlvr_measurement_discipline.txt`` -- section 5 step 1 ("scoring each item alone and then at four positions
+Source: "Measurement Discipline for RLVR" -- section 5 step 1 ("scoring each item alone and then at four positions
 inside an eight-sequence batch"; "3 times the 95th-percentile spread ... becomes that scorer's noise floor"), the
 "Every scoring model should come with its own wobble number" section ("keep the individual repeat-scores, not just
 the floor") and checklist item 1 (about 60 held-out items, five scores per item, per-item max - min, p95 x 3).

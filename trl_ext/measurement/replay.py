@@ -1,6 +1,6 @@
 """Replay logged keyed rollouts and diff two checkpoints on the same keys.
 
-``rlvr_measurement_discipline.txt``, "1. The sampler's noise should be addressable": with keyed noise a rollout
+"Measurement Discipline for RLVR", "1. The sampler's noise should be addressable": with keyed noise a rollout
 is replayed from three logged numbers (key, sample index, checkpoint), and two model states driven by the same
 noise emit identical tokens until the models themselves disagree; the first differing token says where, and
 the logit margins there say by how much.

@@ -1,7 +1,7 @@
 """Shut-gate diagnostics: how much of a batch of groups carries no learning signal.
 
 GRPO-family updates learn only from groups whose rewards differ: a group whose rollouts all receive the same
-reward has zero advantage everywhere (``rlvr_measurement_discipline.txt``, the "shut gate" sections: "the training
+reward has zero advantage everywhere ("Measurement Discipline for RLVR", the "shut gate" sections: "the training
 method learns only when its sampled attempts at a question receive different grades"; 59.7% of trivia groups
 tied a quarter of the way into training). The paper reads the tied share together with its composition:
 

@@ -1,4 +1,7 @@
-"""Value priors for V0.5 and the support buffer (``v05_value_prior_osla.txt``, Workflow Step 1).
+"""Value priors for V0.5 and the support buffer.
+
+Source: "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", arXiv:2603.10848, End-to-End
+Implementation Workflow, Step 1.
 
 - :class:`ValuePrior` -- the interface: ``predict(target_prompts, context_prompts, context_outcomes) -> p``.
 - :class:`EmbeddingInContextPrior` (+ :func:`hf_mean_pool_embedder`, heads in :mod:`.heads`) -- V0-style.

@@ -1,10 +1,11 @@
 """The value-prior interface shared by every prior in :mod:`trl_ext.priors`.
 
 A *value prior* answers, before any rollout is generated, "how likely is the current policy to solve this prompt?"
-given a *context set* :math:`C_\\pi = \\{(x_i, r_i)\\}_{i=1}^N` of recently observed (prompt, outcome) pairs
-(``v05_value_prior_osla.txt``, "End-to-End Implementation Workflow", Step 1, and the V0 architecture section).
-It returns success probabilities :math:`p \\in [0, 1]`; V0.5 maps them linearly to the reward range
-:math:`[-1, 1]` with :math:`V = 2p - 1` (:func:`to_value`) before the shrinkage fusion of Eq. 6-9.
+given a *context set* :math:`C_\\pi = \\{(x_i, r_i)\\}_{i=1}^N` of recently observed (prompt, outcome) pairs ("V0.5:
+Generalist Value Model as a Prior for Sparse RL Rollouts", arXiv:2603.10848, "End-to-End Implementation Workflow",
+Step 1, and the V0 architecture section). It returns success probabilities :math:`p \\in [0, 1]`; V0.5 maps them
+linearly to the reward range :math:`[-1, 1]` with :math:`V = 2p - 1` (:func:`to_value`) before the shrinkage fusion
+of Eq. 6-9.
 
 Every prior subclasses :class:`ValuePrior` and implements :meth:`ValuePrior._predict`; the public
 :meth:`ValuePrior.predict` validates the inputs and the outputs, so a prior returning NaN or values outside
@@ -260,9 +261,10 @@ class ValuePrior(abc.ABC):
 class ConstantPrior(ValuePrior):
     """The "no information" prior: the same probability for every prompt.
 
-    With ``p = 0.5`` (``V = 0``, the midpoint of the reward range) this is the constant-prior ablation the V0.5
-    review suggests (``v05_value_prior_osla.txt``, limitations: "a fixed prior of mu_true ~ 0"). With
-    ``use_context_mean=True`` it returns the context success rate (``p`` when the context is empty).
+    With ``p = 0.5`` (``V = 0``, the midpoint of the reward range) this is the constant-prior ablation that V0.5
+    ("V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", arXiv:2603.10848) does not run: "a fixed
+    prior of mu_true ~ 0". With ``use_context_mean=True`` it returns the context success rate (``p`` when the
+    context is empty).
 
     Parameters
     ----------

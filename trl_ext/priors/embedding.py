@@ -1,11 +1,12 @@
 """An in-context value prior in the spirit of V0: frozen embeddings + a head fitted on the context at query time.
 
-V0 (``v05_value_prior_osla.txt``, "The V0 Value Model: Architecture and Training") is a frozen embedding backbone,
-a trained query adapter and a TabPFN in-context head. :class:`EmbeddingInContextPrior` keeps the frozen backbone
-and the in-context head but needs no pre-training: the head (:mod:`trl_ext.priors.heads`) is fitted on the
-context set :math:`C_\\pi` sampled from the :class:`~trl_ext.priors.SupportBuffer` each step (Workflow Step 1)
-and calibrated on it (leave-one-out / cross-validated log-loss), so it shrinks to the context success rate when
-the embeddings carry no signal. Its output :math:`p` becomes :math:`V = 2p - 1` for the fusion of Eq. 6-9.
+V0 ("V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", arXiv:2603.10848, "The V0 Value Model:
+Architecture and Training") is a frozen embedding backbone, a trained query adapter and a TabPFN in-context head.
+:class:`EmbeddingInContextPrior` keeps the frozen backbone and the in-context head but needs no pre-training: the
+head (:mod:`trl_ext.priors.heads`) is fitted on the context set :math:`C_\\pi` sampled from the
+:class:`~trl_ext.priors.SupportBuffer` each step (Workflow Step 1) and calibrated on it (leave-one-out /
+cross-validated log-loss), so it shrinks to the context success rate when the embeddings carry no signal. Its output
+:math:`p` becomes :math:`V = 2p - 1` for the fusion of Eq. 6-9.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """In-context probabilistic heads: fitted on the context set at query time, then applied to the targets.
 
-These play the role of V0's TabPFN head (``v05_value_prior_osla.txt``, "The V0 Value Model: Architecture and
-Training", component 3): given embeddings of the N context prompts with their outcomes and the embeddings of the
-targets, return a success probability per target. All heads are pure numpy/scipy (TabPFN optional) and
-*calibrated on the context itself*: their regularization strength is chosen by leave-one-out or K-fold log-loss,
-so a context that carries no usable structure shrinks every prediction to the context success rate.
+These play the role of V0's TabPFN head ("V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts",
+arXiv:2603.10848, "The V0 Value Model: Architecture and Training", component 3): given embeddings of the N context
+prompts with their outcomes and the embeddings of the targets, return a success probability per target. All heads
+are pure numpy/scipy (TabPFN optional) and *calibrated on the context itself*: their regularization strength is
+chosen by leave-one-out or K-fold log-loss, so a context that carries no usable structure shrinks every prediction
+to the context success rate.
 
 Every head assumes a non-degenerate context (at least two distinct outcomes); :class:`EmbeddingInContextPrior`
 handles empty and degenerate contexts before calling a head.

@@ -1,8 +1,9 @@
 """The V0.5 support buffer: a global FIFO of recent (prompt, outcome) pairs from training rollouts.
 
-``v05_value_prior_osla.txt``, "End-to-End Implementation Workflow": "The system maintains a global Support Buffer
-of capacity 512 storing recent prompt-performance pairs (x_i, r_i) from the ongoing RL training", and Step 1:
-"randomly samples 256 pairs from the Support Buffer to form the capability context C_pi".
+V0.5 ("V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", arXiv:2603.10848), "End-to-End
+Implementation Workflow": "The system maintains a global Support Buffer of capacity 512 storing recent
+prompt-performance pairs (x_i, r_i) from the ongoing RL training", and Step 1: "randomly samples 256 pairs from the
+Support Buffer to form the capability context C_pi".
 
 Distributed use: every rank must hold the *same* buffer, so add the *gathered* (all-rank) prompts and outcomes in
 the same order on every rank. :meth:`SupportBuffer.sample_context` draws from a generator seeded by

@@ -3,8 +3,8 @@
 The table holds reference-rollout rewards per prompt (format: :mod:`trl_ext.priors.table_format`, shared with the
 BASIS value-table builder). The prior is the row's mean reward mapped to ``[0, 1]``
 (:attr:`~trl_ext.priors.table_format.ValueTableRow.success_probability`); the context set is ignored, so this is a
-frozen, zero-variance prior in the sense of ``v05_value_prior_osla.txt`` (Section 3, fusion Eq. 6-9 treat V as a
-constant with unknown bias).
+frozen, zero-variance prior in the sense of V0.5 ("V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts",
+arXiv:2603.10848, Section 3, fusion Eq. 6-9 treat V as a constant with unknown bias).
 """
 
 from __future__ import annotations

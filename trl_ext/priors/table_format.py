@@ -1,9 +1,9 @@
 """The offline value-table file format shared by :class:`~trl_ext.priors.TablePrior` and the BASIS builder.
 
 A value table stores, for each training prompt, the rewards of ``n`` reference rollouts scored with the training
-reward functions (BASIS, ``basis_batchwise_single_rollout.txt`` Section 4 "Offline value" and Appendix 10: the
-plug-in :math:`\\widehat V_\\beta(x)` of Eq. 2 needs the per-sample rewards, not only their mean, when rewards are
-not binary).
+reward functions (BASIS, "BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM
+Reasoning", May 2026, Section 4 "Offline value" and Appendix 10: the plug-in :math:`\\widehat V_\\beta(x)` of Eq. 2
+needs the per-sample rewards, not only their mean, when rewards are not binary).
 
 File layout (JSON Lines, UTF-8)
 -------------------------------

@@ -1,9 +1,9 @@
 """Build the offline reference-policy value table that BASIS (and :class:`~trl_ext.priors.TablePrior`) reads.
 
-BASIS (``basis_batchwise_single_rollout.txt``) starts every training step from an *offline* value estimate per
-prompt (Section 4, "Offline value estimation"): sample rollouts from the frozen reference policy
-:math:`\\pi_{\\mathrm{ref}}`, score them with the same verifier as online training, and plug the empirical
-averages into the closed-form KL-tilted value of Proposition 2 (Eq. 2)
+BASIS ("BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM Reasoning", May 2026)
+starts every training step from an *offline* value estimate per prompt (Section 4, "Offline value estimation"):
+sample rollouts from the frozen reference policy :math:`\\pi_{\\mathrm{ref}}`, score them with the same verifier as
+online training, and plug the empirical averages into the closed-form KL-tilted value of Proposition 2 (Eq. 2)
 
 .. math:: \\widehat V_\\beta(x) = \\frac{\\tfrac1n\\sum_{k=1}^n r_k e^{r_k/\\beta}}{\\tfrac1n\\sum_{k=1}^n e^{r_k/\\beta}},
 
@@ -472,13 +472,14 @@ def build_value_table(
 ) -> ValueTable:
     """Sample ``num_samples`` reference completions per prompt, score them and write a value table.
 
-    Implements the offline step of BASIS (``basis_batchwise_single_rollout.txt`` Section 4 "Offline value
-    estimation", Proposition 2 / Eq. 2, and Appendix 10 "Offline value-table generation"): for every prompt
-    :math:`x_i` draw :math:`y_{i,1..n} \\sim \\pi_{\\mathrm{ref}}(\\cdot|x_i)` from the frozen model, score
+    Implements the offline step of BASIS ("BASIS: Batchwise Advantage Estimation from Single-Rollout Information
+    Sharing for LLM Reasoning", May 2026, Section 4 "Offline value estimation", Proposition 2 / Eq. 2, and Appendix
+    10 "Offline value-table generation"): for every prompt :math:`x_i` draw
+    :math:`y_{i,1..n} \\sim \\pi_{\\mathrm{ref}}(\\cdot|x_i)` from the frozen model, score
     :math:`r_{i,k} = \\sum_f w_f r_f(x_i, y_{i,k})` with the training reward functions and store ``n``,
-    :math:`\\hat p_i = \\frac1n\\sum_k r_{i,k}`, the rewards themselves (what the non-binary :math:`\\widehat
-    V_\\beta` of Eq. 2 needs) and the reward range. One row per distinct prompt, appended and flushed as soon as
-    its batch is scored, so the build is resumable.
+    :math:`\\hat p_i = \\frac1n\\sum_k r_{i,k}`, the rewards themselves (what the non-binary
+    :math:`\\widehat V_\\beta` of Eq. 2 needs) and the reward range. One row per distinct prompt, appended and
+    flushed as soon as its batch is scored, so the build is resumable.
 
     Parameters
     ----------

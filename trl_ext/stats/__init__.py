@@ -1,4 +1,4 @@
-"""Comparison statistics (``rlvr_measurement_discipline.txt``): detection floors, exact binomial and paired tests,
+"""Comparison statistics ("Measurement Discipline for RLVR"): detection floors, exact binomial and paired tests,
 paired bootstrap intervals, the two-part rule across seeds, length-residualized comparisons, outcome-file reading.
 
 Pure numpy/scipy; no TRL import. Submodules are loaded lazily so that ``trl-ext --help`` stays fast.

@@ -1,6 +1,7 @@
 """Compare two configurations' per-question outcomes over several seeds (the engine behind ``trl-ext compare``).
 
-Everything reported, and the section of ``rlvr_measurement_discipline.txt`` behind it:
+Everything reported, and the section of "Measurement Discipline for RLVR" (the project's measurement-practice
+paper) behind it:
 
 - the two-part rule verdict (section 5 step 1, checklist item 4) on per-question ``correct`` (or ``pass_rate``);
 - the margin (``mean_a - mean_b`` averaged over seeds) with a question-resampling paired bootstrap interval;
@@ -9,7 +10,7 @@ Everything reported, and the section of ``rlvr_measurement_discipline.txt`` behi
   margin-to-floor ratio and its zone (section 1), and the paired floor ``2.8016 sqrt(d/N)`` at the measured
   discordance ``d``;
 - the smallest gap the two-part rule would catch 80 % of the time at this ``N``, seed count and measured ``d``
-  (companion section 4 Monte Carlo);
+  (Monte Carlo of section 4 of the paper's companion piece "Same RL Recipe, Different Seed, Different Verdict");
 - the length-residualized difference (section 5 step 4) when ``completion_tokens`` is present.
 """
 

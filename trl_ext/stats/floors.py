@@ -1,15 +1,17 @@
 """Detection floors: the smallest gap an evaluation can reliably show.
 
-Source: ``/work/shared/papers/rlvr_measurement_discipline.txt``.
+Source: "Measurement Discipline for RLVR" (the project's measurement-practice paper); section numbers below refer
+to it unless its companion piece "Same RL Recipe, Different Seed, Different Verdict" is named.
 
 - Accuracy detection floor, section 1 ("smallest reliable gap = 2.80 x sqrt(2 p (1 - p) / N)") with the unrounded
   constant of section 2, ``z_{0.975} + z_{0.80} = 1.9600 + 0.8416 = 2.8016``.
 - Paired win-share floor, section 6: ``D = 2w - 1``, ``SE(D) = 2 sqrt(w (1 - w) / N)``, floor ``= 2.8016 SE(D)``.
 - Margin-to-floor ratio and the significance crossing ``1.96 / 2.80 = 0.70`` (section 1).
-- The smallest gap the two-part rule catches 80 % of the time, by the Monte Carlo of the companion section
-  ("Simulate a fourth and a fifth seed"): ``N`` questions x ``S`` seeds, each (question, seed) casts a vote with
-  probability ``d`` (the measured discordance rate), a cast vote favours the better side with probability
-  ``q = 1/2 + g / (2 d)`` so that the accuracy gap is ``d (2q - 1) = g``.
+- The smallest gap the two-part rule catches 80 % of the time, by the Monte Carlo of the companion piece
+  "Same RL Recipe, Different Seed, Different Verdict" (section 4, "Simulate a fourth and a fifth seed"): ``N``
+  questions x ``S`` seeds, each (question, seed) casts a vote with probability ``d`` (the measured discordance
+  rate), a cast vote favours the better side with probability ``q = 1/2 + g / (2 d)`` so that the accuracy gap is
+  ``d (2q - 1) = g``.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _out(x: np.ndarray):
 def detection_floor(p, n, *, alpha: float = 0.05, power: float = 0.8, z: float | None = None):
     """Detection floor of an accuracy comparison between two independently evaluated scores.
 
-    Implements section 1 / section 2 of ``rlvr_measurement_discipline.txt``::
+    Implements section 1 / section 2 of "Measurement Discipline for RLVR"::
 
         floor = (z_{1-alpha/2} + z_{power}) * sqrt(2 p (1 - p) / N)      (= 2.8016 sqrt(2p(1-p)/N) at the defaults)
 
@@ -166,7 +168,7 @@ def paired_detection_floor(discordance, n, *, alpha: float = 0.05, power: float 
 def win_share_floor(n_decided, win_share=0.5, *, alpha: float = 0.05, power: float = 0.8, z: float | None = None):
     """Floor of a paired win-share difference ``D = 2w - 1`` over decided head-to-head trials.
 
-    Section 6 of ``rlvr_measurement_discipline.txt``: each decided prompt is one paired trial, ``Var(w) =
+    Section 6 of "Measurement Discipline for RLVR": each decided prompt is one paired trial, ``Var(w) =
     w(1-w)/N``, ``SE(D) = 2 sqrt(w(1-w)/N)`` and::
 
         floor = (z_{1-alpha/2} + z_{power}) * 2 * sqrt(w (1 - w) / N)
@@ -338,14 +340,14 @@ def two_part_catch_rate(
 ):
     """Probability that :func:`~trl_ext.stats.two_part.two_part_rule` calls the truly better side.
 
-    Monte Carlo of ``rlvr_measurement_discipline.txt`` (companion section 3-5, "Simulate a fourth and a fifth
-    seed"): each of ``n_questions x n_seeds`` (question, seed) cells casts a vote with probability ``d`` and, when
-    it does, favours the better side with probability ``q = 1/2 + gap / (2 d)`` (so the expected accuracy gap is
-    ``d (2q - 1) = gap``). Each question's vote is the sign of the sum of its seeds' votes; the rule calls a win when
-    the exact two-sided binomial test on those votes has ``p < alpha`` in the right direction and (if
-    ``require_unanimity``) every seed's net is positive. Reference values from the paper, at ``d = 0.226``,
-    ``N = 500``, 3 seeds: catch rate about 0.58 at a 3-point gap; 80 % at about 3.8 points; at ``N = 1319``,
-    ``d = 0.2223``: 0.945 (3 points) and 0.654 (2 points).
+    Monte Carlo of "Measurement Discipline for RLVR" (sections 3-5 of its companion piece "Same RL Recipe, Different
+    Seed, Different Verdict", "Simulate a fourth and a fifth seed"): each of ``n_questions x n_seeds`` (question,
+    seed) cells casts a vote with probability ``d`` and, when it does, favours the better side with probability
+    ``q = 1/2 + gap / (2 d)`` (so the expected accuracy gap is ``d (2q - 1) = gap``). Each question's vote is the
+    sign of the sum of its seeds' votes; the rule calls a win when the exact two-sided binomial test on those votes
+    has ``p < alpha`` in the right direction and (if ``require_unanimity``) every seed's net is positive. Reference
+    values from the paper, at ``d = 0.226``, ``N = 500``, 3 seeds: catch rate about 0.58 at a 3-point gap; 80 % at
+    about 3.8 points; at ``N = 1319``, ``d = 0.2223``: 0.945 (3 points) and 0.654 (2 points).
 
     Parameters
     ----------
@@ -391,10 +393,10 @@ def smallest_detectable_gap(
     """Smallest true accuracy gap the two-part rule calls with probability ``>= power``.
 
     Bisection on :func:`two_part_catch_rate` (common random numbers, so the catch rate is a monotone step function
-    of the gap). Paper reference (companion section 4): ``N = 500``, ``d = 0.226``: 3.83 points at 3 seeds, 3.79 at
-    5 seeds. With a single seed the unanimity half is trivially satisfied, so the result reduces to a single-run
-    paired test; note that :func:`~trl_ext.stats.two_part.two_part_rule` itself refuses to call a winner from one
-    seed.
+    of the gap). Paper reference (companion piece "Same RL Recipe, Different Seed, Different Verdict", section 4):
+    ``N = 500``, ``d = 0.226``: 3.83 points at 3 seeds, 3.79 at 5 seeds. With a single seed the unanimity half is
+    trivially satisfied, so the result reduces to a single-run paired test; note that
+    :func:`~trl_ext.stats.two_part.two_part_rule` itself refuses to call a winner from one seed.
 
     Parameters
     ----------

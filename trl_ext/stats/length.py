@@ -1,7 +1,8 @@
 """Length-residualized comparisons.
 
-Source: ``rlvr_measurement_discipline.txt`` section 5 step 4 (length explains 40 % of score-difference variance;
-"the length-independent remainder is 0.309, standard error 0.086") and the companion section 4 definition::
+Source: "Measurement Discipline for RLVR" section 5 step 4 (length explains 40 % of score-difference variance;
+"the length-independent remainder is 0.309, standard error 0.086") and the definition in section 4 of its
+companion piece "Same RL Recipe, Different Seed, Different Verdict"::
 
     score_diff = beta0 + beta1 x length_diff          (ordinary least squares over every scored pair)
 

@@ -1,6 +1,6 @@
 """Paired tests on per-question outcomes: exact binomial, McNemar counts, paired bootstrap.
 
-Source: ``rlvr_measurement_discipline.txt`` section 5 step 1 (exact two-sided binomial test on decided votes),
+Source: "Measurement Discipline for RLVR" section 5 step 1 (exact two-sided binomial test on decided votes),
 section 6 (paired head-to-head trials), section 4 (95 % intervals on checkpoint comparisons).
 """
 

@@ -1,9 +1,10 @@
 """The two-part rule for calling a winner across seeds.
 
-Source: ``rlvr_measurement_discipline.txt`` section 5 step 1 and checklist item 4 ("Call a winner only when both
-parts hold"), with the worked example of the companion section 3 (114 vs 76 question votes, ``p = 0.0071``, all
-three seeds agreeing: a called win) and section 4 / 5 (pooled ``p = 0.0079`` but seed 2 dissents: no winner; a seed
-on an exact 108-108 split does not agree).
+Source: "Measurement Discipline for RLVR" section 5 step 1 and checklist item 4 ("Call a winner only when both
+parts hold"), with the worked example of section 3 of its companion piece "Same RL Recipe, Different Seed,
+Different Verdict" (114 vs 76 question votes, ``p = 0.0071``, all three seeds agreeing: a called win) and its
+section 4 / 5 (pooled ``p = 0.0079`` but seed 2 dissents: no winner; a seed on an exact 108-108 split does not
+agree).
 
 1. **Pooled half.** Each question votes once: the sign of the sum of its per-seed verdicts (``+1`` a better, ``-1``
    b better, ``0`` tie). Questions whose seeds cancel (or all tie) abstain. An exact two-sided binomial test on the

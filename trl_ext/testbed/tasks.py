@@ -5,7 +5,7 @@ Two tasks, both small enough for a ~1M-parameter model and a character tokenizer
 ``"addition"``
     ``"a+b="`` -> ``str(a + b)``, with ``a, b`` in ``0 .. 10**digits - 1`` (``digits=2`` by default).
 ``"substitution"``
-    The digit-substitution code of ``rlvr_measurement_discipline.txt`` (section "Setup: an invented code the model
+    The digit-substitution code of "Measurement Discipline for RLVR" (section "Setup: an invented code the model
     has to learn"): one fixed random derangement of the digits 0-9 (every digit maps to another digit), chosen by
     ``code_seed``; ``n_hidden`` of the ten mappings (default 2) are left out of every prompt, in training and in
     evaluation alike. The model reads a ``length``-digit string (default 2, as in the paper) and must output it
@@ -315,7 +315,7 @@ TASKS: dict[str, TaskSpec] = {
     ),
     "substitution": TaskSpec(
         name="substitution",
-        description="secret digit code with n_hidden mappings never shown (rlvr_measurement_discipline.txt)",
+        description="secret digit code with n_hidden mappings never shown (Measurement Discipline for RLVR)",
         builder=_make_substitution,
         reward_funcs=(substitution_reward,),
         max_answer_chars=lambda length=2, **_: length,

@@ -8,7 +8,7 @@ tokens and ``<eos>`` only) and stops as soon as greedy accuracy on a validation 
 
 For ``"substitution"`` the loss is additionally masked at hidden-mapping slots, so the warm-up teaches only the
 revealed channel and never shows the model a hidden mapping (the paper's setup: hidden mappings are what RL
-must learn, rlvr_measurement_discipline.txt, "Setup"). Trained on the 70 train strings alone the model
+must learn, "Measurement Discipline for RLVR", "Setup"). Trained on the 70 train strings alone the model
 memorises them (measured: 0.53 on train strings, 0.07 held-out). Recipe v2 (``SUBSTITUTION_EXTRA_FRACTION``,
 ``SUBSTITUTION_WEIGHT_DECAY``): half of every batch are one-digit strings of the revealed mappings
 (``"...|7="`` -> ``"1"``; no length-2 test item and no hidden mapping is shown) and AdamW weight decay is 1.0,

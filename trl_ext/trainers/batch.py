@@ -28,8 +28,9 @@ class RolloutBatch:
     ----------
     rewards : Tensor, shape (N,), float32
         The scalar reward each estimator should use: the weighted sum ``sum_f w_f r_f`` of the reward functions
-        (``nansum`` as TRL does, GT 2763), or the tie-break blend when ``tie_break_scorer_index`` is set. ``NaN``
-        where the row is unscorable (every reward function returned ``None``) and on pad rows.
+        (``nansum`` as TRL does in TRL 1.16 ``trl/trainer/grpo_trainer.py``,
+        ``GRPOTrainer._generate_and_score_completions``), or the tie-break blend when ``tie_break_scorer_index`` is
+        set. ``NaN`` where the row is unscorable (every reward function returned ``None``) and on pad rows.
     rewards_per_func : Tensor, shape (N, F), float32
         Raw per-function rewards exactly as TRL gathered them (``NaN`` for ``None``; pad rows are ``NaN``).
     group_ids : Tensor, shape (N,), int64

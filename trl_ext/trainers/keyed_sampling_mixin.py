@@ -7,7 +7,7 @@ Put it in front of TRL's trainer in the MRO::
 With ``args.keyed_sampling=True`` every rollout's tokens are drawn by
 :class:`~trl_ext.measurement.keyed_sampling.KeyedGumbelLogitsProcessor` from noise keyed to
 ``request_key(seed, global_step, prompt_key)`` and the rollout's sample index
-(``rlvr_measurement_discipline.txt``, "2. Every request should carry its own replay key"), and each rollout is
+("Measurement Discipline for RLVR", "2. Every request should carry its own replay key"), and each rollout is
 appended to ``<output_dir>/rollouts/rank<r>.jsonl`` with everything :func:`trl_ext.measurement.replay.regenerate`
 needs. With ``keyed_sampling=False`` (the default) the mixin is inert and TRL runs unchanged.
 
@@ -30,17 +30,17 @@ sample index ``j``; with TRL's ``RepeatSampler`` the ``G`` copies of a prompt ar
 ``0..G-1``, and a prompt that appears twice in one batch gets ``G..2G-1`` for its second group rather than a
 copy of the first group's noise.
 
-vLLM (``use_vllm=True``): supported in colocate mode with ``vllm_tensor_parallel_size == 1`` only. The keyed
-Gumbel processor cannot run inside vLLM, so instead every row gets its own ``SamplingParams`` whose ``seed`` is
-:func:`~trl_ext.measurement.keyed_sampling.per_request_seed` ``(key, sample_index)`` (issue 4 item 5: "per-request
-seeds where the engine supports them"). For the duration of one generation call ``self.vllm_generation.llm`` is
-replaced by :class:`PerRequestSeedLLM`, which expands the single ``SamplingParams`` TRL builds into one clone per row;
-the real ``LLM`` is put back afterwards, also on exceptions. Rollouts are logged with ``backend: "vllm"`` and their
-``request_seed``. A vLLM seed seeds vLLM's own generator: it is NOT the keyed Gumbel stream, ``trl-ext replay``
-(transformers) cannot regenerate such a rollout, and even vLLM reproduces it only at matching batch composition,
-engine version and kernels (see ``docs/replay.md``). Server mode (TRL sends one ``SamplingParams`` with
-``n=num_generations`` to ``vllm_client.generate``, so no per-request seed can be expressed) and tensor parallelism
-> 1 raise ``NotImplementedError`` at construction, before vLLM starts.
+vLLM (``use_vllm=True``): supported in colocate mode with ``vllm_tensor_parallel_size == 1`` only. The keyed Gumbel
+processor cannot run inside vLLM, so instead every row gets its own ``SamplingParams`` whose ``seed`` is
+:func:`~trl_ext.measurement.keyed_sampling.per_request_seed` ``(key, sample_index)`` (the per-request-seed fallback
+for engines that cannot run the keyed Gumbel processor but accept a seed per request). For the duration of one
+generation call ``self.vllm_generation.llm`` is replaced by :class:`PerRequestSeedLLM`, which expands the single
+``SamplingParams`` TRL builds into one clone per row; the real ``LLM`` is put back afterwards, also on exceptions.
+Rollouts are logged with ``backend: "vllm"`` and their ``request_seed``. A vLLM seed seeds vLLM's own generator: it
+is NOT the keyed Gumbel stream, ``trl-ext replay`` (transformers) cannot regenerate such a rollout, and even vLLM
+reproduces it only at matching batch composition, engine version and kernels (see ``docs/replay.md``). Server mode
+(TRL sends one ``SamplingParams`` with ``n=num_generations`` to ``vllm_client.generate``, so no per-request seed can
+be expressed) and tensor parallelism > 1 raise ``NotImplementedError`` at construction, before vLLM starts.
 
 Not supported (clear ``NotImplementedError``): vLLM server mode and TP > 1 (above), transformers continuous
 batching, images/multimodal prompts, and tool-calling loops (TRL re-enters ``_generate_single_turn`` with partial
@@ -557,10 +557,10 @@ class KeyedSamplingMixin:
     def _keyed_generate_vllm(self, prompt_ids, multimodal_fields, num_generations, has_tool_images, requests):
         """TRL's own vLLM generation (colocate, TP = 1) with one seeded ``SamplingParams`` per row.
 
-        Row ``i`` is sampled with ``seed = per_request_seed(requests[i].key, requests[i].sample_index)``
-        (issue 4 item 5). ``self.vllm_generation.llm`` is a :class:`PerRequestSeedLLM` for the duration of the call
-        and is restored afterwards, also when generation raises. Returns what TRL's ``_generate_single_turn``
-        returns: ``(completion_ids, sampling_logprobs)``.
+        Row ``i`` is sampled with ``seed = per_request_seed(requests[i].key, requests[i].sample_index)``.
+        ``self.vllm_generation.llm`` is a :class:`PerRequestSeedLLM` for the duration of the call and is restored
+        afterwards, also when generation raises. Returns what TRL's ``_generate_single_turn`` returns:
+        ``(completion_ids, sampling_logprobs)``.
 
         Raises
         ------

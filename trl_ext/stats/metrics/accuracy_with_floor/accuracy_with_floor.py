@@ -8,7 +8,7 @@ Load it offline with::
     metric = evaluate.load(metric_path("accuracy_with_floor"))
     metric.compute(predictions=[1, 0, 1], references=[1, 1, 1])
 
-The floor is ``rlvr_measurement_discipline.txt`` section 1's detection floor, ``2.8016 sqrt(2p(1-p)/N)``: the
+The floor is the section 1 detection floor of "Measurement Discipline for RLVR", ``2.8016 sqrt(2p(1-p)/N)``: the
 smallest gap between this score and another independently measured score on the same ``N`` questions that the
 benchmark can reliably show (false-alarm 5 %, rerun detection 80 %).
 """
@@ -21,7 +21,7 @@ from trl_ext.stats.floors import detection_floor, read_margin
 
 _DESCRIPTION = """Accuracy (share of predictions equal to their references) reported together with a percentile
 bootstrap interval over questions and the detection floor 2.8016 x sqrt(2 p (1 - p) / N) of
-rlvr_measurement_discipline.txt (p = baseline accuracy, or this accuracy if no baseline is given). When
+"Measurement Discipline for RLVR" (p = baseline accuracy, or this accuracy if no baseline is given). When
 `baseline_accuracy` is given, the margin, its margin-to-floor ratio and zone are also returned."""
 
 _KWARGS_DESCRIPTION = """
@@ -44,7 +44,7 @@ Examples:
     0.6666666666666666
 """
 
-_CITATION = """rlvr_measurement_discipline (trl_ext shared papers), section 1: the detection floor."""
+_CITATION = """Measurement Discipline for RLVR (trl_ext measurement-practice paper), section 1: the detection floor."""
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
