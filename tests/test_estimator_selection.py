@@ -193,3 +193,35 @@ def test_binary_reward_default_grpo_unchanged_by_strategy_layer(tmp_path):
     assert tr.rollout_strategy.name == "fixed_groups"
     tr.train()
     assert tr.recorded[0][0].num_rows == 8
+
+
+def test_keyed_sampling_installed_only_when_enabled(tmp_path):
+    from trl_ext.trainers.keyed_sampling_mixin import KeyedSamplingMixin
+
+    off = make_trainer(tmp_path / "off", max_steps=1)
+    assert not isinstance(off, KeyedSamplingMixin) and not off.keyed_sampling_enabled
+    on = make_trainer(tmp_path / "on", max_steps=1, keyed_sampling=True)
+    assert isinstance(on, KeyedSamplingMixin) and on.keyed_sampling_enabled
+    assert isinstance(on, GRPOTrainer) and type(on).__name__ == "GRPOTrainer"
+
+
+def test_dynamic_sampling_with_keyed_sampling_replays_every_rollout(tmp_path):
+    """Refill rounds go through generate_rollouts: every generated rollout (dropped groups too) is logged with its
+    key and regenerates byte-identically from the initial weights."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext.measurement.replay import load_rollout_log, regenerate
+
+    def group_alternating(prompts, completions, trl_ext_row_idx=None, **kw):
+        return [1.0 if r % 2 == 0 else float(i % 2) for i, r in enumerate(trl_ext_row_idx)]
+
+    tr = _recording(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=2, max_steps=1,
+                    keyed_sampling=True, temperature=1.3, reward_funcs=[group_alternating])
+    tr.model.save_pretrained(tmp_path / "init")
+    tr.train()
+    recs = load_rollout_log(tmp_path / "rollouts" / "rank0.jsonl")
+    log = tr.state.log_history[0]
+    assert len(recs) == 4 * log["dapo/generated_groups"]
+    assert sum(len(r["completion_ids"]) for r in recs) == log["ext/generated_tokens"]
+    m0 = AutoModelForCausalLM.from_pretrained(str(tmp_path / "init"), local_files_only=True)
+    assert all(regenerate(m0, tr.processing_class, r) == r["completion_ids"] for r in recs)

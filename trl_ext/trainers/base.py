@@ -335,7 +335,19 @@ def _add_row_index(dataset):
     return dataset  # torch Dataset or other: groups fall back to TRL's contiguous blocks
 
 
-class GRPOTrainer(KeyedSamplingMixin, compat.TRLGlue):
+_KEYED_VARIANTS: dict[type, type] = {}
+
+
+def _keyed_variant(cls: type) -> type:
+    """``cls`` with :class:`KeyedSamplingMixin` first in its MRO (cached; keeps ``cls``'s name and module)."""
+    if cls not in _KEYED_VARIANTS:
+        _KEYED_VARIANTS[cls] = type(cls.__name__, (KeyedSamplingMixin, cls),
+                                    {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                     "__doc__": cls.__doc__})
+    return _KEYED_VARIANTS[cls]
+
+
+class GRPOTrainer(compat.TRLGlue):
     """Drop-in :class:`trl.GRPOTrainer` with estimator selection, rollout strategies and measurement options.
 
     Same constructor as :class:`trl.GRPOTrainer`; ``args`` may be an :class:`ExtGRPOConfig` or a plain
@@ -367,6 +379,15 @@ class GRPOTrainer(KeyedSamplingMixin, compat.TRLGlue):
     config_class: ClassVar[type] = ExtGRPOConfig
     unique_prompt_sampler: ClassVar[bool] = False
     rollout_columns: ClassVar[tuple[str, ...]] = ()
+    keyed_sampling_enabled: ClassVar[bool] = False  # True on the keyed variant (KeyedSamplingMixin's property)
+
+    def __new__(cls, *args, **kwargs):
+        # Keyed sampling is installed only when enabled: with keyed_sampling=True the instance is of a subclass
+        # that puts KeyedSamplingMixin first in the MRO (same name and module); otherwise the mixin is absent.
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if getattr(config, "keyed_sampling", False) and not issubclass(cls, KeyedSamplingMixin):
+            cls = _keyed_variant(cls)
+        return super().__new__(cls)
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         if args is None:
