@@ -11,29 +11,42 @@ two-part rule across seeds, detection floor ``2.8016 sqrt(2p(1-p)/N)``, paired f
 Methods (``--methods``; default all)::
 
     grpo_g16 grpo_g8 grpo_g4   plain GRPO (trl_ext.GRPOTrainer, TRL's advantages) at G = 16, 8, 4
-    reinforce_pp               REINFORCE++, one rollout per prompt, global batch-mean baseline
-                               (benchmarks/_bench_trainers.py)
-    rloo                       RLOO leave-one-out baseline, G = 4 (benchmarks/_bench_trainers.py)
+    reinforce_pp               REINFORCE++, one rollout per prompt (num_generations=1: unique prompts), global
+                               batch-mean baseline with batch standardisation (trl_ext.GRPOTrainer,
+                               advantage_estimator="reinforce_pp", {"normalize": true})
+    rloo                       RLOO leave-one-out baseline, G = 4, no whitening (TRL RLOOTrainer's default;
+                               trl_ext.GRPOTrainer, advantage_estimator="rloo", {"normalize": false})
+    dr_grpo                    Dr. GRPO at the reference group size G = 16 (grpo_g16): group-mean baseline without
+                               std scaling, constant length normalizer (trl_ext.GRPOTrainer,
+                               advantage_estimator="dr_grpo", loss_type="dr_grpo")
+    dapo_dynamic               GRPO G = 4 (the best GRPO group size of the CPU run) with DAPO dynamic sampling
+                               (trl_ext.GRPOTrainer, dynamic_sampling=True, default 3 refill rounds): zero-variance
+                               groups are regenerated from fresh prompts; their tokens count against the budget
     basis                      BASISTrainer, G = 1 (basis_batchwise_single_rollout.txt); its value table is built
                                once per warm model from 32 reference samples per training prompt
     v05_osla                   V05GRPOTrainer, k_init = 4 with Sequential OSLA (v05_value_prior_osla.txt)
     v05_fixed4                 V05GRPOTrainer, fixed k = 4 (prior fusion, no OSLA rounds)
     pair                       PAIRTrainer, G = 16 prefix candidates (pair_prefix_inclusion_reweighting.txt)
 
+A method is a :class:`MethodSpec`: a group size plus config fields on top of the shared ones; the config and trainer
+classes default to ``trl_ext.ExtGRPOConfig`` / ``trl_ext.GRPOTrainer``, so the baselines above differ from plain
+GRPO by configuration only (``advantage_estimator``, ``loss_type``, ``dynamic_sampling``); only BASIS, V0.5 and
+PAIR name their own classes.
+
 Every method draws ``rollouts_per_step`` rollouts per optimizer step where it decides the count up front
 (G x prompts = 64 on the CPU scale: 4 x 16, 8 x 8, 16 x 4, 64 x 1); V0.5 uses 64 / k_init prompts and decides
-the rest itself, PAIR uses 64 / 16 prompts' worth of candidates and completes a subset. Only the token budget is
+the rest itself, PAIR uses 64 / 16 prompts' worth of candidates and completes a subset, DAPO dynamic sampling trains
+on at most 16 kept groups of 4 and generates up to 3 further rounds to fill them. Only the token budget is
 matched, as the issue asks; step counts differ by design.
 
 A method whose trainer cannot be imported or configured is **skipped with its reason printed and recorded** in
 ``runs.json``; a run that crashes is recorded as ``failed`` with its traceback; neither is dropped silently.
 
-Generated tokens are read from the trainer's own log (``ext/generated_tokens_total``, written by
-``trl_ext.GRPOTrainer`` for every rollout it trains on; PAIR's ``pair/generated_tokens_total`` counts probe
-prefixes, including the ones it discards, plus suffixes; V0.5's per-batch ``v05/generated_tokens`` includes
-rollouts generated and discarded by dispatch padding -- see :data:`METHODS`). The run stops after
-the optimizer step whose generation crosses the budget, so a run overshoots by less than one generation batch
-(recorded as ``tokens``).
+Generated tokens are read from the one counter every ``trl_ext.GRPOTrainer`` (and so every trainer here) logs:
+``ext/generated_tokens_total`` (:data:`TOKEN_METRIC`), cumulative, counting every generated token -- discarded
+V0.5 rounds, PAIR probe prefixes and DAPO's filtered groups included. A run that logs training steps without it
+fails with an error instead of ignoring the budget. The run stops after the optimizer step whose generation crosses
+the budget, so a run overshoots by less than one generation batch (recorded as ``tokens``).
 
 Outputs in ``--output_dir``::
 
@@ -81,15 +94,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
 TOKEN_METRIC = "ext/generated_tokens_total"
 GRPO_REFERENCE = "grpo_g16"
 
 
 # ------------------------------------------------------------------------------------------------------ methods
+BASE_CONFIG = "trl_ext.trainers.base:ExtGRPOConfig"
+BASE_TRAINER = "trl_ext.trainers.base:GRPOTrainer"
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One configuration of the comparison.
@@ -99,56 +112,58 @@ class MethodSpec:
     name, label : str
         Registry key and plot / table label.
     family : {"grpo", "baseline", "trl_ext"}
-        ``"grpo"`` methods are candidates for the "best GRPO group size" reference.
-    config, trainer : str
-        ``"module:Class"`` of the config and trainer classes, imported when the method runs.
+        ``"grpo"``: plain GRPO at one group size, the candidates for the "best GRPO group size" reference;
+        ``"baseline"``: other published critic-free recipes; ``"trl_ext"``: the package's own trainers.
     group_size : int
-        Rollouts per prompt decided up front (``k_init`` for V0.5, candidates for PAIR, 1 for single-rollout).
+        Rollouts per prompt decided up front, passed as ``num_generations`` (``k_init`` for V0.5, candidates for
+        PAIR, 1 for single-rollout methods, whose sampler then yields unique prompts).
     config_kwargs : dict
-        Method-specific config fields (on top of the shared ones).
-    num_generations_arg : int or None
-        Value passed as ``num_generations`` when it differs from ``group_size`` (single-rollout trainers keep a
-        TRL-valid value >= 2 and set their own sampler to one rollout per prompt).
+        Method-specific config fields on top of the shared ones (e.g. ``advantage_estimator``,
+        ``advantage_estimator_kwargs``, ``loss_type``, ``dynamic_sampling``, ``k_init``).
+    config, trainer : str
+        ``"module:Class"`` of the config and trainer classes, imported when the method runs; default
+        ``trl_ext.ExtGRPOConfig`` / ``trl_ext.GRPOTrainer`` (a method that is a configuration of the base trainer
+        needs only ``config_kwargs``).
     setup : str or None
         Name of a function ``setup(ctx) -> dict`` in this module returning extra config kwargs (e.g. a value table).
-    token_metrics : tuple of str
-        Logged cumulative generated-token metrics, first present wins (``ext/generated_tokens_total`` last).
     """
 
     name: str
     label: str
     family: str
-    config: str
-    trainer: str
     group_size: int
     config_kwargs: dict = field(default_factory=dict)
-    num_generations_arg: int | None = None
+    config: str = BASE_CONFIG
+    trainer: str = BASE_TRAINER
     setup: str | None = None
-    token_metrics: tuple[str, ...] = (TOKEN_METRIC,)
 
 
-_BASE = ("trl_ext.trainers.base:ExtGRPOConfig", "trl_ext.trainers.base:GRPOTrainer")
+_V05 = dict(config="trl_ext.trainers.v05:V05GRPOConfig", trainer="trl_ext.trainers.v05:V05GRPOTrainer")
 METHODS: dict[str, MethodSpec] = {
-    "grpo_g16": MethodSpec("grpo_g16", "GRPO G=16", "grpo", *_BASE, group_size=16),
-    "grpo_g8": MethodSpec("grpo_g8", "GRPO G=8", "grpo", *_BASE, group_size=8),
-    "grpo_g4": MethodSpec("grpo_g4", "GRPO G=4", "grpo", *_BASE, group_size=4),
-    "reinforce_pp": MethodSpec("reinforce_pp", "REINFORCE++ (1 rollout)", "baseline", _BASE[0],
-                               "_bench_trainers:ReinforcePPBenchTrainer", group_size=1, num_generations_arg=2),
-    "rloo": MethodSpec("rloo", "RLOO G=4", "baseline", _BASE[0], "_bench_trainers:RLOOBenchTrainer", group_size=4),
-    "basis": MethodSpec("basis", "BASIS G=1", "trl_ext", "trl_ext.trainers.basis:BASISConfig",
-                        "trl_ext.trainers.basis:BASISTrainer", group_size=1, setup="setup_basis"),
-    "v05_osla": MethodSpec("v05_osla", "V0.5 k_init=4 +OSLA", "trl_ext", "trl_ext.trainers.v05:V05GRPOConfig",
-                           "trl_ext.trainers.v05:V05GRPOTrainer", group_size=4, config_kwargs={"k_init": 4},
-                           token_metrics=("v05/generated_tokens", TOKEN_METRIC)),
+    "grpo_g16": MethodSpec("grpo_g16", "GRPO G=16", "grpo", group_size=16),
+    "grpo_g8": MethodSpec("grpo_g8", "GRPO G=8", "grpo", group_size=8),
+    "grpo_g4": MethodSpec("grpo_g4", "GRPO G=4", "grpo", group_size=4),
+    # num_generations=1: the base trainer's sampler yields unique prompts, one rollout each
+    "reinforce_pp": MethodSpec("reinforce_pp", "REINFORCE++ (1 rollout)", "baseline", group_size=1,
+                               config_kwargs={"advantage_estimator": "reinforce_pp",
+                                              "advantage_estimator_kwargs": {"normalize": True}}),
+    "rloo": MethodSpec("rloo", "RLOO G=4", "baseline", group_size=4,
+                       config_kwargs={"advantage_estimator": "rloo",
+                                      "advantage_estimator_kwargs": {"normalize": False}}),
+    "dr_grpo": MethodSpec("dr_grpo", "Dr. GRPO G=16", "baseline", group_size=16,
+                          config_kwargs={"advantage_estimator": "dr_grpo", "loss_type": "dr_grpo"}),
+    "dapo_dynamic": MethodSpec("dapo_dynamic", "GRPO G=4 +DAPO dynamic sampling", "baseline", group_size=4,
+                               config_kwargs={"dynamic_sampling": True}),
+    "basis": MethodSpec("basis", "BASIS G=1", "trl_ext", group_size=1, config="trl_ext.trainers.basis:BASISConfig",
+                        trainer="trl_ext.trainers.basis:BASISTrainer", setup="setup_basis"),
+    "v05_osla": MethodSpec("v05_osla", "V0.5 k_init=4 +OSLA", "trl_ext", group_size=4, config_kwargs={"k_init": 4},
+                           **_V05),
     # fixed k = 4 without OSLA: cost c = 1/16 makes the OSLA cap round(1/sqrt(c)) = 4 = k_init, so no prompt can
     # get a further round; the prior fusion of the advantages is unchanged.
-    "v05_fixed4": MethodSpec("v05_fixed4", "V0.5 k=4 fixed", "trl_ext", "trl_ext.trainers.v05:V05GRPOConfig",
-                             "trl_ext.trainers.v05:V05GRPOTrainer", group_size=4,
-                             config_kwargs={"k_init": 4, "rollout_cost": 1.0 / 16},
-                             token_metrics=("v05/generated_tokens", TOKEN_METRIC)),
-    "pair": MethodSpec("pair", "PAIR G=16", "trl_ext", "trl_ext.trainers.pair:PAIRConfig",
-                       "trl_ext.trainers.pair:PAIRTrainer", group_size=16,
-                       token_metrics=("pair/generated_tokens_total", TOKEN_METRIC)),
+    "v05_fixed4": MethodSpec("v05_fixed4", "V0.5 k=4 fixed", "trl_ext", group_size=4,
+                             config_kwargs={"k_init": 4, "rollout_cost": 1.0 / 16}, **_V05),
+    "pair": MethodSpec("pair", "PAIR G=16", "trl_ext", group_size=16, config="trl_ext.trainers.pair:PAIRConfig",
+                       trainer="trl_ext.trainers.pair:PAIRTrainer"),
 }
 
 #: Scale presets. ``cpu``: the offline testbed on 2 cores (about an hour for all methods x 3 seeds);
@@ -177,14 +192,12 @@ def _trainer_callback_base():
 class TokenBudgetCallback(_trainer_callback_base()):
     """Stop training once the cumulative generated tokens reach ``budget``; fire checkpoints on the way.
 
-    Reads the trainer's logged token count from ``logs`` (the first of ``metrics`` present in the first training log
-    that has any of them is used from then on). A metric whose name ends in ``_total`` is a cumulative count (the
-    base trainer's ``ext/generated_tokens_total``); any other is a per-generation count that is summed (e.g.
-    ``v05/generated_tokens``, which includes rollouts generated and then discarded) -- this needs one log per
-    generation batch: ``logging_steps=1`` and ``steps_per_generation=1``. Each time the count crosses the next entry
-    of ``checkpoints`` (sorted; the budget itself is always the last one), ``on_checkpoint(nominal, tokens, state)``
-    is called once per crossed nominal checkpoint with the actual count; crossing the budget sets
-    ``control.should_training_stop`` so the run ends after the current step (overshoot < one generation batch).
+    Reads :data:`TOKEN_METRIC` (``ext/generated_tokens_total``, the cumulative count of every generated token that
+    ``trl_ext.GRPOTrainer`` logs for every trainer and rollout strategy) from ``logs``; no other metric is read.
+    Each time the count crosses the next entry of ``checkpoints`` (sorted; the budget itself is always the last one),
+    ``on_checkpoint(nominal, tokens, state)`` is called once per crossed nominal checkpoint with the actual count;
+    crossing the budget sets ``control.should_training_stop`` so the run ends after the current step (overshoot
+    < one generation batch).
 
     Parameters
     ----------
@@ -194,15 +207,15 @@ class TokenBudgetCallback(_trainer_callback_base()):
         Evaluation points in tokens, each in ``(0, budget]``; ``budget`` is added if missing.
     on_checkpoint : callable, optional
         ``on_checkpoint(nominal: float, tokens: float, state: TrainerState) -> None``.
-    metrics : sequence of str
-        Token metrics to read, first present wins.
 
     Attributes
     ----------
+    metric : str
+        :data:`TOKEN_METRIC`.
     tokens : float
-        Current generated-token count (0 before the first train log).
-    metric_used : str or None
-        The metric that was read.
+        Current generated-token count (0 before the first log that has the metric).
+    seen : bool
+        Whether the metric was logged at least once.
     reached : bool
         Whether the budget was reached.
     fired : list of (nominal, tokens)
@@ -211,15 +224,16 @@ class TokenBudgetCallback(_trainer_callback_base()):
     Raises
     ------
     ValueError
-        Non-positive/NaN budget, checkpoints outside ``(0, budget]``, empty ``metrics``.
+        Non-positive/NaN budget, checkpoints outside ``(0, budget]``.
     RuntimeError
-        A logged count that is negative, not finite, or a cumulative count that decreases; or (at
-        ``on_train_end``) a run that logged training steps but never any of ``metrics`` -- the trainer does not
-        report generated tokens and the budget cannot be enforced.
+        A logged count that is negative, not finite or lower than the previous one; or a training log (one with
+        ``loss``) before the metric was ever logged: the trainer does not report generated tokens and the budget
+        cannot be enforced (raised at the first step instead of training on to ``max_steps``).
     """
 
-    def __init__(self, budget: float, checkpoints: Sequence[float] = (), on_checkpoint: Callable | None = None,
-                 metrics: Sequence[str] = (TOKEN_METRIC,)):
+    metric = TOKEN_METRIC
+
+    def __init__(self, budget: float, checkpoints: Sequence[float] = (), on_checkpoint: Callable | None = None):
         if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not math.isfinite(budget) \
                 or budget <= 0:
             raise ValueError(f"budget must be a finite number of tokens > 0, got {budget!r}")
@@ -227,17 +241,13 @@ class TokenBudgetCallback(_trainer_callback_base()):
         bad = [c for c in cps if not (0 < c <= budget)]
         if bad:
             raise ValueError(f"checkpoints must lie in (0, budget={budget}]; got {bad}")
-        if isinstance(metrics, str) or not metrics:
-            raise ValueError(f"metrics must be a non-empty sequence of logged metric names, got {metrics!r}")
         self.budget = float(budget)
         self.checkpoints = cps
         self.on_checkpoint = on_checkpoint
-        self.metrics = tuple(metrics)
         self.tokens = 0.0
-        self.metric_used: str | None = None
+        self.seen = False
         self.reached = False
         self.fired: list[tuple[float, float]] = []
-        self._train_logs = 0
 
     def _next(self) -> float | None:
         return self.checkpoints[len(self.fired)] if len(self.fired) < len(self.checkpoints) else None
@@ -245,21 +255,21 @@ class TokenBudgetCallback(_trainer_callback_base()):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
             return control
-        key = self.metric_used or next((m for m in self.metrics if m in logs), None)
-        if key is None or key not in logs:
-            if any(k in logs for k in ("loss", "reward")):
-                self._train_logs += 1
+        if self.metric not in logs:
+            if "loss" in logs and not self.seen:
+                raise RuntimeError(
+                    f"training log at step {getattr(state, 'global_step', '?')} without {self.metric}: the trainer "
+                    "does not report generated tokens, so the token budget cannot be enforced. Use a trl_ext "
+                    f"trainer (every trl_ext.GRPOTrainer subclass logs {self.metric}) with logging_steps=1."
+                )
             return control
-        raw = float(logs[key])
-        if not math.isfinite(raw) or raw < 0:
-            raise RuntimeError(f"logged {key} = {raw}: a generated-token count must be finite and >= 0")
-        if key.endswith("_total"):
-            if raw < self.tokens:
-                raise RuntimeError(f"logged {key} decreased from {self.tokens} to {raw}: expected a cumulative count")
-            value = raw
-        else:
-            value = self.tokens + raw
-        self.metric_used = key
+        value = float(logs[self.metric])
+        if not math.isfinite(value) or value < 0:
+            raise RuntimeError(f"logged {self.metric} = {value}: a generated-token count must be finite and >= 0")
+        if value < self.tokens:
+            raise RuntimeError(f"logged {self.metric} decreased from {self.tokens} to {value}: expected a cumulative "
+                               "count")
+        self.seen = True
         self.tokens = value
         nxt = self._next()
         while nxt is not None and value >= nxt:
@@ -270,15 +280,6 @@ class TokenBudgetCallback(_trainer_callback_base()):
         if value >= self.budget:
             self.reached = True
             control.should_training_stop = True
-        return control
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.metric_used is None and self._train_logs:
-            raise RuntimeError(
-                f"the trainer logged {self._train_logs} training step(s) but none of {list(self.metrics)}: it does "
-                "not report generated tokens, so the token budget cannot be enforced. Use a trl_ext trainer "
-                "(trl_ext.GRPOTrainer subclasses log ext/generated_tokens_total) with logging_steps=1."
-            )
         return control
 
 
@@ -524,18 +525,21 @@ def _settings_key(s: dict, spec: MethodSpec, seed: int) -> str:
 
 
 def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: int, run_dir: str, extra: dict):
-    """Shared config + the method's fields. Prompts per step: ``rollouts_per_step / group_size``."""
+    """Shared config + the method's fields. Prompts per step: ``rollouts_per_step / group_size``.
+
+    ``num_generations = group_size``; with ``group_size == 1`` (or a trainer with ``unique_prompt_sampler``) the
+    generation batch is ``n_prompts`` unique prompts, one rollout each. Precedence of the config fields: shared
+    settings < ``spec.config_kwargs`` < the setup's ``extra`` < ``--config_overrides``.
+    """
     s = ctx.s
     n_prompts = max(1, s["rollouts_per_step"] // spec.group_size)
-    unique = bool(getattr(trainer_cls, "unique_prompt_sampler", False))
+    unique = spec.group_size == 1 or bool(getattr(trainer_cls, "unique_prompt_sampler", False))
     per_device = n_prompts if unique else n_prompts * spec.group_size
-    if spec.group_size == 1:
-        per_device = n_prompts
     budget_steps = int(math.ceil(s["token_budget"] / max(1, n_prompts))) + 2  # >= 1 token per rollout: upper bound
     kw = dict(
         output_dir=run_dir, seed=seed, max_steps=budget_steps, learning_rate=s["learning_rate"],
         lr_scheduler_type="constant", warmup_steps=0, per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=1, num_generations=spec.num_generations_arg or spec.group_size,
+        gradient_accumulation_steps=1, num_generations=spec.group_size,
         max_completion_length=ctx.max_new, temperature=1.0, beta=0.0, use_cpu=s["use_cpu"], bf16=s["bf16"],
         gradient_checkpointing=False, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0,
@@ -610,7 +614,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
     def on_checkpoint(nominal, tokens, state):
         evaluate(nominal, tokens, state.global_step, is_final=nominal >= budget)
 
-    cb = TokenBudgetCallback(budget, cps, on_checkpoint, metrics=spec.token_metrics)
+    cb = TokenBudgetCallback(budget, cps, on_checkpoint)
 
     class _Clock(_trainer_callback_base()):
         def on_train_begin(self, args, state, control, **kw):
@@ -626,9 +630,10 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
     if not cb.reached:  # max_steps hit first: evaluate where it stopped, say so
         evaluate(budget, cb.tokens, trainer.state.global_step, is_final=True)
         rec["warning"] = f"stopped at max_steps={config.max_steps} before the token budget ({cb.tokens:.0f} < {budget})"
-    logs = [h for h in trainer.state.log_history if any(m in h for m in spec.token_metrics)]
+    logs = [h for h in trainer.state.log_history if TOKEN_METRIC in h]
     rec.update(
-        curve=curve, tokens=cb.tokens, token_metric=cb.metric_used, budget_reached=cb.reached,
+        curve=curve, tokens=cb.tokens, token_metric=TOKEN_METRIC if cb.seen else None,
+        budget_reached=cb.reached,
         steps=trainer.state.global_step, train_wall_s=train_wall(), eval_wall_s=timer["eval_s"],
         final_greedy_accuracy=final["point"]["greedy_accuracy"],
         final_sampled_accuracy=final["point"].get("sampled_accuracy"),

@@ -2,13 +2,17 @@
 
 What is checked:
 
-* ``TokenBudgetCallback`` with fake logs: it stops exactly at the first log whose generated-token count reaches the
-  budget, fires every evaluation checkpoint once with the actual count, sums per-generation metrics, and rejects
-  decreasing / non-finite counts and trainers that never report tokens (hypothesis property test + edge cases);
+* ``TokenBudgetCallback`` with fake logs: it reads only ``ext/generated_tokens_total`` (the one counter), stops
+  exactly at the first log whose count reaches the budget, fires every evaluation checkpoint once with the actual
+  count, and rejects decreasing / non-finite counts and trainers that never report the counter (hypothesis property
+  test + edge cases);
 * the table helpers (tokens to threshold, per-method summary) on hand-built curves;
-* the benchmark-only RLOO / REINFORCE++ estimators against their formulas, pads and NaN rows zeroed;
+* the baselines that are configurations of ``trl_ext.GRPOTrainer`` (REINFORCE++, RLOO, Dr. GRPO, DAPO dynamic
+  sampling): the harness builds the base trainer with the right config, and its advantages match the formulas of
+  the previous benchmark-only trainers (RLOO unwhitened, REINFORCE++ batch-standardised), pads and NaN rows zeroed;
 * ``--smoke`` end to end on an untrained tiny model: JSON, tables, plots, per-run outcomes and the two-part-rule
-  verdict structure; a method whose trainer cannot be imported or configured is recorded as skipped.
+  verdict structure; a method whose trainer cannot be imported or configured is recorded as skipped; the four
+  configured baselines train to the budget on the one counter.
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ from hypothesis import strategies as st
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
-if BENCH not in sys.path:
-    sys.path.insert(0, BENCH)
 
 torch.set_num_threads(1)
 
@@ -66,19 +68,29 @@ def test_budget_callback_stops_at_first_log_reaching_budget_and_fires_checkpoint
             stop_at = step
             break
     assert stop_at == 5  # 1010 is the first count >= 1000; 980 is not
-    assert cb.reached and cb.tokens == 1010 and cb.metric_used == ct.TOKEN_METRIC
+    assert cb.reached and cb.tokens == 1010 and cb.seen
     # every checkpoint once, in order, with the first count that reached it
     assert fired == [(250, 260, 2), (500, 500, 3), (750, 980, 4), (1000, 1010, 5)]
 
 
-def test_budget_callback_sums_per_generation_metric_and_prefers_first_listed():
-    cb = ct.TokenBudgetCallback(100, metrics=("v05/generated_tokens", ct.TOKEN_METRIC))
+def test_budget_callback_reads_only_the_cumulative_counter():
+    assert ct.TOKEN_METRIC == "ext/generated_tokens_total" == ct.TokenBudgetCallback.metric
+    others = ("ext/generated_tokens", "v05/generated_tokens", "pair/generated_tokens_total")
+    cb = ct.TokenBudgetCallback(100)
     control = _control()
-    for step, per in enumerate([30, 30, 30], 1):
-        cb.on_log(None, _state(step), control, logs={"v05/generated_tokens": per, ct.TOKEN_METRIC: 5.0 * step})
-    assert cb.metric_used == "v05/generated_tokens" and cb.tokens == 90 and not control.should_training_stop
-    cb.on_log(None, _state(4), control, logs={"v05/generated_tokens": 15})
+    for step in (1, 2, 3):  # per-batch and removed per-trainer counters are large, the one counter is not
+        cb.on_log(None, _state(step), control, logs={"loss": 0.1, ct.TOKEN_METRIC: 30.0 * step,
+                                                     **{m: 1000.0 for m in others}})
+    assert cb.seen and cb.tokens == 90 and not control.should_training_stop and not cb.reached
+    cb.on_log(None, _state(4), control, logs={"loss": 0.1, **{m: 5000.0 for m in others}})  # no total: ignored
+    assert cb.tokens == 90 and not control.should_training_stop
+    cb.on_log(None, _state(5), control, logs={"loss": 0.1, ct.TOKEN_METRIC: 105.0})
     assert cb.tokens == 105 and control.should_training_stop and cb.reached
+    # a trainer that logs only an old per-trainer counter is rejected at its first training log
+    legacy = ct.TokenBudgetCallback(100)
+    with pytest.raises(RuntimeError, match="ext/generated_tokens_total"):
+        legacy.on_log(None, _state(1), _control(), logs={"loss": 0.1, "pair/generated_tokens_total": 500.0})
+    assert not legacy.seen and legacy.tokens == 0
 
 
 def test_budget_callback_crossing_several_checkpoints_in_one_log():
@@ -88,15 +100,16 @@ def test_budget_callback_crossing_several_checkpoints_in_one_log():
     assert fired == [(100, 350.0), (200, 350.0), (300, 350.0)]
 
 
-def test_budget_callback_ignores_logs_without_token_metric_but_errors_if_never_reported():
+def test_budget_callback_ignores_non_training_logs_but_errors_on_a_step_without_the_counter():
     cb = ct.TokenBudgetCallback(100)
     control = _control()
     cb.on_log(None, _state(0), control, logs=None)
     cb.on_log(None, _state(0), control, logs={"train_runtime": 3.0})  # end-of-train summary: not a step
+    cb.on_log(None, _state(0), control, logs={"eval_loss": 0.3})  # evaluation log: not a step
     cb.on_train_end(None, _state(0), control)  # nothing trained, nothing to complain about
-    cb.on_log(None, _state(1), control, logs={"loss": 0.0, "reward": 0.5})
+    assert not cb.seen and not control.should_training_stop
     with pytest.raises(RuntimeError, match="does not report generated tokens"):
-        cb.on_train_end(None, _state(1), control)
+        cb.on_log(None, _state(1), control, logs={"loss": 0.0, "reward": 0.5})
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
@@ -114,8 +127,7 @@ def test_budget_callback_rejects_decreasing_cumulative_count():
 
 
 @pytest.mark.parametrize("kwargs", [dict(budget=0), dict(budget=-5), dict(budget=float("nan")), dict(budget=True),
-                                    dict(budget=10, checkpoints=[11]), dict(budget=10, checkpoints=[0]),
-                                    dict(budget=10, metrics=()), dict(budget=10, metrics="ext/x_total")])
+                                    dict(budget=10, checkpoints=[11]), dict(budget=10, checkpoints=[0])])
 def test_budget_callback_constructor_validation(kwargs):
     with pytest.raises(ValueError):
         ct.TokenBudgetCallback(**kwargs)
@@ -123,18 +135,19 @@ def test_budget_callback_constructor_validation(kwargs):
 
 @settings(max_examples=60, deadline=None)
 @given(budget=st.integers(1, 5000), incs=st.lists(st.integers(0, 700), min_size=1, max_size=40),
-       cps=st.lists(st.integers(1, 5000), max_size=6), cumulative=st.booleans())
-def test_budget_callback_property(budget, incs, cps, cumulative):
+       cps=st.lists(st.integers(1, 5000), max_size=6))
+def test_budget_callback_property(budget, incs, cps):
     cps = [c for c in cps if c <= budget]
     fired = []
-    metric = ct.TOKEN_METRIC if cumulative else "pair/generated_tokens"
-    cb = ct.TokenBudgetCallback(budget, cps, lambda n, t, s: fired.append((n, t)), metrics=(metric,))
+    cb = ct.TokenBudgetCallback(budget, cps, lambda n, t, s: fired.append((n, t)))
     control = _control()
     total, seen = 0, []
     for inc in incs:
         total += inc
         seen.append(total)
-        cb.on_log(None, _state(len(seen)), control, logs={metric: float(total if cumulative else inc)})
+        # the per-batch counter rides along and must not be added on top
+        cb.on_log(None, _state(len(seen)), control, logs={"loss": 0.0, ct.TOKEN_METRIC: float(total),
+                                                          "ext/generated_tokens": float(inc)})
         if control.should_training_stop:
             break
     # stop exactly at the first log whose count reaches the budget, never before
@@ -184,31 +197,78 @@ def test_choose_threshold_rules():
     assert ct.choose_threshold([], None, 0.95)[0] == 1.0
 
 
-# ------------------------------------------------------------------------------------------ bench trainers
+# ------------------------------------------------------------------------------ baselines as base-trainer configs
 def _fake_batch(rewards, gids, pad):
     r = torch.tensor(rewards, dtype=torch.float32)
     pad = torch.tensor(pad)
-    return SimpleNamespace(rewards=r, group_ids=torch.tensor(gids), valid=~pad & ~torch.isnan(r), num_rows=len(r))
+    return SimpleNamespace(rewards=r, group_ids=torch.tensor(gids), is_pad=pad, valid=~pad & ~torch.isnan(r),
+                           num_rows=len(r), mode="train")
 
 
-def test_bench_estimators_match_formulas_and_zero_pads():
-    from _bench_trainers import valid_rows_advantages
+def _smoke_ctx():
+    s = ct.resolve_settings(ct.build_parser().parse_args(["--output_dir", "unused", "--smoke"]))
+    return SimpleNamespace(s=s, max_new=5)
 
-    from trl_ext.estimators import reinforce_pp_advantages, rloo_advantages
 
-    b = _fake_batch([1.0, 0.0, 1.0, 1.0, float("nan"), 0.0, float("nan")], [0, 0, 0, 1, 1, 2, -1],
-                    [False, False, False, False, False, False, True])
-    adv, _ = valid_rows_advantages(b, rloo_advantages, normalize=False)
-    # group 0: leave-one-out means 1/2, 1, 1/2; group 1: singleton after the NaN row -> 0; group 2 singleton -> 0
-    np.testing.assert_allclose(adv.numpy(), [0.5, -1.0, 0.5, 0.0, 0.0, 0.0, 0.0], atol=1e-6)
-    adv, res = valid_rows_advantages(b, reinforce_pp_advantages, normalize=True)
-    r = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
-    want = (r - r.mean()) / (r.std(ddof=1) + 1e-4)
-    np.testing.assert_allclose(adv.numpy()[[0, 1, 2, 3, 5]], want, rtol=1e-5)
-    assert adv[4] == 0 and adv[6] == 0
-    empty = _fake_batch([float("nan")], [0], [False])
-    adv, res = valid_rows_advantages(empty, rloo_advantages)
-    assert res is None and adv.tolist() == [0.0]
+_B_REWARDS = [1.0, 0.0, 1.0, 1.0, float("nan"), 0.0, float("nan")]
+_B_GIDS = [0, 0, 0, 1, 1, 2, -1]
+_B_PAD = [False, False, False, False, False, False, True]
+_B_FIN = np.array([1.0, 0.0, 1.0, 1.0, 0.0])  # the valid rows 0, 1, 2, 3, 5
+
+
+def _expected(name):
+    """Formulas of the previous benchmark-only trainers (and of Dr. GRPO): valid rows 0, 1, 2, 3, 5."""
+    out = np.zeros(len(_B_REWARDS))
+    if name == "rloo":  # leave-one-out mean, no whitening; singletons (group 1 after its NaN row, group 2) -> 0
+        out[[0, 1, 2]] = [0.5, -1.0, 0.5]
+    elif name == "reinforce_pp":  # global batch mean and Bessel std of the valid rows
+        out[[0, 1, 2, 3, 5]] = (_B_FIN - _B_FIN.mean()) / (_B_FIN.std(ddof=1) + 1e-4)
+    elif name == "dr_grpo":  # group mean, no std
+        out[[0, 1, 2]] = [1 / 3, -2 / 3, 1 / 3]
+    return out
+
+
+@pytest.mark.parametrize("name", ["reinforce_pp", "rloo", "dr_grpo", "dapo_dynamic"])
+def test_harness_builds_configured_baselines_on_the_base_trainer(tmp_path, name):
+    from trl_ext.testbed import build_tiny_model, build_tokenizer, get_reward_funcs, make_dataset
+    from trl_ext.trainers.base import ExtGRPOConfig, GRPOTrainer
+
+    ctx = _smoke_ctx()
+    spec = ct.METHODS[name]
+    config_cls, trainer_cls = ct._load_object(spec.config), ct._load_object(spec.trainer)
+    assert config_cls is ExtGRPOConfig and trainer_cls is GRPOTrainer  # no benchmark-only trainer class
+    config, kw, n_prompts = ct.build_config(ctx, spec, config_cls, trainer_cls, 0, str(tmp_path), {})
+    rps = ctx.s["rollouts_per_step"]
+    assert config.generation_batch_size == rps and n_prompts == rps // spec.group_size
+    # each baseline is plain GRPO (same shared settings, same group size) plus exactly its own config fields
+    ref, own = {
+        # 4x more prompts per step than G = 4: a lower bound on tokens per step that is 4x higher
+        "reinforce_pp": ("grpo_g4", dict(num_generations=1, per_device_train_batch_size=rps,
+                                         max_steps=math.ceil(ctx.s["token_budget"] / rps) + 2,
+                                         advantage_estimator="reinforce_pp",
+                                         advantage_estimator_kwargs={"normalize": True})),
+        "rloo": ("grpo_g4", dict(advantage_estimator="rloo", advantage_estimator_kwargs={"normalize": False})),
+        "dr_grpo": (ct.GRPO_REFERENCE, dict(advantage_estimator="dr_grpo", loss_type="dr_grpo")),
+        "dapo_dynamic": ("grpo_g4", dict(dynamic_sampling=True)),
+    }[name]
+    ref_spec = ct.METHODS[ref]
+    _, ref_kw, _ = ct.build_config(ctx, ref_spec, config_cls, trainer_cls, 0, str(tmp_path), {})
+    assert ref_spec.family == "grpo" and not ref_spec.config_kwargs and spec.family == "baseline"
+    assert kw == {**ref_kw, **own}
+    for k, v in own.items():
+        assert getattr(config, k) == v, k
+
+    tok = build_tokenizer()
+    trainer = trainer_cls(model=build_tiny_model(tok, seed=0), reward_funcs=get_reward_funcs("addition"), args=config,
+                          train_dataset=make_dataset("addition", 64, seed=0), processing_class=tok)
+    # reinforce_pp: the sampler yields unique prompts (G = 1), a full generation batch of them per step
+    assert trainer.num_generations == (1 if name == "reinforce_pp" else spec.group_size)
+    assert trainer.rollout_strategy.name == ("dynamic_sampling" if name == "dapo_dynamic" else "fixed_groups")
+    if name == "dapo_dynamic":
+        assert trainer.rollout_strategy.max_rounds == config.dynamic_sampling_max_rounds >= 1
+        return
+    adv = trainer.compute_advantages(_fake_batch(_B_REWARDS, _B_GIDS, _B_PAD))
+    np.testing.assert_allclose(adv.double().numpy(), _expected(name), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ smoke end to end
@@ -217,11 +277,10 @@ def test_smoke_end_to_end(tmp_path, monkeypatch):
 
     model_dir = save_tiny_model(tmp_path / "tiny")
     monkeypatch.setitem(ct.METHODS, "missing_trainer", ct.MethodSpec(
-        "missing_trainer", "not installed", "trl_ext", "trl_ext.trainers.does_not_exist:Config",
-        "trl_ext.trainers.does_not_exist:Trainer", group_size=4))
+        "missing_trainer", "not installed", "trl_ext", group_size=4, config="trl_ext.trainers.does_not_exist:Config",
+        trainer="trl_ext.trainers.does_not_exist:Trainer"))
     monkeypatch.setitem(ct.METHODS, "bad_config", ct.MethodSpec(
-        "bad_config", "bad config", "baseline", "trl_ext.trainers.base:ExtGRPOConfig",
-        "trl_ext.trainers.base:GRPOTrainer", group_size=4, config_kwargs={"no_such_field": 1}))
+        "bad_config", "bad config", "baseline", group_size=4, config_kwargs={"no_such_field": 1}))
     out = tmp_path / "out"
     rc = ct.main(["--output_dir", str(out), "--smoke", "--model_name_or_path", model_dir,
                   "--methods", "grpo_g16", "grpo_g4", "missing_trainer", "bad_config", "--seeds", "0", "1"])
@@ -275,6 +334,33 @@ def test_smoke_end_to_end(tmp_path, monkeypatch):
     assert rc == 0
     again = json.loads((out / "runs.json").read_text())["runs"]
     assert len(again) == 1 and again[0]["run_wall_s"] == by[("grpo_g4", 0)]["run_wall_s"]
+
+
+def test_smoke_configured_baselines_train_to_the_budget_on_the_one_counter(tmp_path):
+    from trl_ext.testbed import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    methods = ["reinforce_pp", "rloo", "dr_grpo", "dapo_dynamic"]
+    rc = ct.main(["--output_dir", str(out), "--smoke", "--model_name_or_path", model_dir, "--methods", *methods,
+                  "--seeds", "0", "--no_plots"])
+    assert rc == 0
+    doc = json.loads((out / "runs.json").read_text())
+    s = doc["settings"]
+    by = {r["method"]: r for r in doc["runs"]}
+    assert list(by) == methods
+    for name, r in by.items():
+        assert r["status"] == "ok", (name, r.get("reason"))
+        assert r["trainer_class"] == "trl_ext.trainers.base.GRPOTrainer"
+        assert r["budget_reached"] and r["token_metric"] == ct.TOKEN_METRIC
+        assert r["tokens"] == r["last_log"][ct.TOKEN_METRIC] >= s["token_budget"]
+        for k, v in ct.METHODS[name].config_kwargs.items():
+            assert r["config"][k] == v, (name, k)
+    assert by["reinforce_pp"]["config"]["num_generations"] == 1
+    assert by["reinforce_pp"]["last_log"]["ext/rollouts"] == s["rollouts_per_step"]  # 32 prompts x 1 rollout
+    # DAPO on an untrained model: every group has reward 0 and is filtered, but its tokens still count
+    dapo = by["dapo_dynamic"]["last_log"]
+    assert dapo["dapo/filtered_groups"] > 0 and dapo["ext/trained_tokens"] < dapo["ext/generated_tokens"]
 
 
 def test_settings_validation():
