@@ -5,6 +5,7 @@ Examples::
     python examples/v05_grpo.py --max_steps 30                          # warm testbed model, addition task
     python examples/v05_grpo.py --max_steps 30 --baseline_grpo 16       # also plain GRPO (G = 16), same prompts/step
     python examples/v05_grpo.py --prior constant --use_peft             # no-information prior, LoRA adapters
+    python examples/v05_grpo.py --prompt_weighting rollout              # ablation: prompts weighted by rollout count
     python examples/v05_grpo.py --model_path my/local/model --dataset data.jsonl   # your model and prompts
     accelerate launch --multi_gpu --num_processes 2 examples/v05_grpo.py            # 2 CPU ranks
 
@@ -41,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--k_init", type=int, default=4, help="rollouts per prompt before the test (default 4)")
     p.add_argument("--rollout_cost", type=_common.positive_float, default=0.0039, help="c; cap round(1/sqrt(c))")
     p.add_argument("--prompts_per_step", type=int, default=8, help="unique prompts per step, all ranks (default 8)")
+    p.add_argument("--prompt_weighting", choices=("equal", "rollout"), default="equal",
+                   help="equal (paper Eq. 10, default): every prompt weighs the same in the loss whatever its rollout "
+                        "count; rollout: every rollout token weighs the same")
     p.add_argument("--learning_rate", type=_common.positive_float, default=1e-4)
     p.add_argument("--use_peft", action="store_true", help="train LoRA adapters (peft) instead of all weights")
     p.add_argument("--push_to_hub", action="store_true", help="push the result (needs --hub_model_id and network)")
@@ -148,7 +152,7 @@ def main(argv=None) -> int:
     v05_cfg = V05GRPOConfig(**common_config(args, max_new, args.output_dir),
                             per_device_train_batch_size=args.prompts_per_step // world, num_generations=2,
                             k_init=args.k_init, rollout_cost=args.rollout_cost, value_prior=args.prior,
-                            value_prior_kwargs=prior_kwargs)
+                            value_prior_kwargs=prior_kwargs, v05_prompt_weighting=args.prompt_weighting)
     t = time.time()
     trainer = V05GRPOTrainer(model=fresh_model(), reward_funcs=reward_funcs, args=v05_cfg, train_dataset=train_ds,
                              processing_class=tok, peft_config=peft_config(args))
@@ -157,15 +161,15 @@ def main(argv=None) -> int:
     trainer.save_state()  # trainer_state.json (with log_history) in --output_dir, like every example
     trainer.save_model(v05_cfg.output_dir)
     hist = trainer.state.log_history
-    keys = ["ext/generated_tokens", "v05/generated_tokens", "ext/rollouts", "v05/rollouts_per_prompt_mean",
+    keys = ["ext/generated_tokens", "ext/trained_tokens", "ext/rollouts", "v05/rollouts_per_prompt_mean",
             "v05/rollouts_per_prompt_max", "v05/rounds", "v05/early_stop", "v05/rejection_rate", "v05/mean_weight",
-            "v05/prior_brier", "v05/baseline_mse_proxy", "reward"]
+            "v05/prior_brier", "v05/baseline_mse_proxy", "v05/discarded_rollouts", "v05/prompt_weight_max", "reward"]
     summary["v05"] = {"train_s": time.time() - t, "logs": summarize_logs(hist, keys)}
     if state.is_main_process:
         model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
         summary["v05"]["accuracy_after"] = evaluate(model, tok, test_ds, args, max_new)
         _common.log(f"V0.5 after: {summary['v05']['accuracy_after']}, generated tokens "
-                    f"{summary['v05']['logs']['v05/generated_tokens']['sum']:.0f}")
+                    f"{summary['v05']['logs']['ext/generated_tokens']['sum']:.0f}")
     if args.push_to_hub:
         trainer.push_to_hub()
 

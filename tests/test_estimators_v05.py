@@ -10,8 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
 
+import trl_ext.estimators.v05 as v05_estimators
 from trl_ext.estimators import (
     FusionResult,
+    OslaStep,
+    equal_prompt_weights,
     fused_advantages,
     fused_advantages_batch,
     get_advantage_estimator,
@@ -20,6 +23,7 @@ from trl_ext.estimators import (
     osla_need_more,
     osla_next_counts,
     osla_should_stop,
+    osla_step,
     osla_target,
     shrinkage_fusion,
     shrinkage_fusion_batch,
@@ -264,6 +268,71 @@ def test_osla_global_stop():
     assert out.k[0] == 16 and (out.k[1:] == 4).all()
 
 
+def test_osla_step_one_round():
+    k = np.array([4, 4, 4, 14, 16, 4])
+    b2 = np.array([0.0, 3.0, 0.05, 3.0, 3.0, np.nan])  # accepted, rejected, barely rejected, near cap, at cap, untestable
+    st = osla_step(k, b2, 0.0039)
+    assert isinstance(st, OslaStep) and not st.stop and not st.stopped_globally
+    # Theorem 3.6: 4 < 16.01 - 1/3 continues; 4 >= 16.01 - 20 stops; k = cap stops; NaN (no scorable rollout) stops
+    assert st.need.tolist() == [False, True, False, True, False, False]
+    assert st.add.tolist() == [0, 2, 0, 2, 0, 0]
+    np.testing.assert_array_equal(k + st.add, np.where(st.need, osla_next_counts(k, np.nan_to_num(b2), 0.0039), k))
+    # cap not a multiple of the step: never above the cap
+    assert osla_step([15], [3.0], 0.0039).add.tolist() == [1]
+    # global stop: 2 of 6 need more (33%) continues at 25%, stops at 50% (add all zero); nothing needed -> stop
+    st = osla_step(k, b2, 0.0039, min_active_frac=0.5)
+    assert st.stop and st.stopped_globally and not st.add.any() and st.need.sum() == 2
+    st = osla_step([4, 4], [0.0, np.nan], 0.0039)
+    assert st.stop and not st.stopped_globally
+    assert osla_step([4, 4, 4, 4, 4], [3.0, 0, 0, 0, 0], 0.0039).stop  # 20% < 25%
+    assert not osla_step([4, 4, 4, 4, 4], [3.0, 0, 0, 0, 0], 0.0039, min_active_frac=None).stop
+    assert not osla_step([4, 4, 4, 4, 4], [3.0, 0, 0, 0, 0], 0.0039, min_active_frac=0.0).stop
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([None, 0.0, 0.25, 0.6]))
+def test_osla_step_stacked_batches_equal_separate_calls(seed, frac):
+    rng = np.random.default_rng(seed)
+    k = rng.integers(4, 17, size=(3, 2, 8))
+    b2 = np.where(rng.random(k.shape) < 0.5, 0.0, rng.uniform(0, 4, k.shape))
+    b2[rng.random(k.shape) < 0.1] = np.nan
+    st = osla_step(k, b2, 0.0039, min_active_frac=frac)
+    assert st.add.shape == k.shape and st.stop.shape == (3, 2)
+    for i in range(3):
+        for j in range(2):
+            one = osla_step(k[i, j], b2[i, j], 0.0039, min_active_frac=frac)
+            assert one.stop == st.stop[i, j] and one.stopped_globally == st.stopped_globally[i, j]
+            np.testing.assert_array_equal(one.add, st.add[i, j])
+            assert one.stop == (not one.need.any() or bool(frac) and one.need.mean() < frac)
+
+
+def test_osla_allocate_decides_with_osla_step(monkeypatch):
+    calls = []
+    real = v05_estimators.osla_step
+
+    def spy(*a, **kw):
+        calls.append(a)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(v05_estimators, "osla_step", spy)
+    out = osla_allocate(lambda idx, n: np.ones((len(idx), n)), np.full(8, -1.0), min_active_frac=None)
+    assert len(calls) == out.rounds + 1 == 7 and (out.k == 16).all()
+
+
+def test_equal_prompt_weights_k4_vs_k16():
+    k = np.array([4, 16])
+    c = equal_prompt_weights(k)
+    np.testing.assert_allclose(c, [2.5, 0.625])  # kbar = 10
+    # equal completion lengths T and equal |A|: each prompt's total weight is c_j k_j T -> equal shares
+    w_equal, w_rollout = c * k * 7.0, k * 7.0
+    np.testing.assert_allclose(w_equal / w_equal.sum(), [0.5, 0.5])
+    np.testing.assert_allclose(w_rollout / w_rollout.sum(), [0.2, 0.8])
+    assert w_equal.sum() == pytest.approx(w_rollout.sum())  # the overall scale is unchanged
+    np.testing.assert_allclose(equal_prompt_weights([4, 4, 4]), 1.0)
+    with pytest.raises(ValueError, match="k"):
+        equal_prompt_weights([0, 4])
+
+
 # ------------------------------------------------------------------------------------------ helpers / bad input
 def test_to_signed_reward():
     assert to_signed_reward(0.0) == -1.0 and to_signed_reward(1.0) == 1.0 and to_signed_reward(0.75) == 0.5
@@ -299,6 +368,12 @@ def test_to_signed_reward():
         (lambda: osla_next_counts([4], [0.1], 0.01, step=0), ValueError, "step"),
         (lambda: osla_should_stop([]), ValueError, "empty"),
         (lambda: osla_should_stop([True], 1.5), ValueError, "min_active_frac"),
+        (lambda: osla_step([], [], 0.01), ValueError, "empty"),
+        (lambda: osla_step(4, 0.1, 0.01), ValueError, "G >= 1"),
+        (lambda: osla_step([4], [-0.1], 0.01), ValueError, "bias2"),
+        (lambda: osla_step([4], [0.1], 0.01, step=0), ValueError, "step"),
+        (lambda: osla_step([4], [0.1], 0.01, min_active_frac=2.0), ValueError, "min_active_frac"),
+        (lambda: equal_prompt_weights([[4]]), ValueError, "1-D"),
         (lambda: osla_allocate(lambda i, n: np.ones((len(i), n)), [0.0], k_init=20), ValueError, "k_init"),
         (lambda: osla_allocate(lambda i, n: np.ones((1, 1)), [0.0, 0.0]), ValueError, "shape"),
     ],

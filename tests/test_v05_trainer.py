@@ -25,8 +25,11 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 
+import trl_ext.estimators.v05 as v05_estimators  # noqa: E402
 from trl_ext.estimators.v05 import (  # noqa: E402
+    equal_prompt_weights,
     fused_advantages,
+    osla_allocate,
     osla_cap,
     osla_need_more,
     osla_should_stop,
@@ -165,8 +168,8 @@ def test_global_stop_at_threshold(tmp_path, rows, n_bad, frac, stops):
 
 # ------------------------------------------------------------------------------------------------ advantages
 class Recording(V05GRPOTrainer):
-    def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
+    def ext_generate_and_score(self, inputs):
+        out = super().ext_generate_and_score(inputs)
         if self.model.training:
             self.outputs = getattr(self, "outputs", []) + [out]
         return out
@@ -180,16 +183,33 @@ def test_advantages_equal_fused_advantages_and_decisions_replay(tmp_path, p):
     b, adv, r, out = tr.last_rollout_batch, tr.last_advantages, tr.last_v05, tr.outputs[0]
     assert b.group_sizes.tolist() == r["k"].tolist() and len(r["k"]) == 12
     signed = to_signed_reward(b.rewards.double().numpy())
+    # Eq. 10 prompt weights (default "equal"): c_j = kbar / k_j over the batch's prompts
+    c = equal_prompt_weights(r["k"])
+    np.testing.assert_allclose(r["prompt_weight"], c)
     per_prompt = []
     for j in range(b.num_groups):
         rows = (b.group_ids == j).numpy()
         ref = fused_advantages(signed[rows], 2 * p - 1)
-        np.testing.assert_allclose(adv[rows].numpy(), ref.advantages, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(adv[rows].numpy(), c[j] * ref.advantages, rtol=1e-5, atol=1e-6)
         assert r["baseline"][j] == pytest.approx(ref.baselines[0])
         per_prompt.append(signed[rows])
-    # the recorded decisions are exactly OSLA's rule replayed on the recorded rewards
+    # the recorded decisions are exactly OSLA's rule replayed on the recorded rewards ...
     k, rounds, stopped = replay_osla(per_prompt, [2 * p - 1] * 12, 4, 2, 0.0039, 0.25)
     assert k.tolist() == r["k"].tolist() and rounds == r["rounds"] and stopped == r["early_stop"]
+    # ... and the decisions of the estimator module's own loop fed the same rewards in generation order
+    drawn = np.zeros(12, dtype=int)
+
+    def sample(idx, n):
+        out = np.full((len(idx), n), np.nan)
+        for row, j in enumerate(idx):
+            seq = per_prompt[j][drawn[j]:drawn[j] + n]
+            out[row, :len(seq)] = seq
+            drawn[j] += n
+        return out
+
+    alloc = osla_allocate(sample, np.full(12, 2 * p - 1), cost=0.0039, k_init=4, step=2, min_active_frac=0.25)
+    assert alloc.k.tolist() == r["k"].tolist() and alloc.rounds == r["rounds"]
+    assert alloc.stopped_globally == r["early_stop"]
     # pads: zero advantage, no loss tokens; num_items_in_batch counts real tokens only
     assert (adv[b.is_pad] == 0).all()
     assert (out["completion_mask"][b.is_pad] == 0).all()
@@ -201,14 +221,86 @@ def test_advantages_equal_fused_advantages_and_decisions_replay(tmp_path, p):
     np.testing.assert_allclose(y, (r["vbar"] + 1) / 2)
 
 
+def test_strategy_decides_with_the_estimator_osla_step(tmp_path, rows, monkeypatch):
+    """One OSLA: the trainer's rounds are decided by ``trl_ext.estimators.v05.osla_step`` on the whole batch."""
+    calls = []
+    real = v05_estimators.osla_step
+
+    def spy(k, bias2, cost, **kw):
+        res = real(k, bias2, cost, **kw)
+        calls.append((np.asarray(k).copy(), np.asarray(bias2).copy(), cost, kw, res))
+        return res
+
+    monkeypatch.setattr(v05_estimators, "osla_step", spy)
+    bad = set(rows[:4])
+    ds = _dataset()
+    tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds)
+    tr.train()
+    r = tr.last_v05
+    assert len(calls) == r["rounds"] + 1  # one decision per round plus the final (stopping) one
+    assert all(kw == {"step": 2, "cap": 16, "min_active_frac": 0.25} and cost == 0.0039
+               for _, _, cost, kw, _ in calls)
+    k_first, b2_first, *_ = calls[0]
+    assert k_first.tolist() == [4] * 8  # the whole batch's drawn counts, in global prompt order
+    assert ((b2_first > 0) == np.array([i in bad for i in rows])).all()
+    k_last, *_, last = calls[-1]
+    assert last.stop and k_last.tolist() == r["k"].tolist() == [16 if i in bad else 4 for i in rows]
+    for (k0, *_, step), (k1, *_) in zip(calls, calls[1:]):
+        np.testing.assert_array_equal(k1, k0 + step.add)  # the trainer drew exactly what osla_step asked for
+
+
+@pytest.mark.parametrize("weighting,share_k4", [("equal", 0.5), ("rollout", 0.2)])
+def test_prompt_weighting_k4_vs_k16(tmp_path, rows, weighting, share_k4):
+    """Eq. 10: a k = 4 and a k = 16 prompt of equal completion length and equal |A_i| get equal total weight in the
+    loss by default (0.2 / 0.8 with v05_prompt_weighting="rollout"), and the batch's total weight is unchanged.
+
+    Rewards are the prompts' fixed success bits; the prior is exact-but-for-1/32 on half the prompts (accepted at
+    k = 4, mu* = +-31/32) and flipped on the others (rejected up to k = 16, where mu* = w vbar + (1 - w) V = +-31/32
+    too), so every rollout has the same |A_i|. ``min_new_tokens`` = ``max_completion_length`` equalizes lengths.
+    """
+    ds = _dataset()
+    bad = set(rows[:4])
+    index = {ds[i]["prompt"]: i for i in range(len(ds))}
+
+    def fn(targets, ctx_p, ctx_y):
+        out = []
+        for t in targets:
+            i = index[t]
+            out.append(1.0 - truth(i) if i in bad else (63 / 64 if truth(i) else 1 / 64))
+        return out
+
+    tr = make(tmp_path, cls=Recording, prior=CallablePrior(fn), ds=ds, v05_prompt_weighting=weighting,
+              generation_kwargs={"min_new_tokens": 5})
+    tr.train()
+    b, r, out = tr.last_rollout_batch, tr.last_v05, tr.outputs[0]
+    assert r["k"].tolist() == [16 if i in bad else 4 for i in rows]
+    assert (b.completion_lengths == 5).all()
+    np.testing.assert_allclose(np.abs(r["baseline"]), 31 / 32)
+    # gradient coefficient of prompt j in the dapo loss: sum over its rows of |A_i| x tokens_i / num_items_in_batch
+    coef = out["advantages"].abs() * out["completion_mask"].sum(dim=1) / out["num_items_in_batch"]
+    weight = np.array([float(coef[b.group_ids == j].sum()) for j in range(b.num_groups)])
+    k = r["k"]
+    for j4 in np.flatnonzero(k == 4):
+        for j16 in np.flatnonzero(k == 16):
+            assert weight[j4] / (weight[j4] + weight[j16]) == pytest.approx(share_k4, rel=1e-5)
+    # same total as without reweighting: 80 rollouts x |A| x 5 tokens / 400 tokens
+    a = float(out["advantages"].abs().max() / (r["prompt_weight"].max()))
+    assert weight.sum() == pytest.approx(80 * a * 5 / 400, rel=1e-5)
+    expected_c = 10 / k if weighting == "equal" else np.ones(8)
+    np.testing.assert_allclose(r["prompt_weight"], expected_c)
+    rec = tr.state.log_history[0]
+    assert rec["v05/prompt_weight_max"] == pytest.approx(expected_c.max())
+    assert rec["v05/prompt_weight_min"] == pytest.approx(expected_c.min())
+
+
 def test_dispatch_multiple_pads_rollouts_to_prompts(tmp_path):
     ds = _dataset()
     calls = []
 
     class Counting(V05GRPOTrainer):
-        def _generate_completion_ids(self, rows):
+        def generate_rollouts(self, rows, **kw):
             calls.append(len(rows))
-            return super()._generate_completion_ids(rows)
+            return super().generate_rollouts(rows, **kw)
 
     tr = make(tmp_path, cls=Counting, prior=flipped_prior(ds, set()), ds=ds, per_device_train_batch_size=6,
               num_generations=2, dispatch_multiple=32)
@@ -222,12 +314,17 @@ def test_dispatch_multiple_pads_rollouts_to_prompts(tmp_path):
 
 def test_dispatch_slots_beyond_cap_are_discarded(tmp_path):
     ds = _dataset()
-    calls = []
+    calls, tokens = [], []
 
     class Counting(V05GRPOTrainer):
-        def _generate_completion_ids(self, rows):
+        def generate_rollouts(self, rows, **kw):
             calls.append(len(rows))
-            return super()._generate_completion_ids(rows)
+            return super().generate_rollouts(rows, **kw)
+
+        def generate_token_ids(self, prompt_ids, **kw):
+            c_ids, lps = super().generate_token_ids(prompt_ids, **kw)
+            tokens.append(sum(len(c) for c in c_ids))
+            return c_ids, lps
 
     tr = make(tmp_path, cls=Counting, prior=flipped_prior(ds, set(range(N_ROWS))), ds=ds,
               per_device_train_batch_size=2, num_generations=2, dispatch_multiple=7, rollout_cost=1 / 25.0)
@@ -235,7 +332,12 @@ def test_dispatch_slots_beyond_cap_are_discarded(tmp_path):
     # cap 5: first dispatch 8 -> 14 (6 extra, only 2 fit under the cap) -> 4 discarded; no prompt needs more
     assert osla_cap(1 / 25.0) == 5
     assert calls == [14] and tr.last_v05["k"].tolist() == [5, 5]
-    assert tr.state.log_history[0]["v05/discarded_rollouts"] == 4
+    rec = tr.state.log_history[0]
+    assert rec["v05/discarded_rollouts"] == 4 and rec["v05/dispatched_rollouts"] == 14
+    # one token counter: every generated token, the discarded rollouts' included, is in ext/generated_tokens
+    assert "v05/generated_tokens" not in rec
+    assert rec["ext/generated_tokens"] == sum(tokens) == rec["ext/generated_tokens_total"]
+    assert rec["ext/trained_tokens"] == int(tr.last_rollout_batch.completion_lengths.sum()) < sum(tokens)
 
 
 # ------------------------------------------------------------------------------------------------ vLLM stand-in
@@ -312,7 +414,8 @@ def test_resume_restores_support_buffer(tmp_path):
                 max_steps=3, save_strategy="steps", save_steps=1, per_device_train_batch_size=4, num_generations=2)
     run1.train()
     saved = torch.load(tmp_path / "a" / "checkpoint-1" / EXT_STATE_FILE, weights_only=True)
-    assert len(saved["v05_support_buffer"]["prompts"]) == 4 and saved["v05_generation_index"] == 1
+    assert len(saved["v05_support_buffer"]["prompts"]) == 4
+    assert saved["rollout_strategy"] == {"name": "v05_osla", "state": {"generation_index": 1}}
     first = list(prints)
     prints.clear()
     run2 = make(tmp_path / "a", cls=Rec, prior=ConstantPrior(0.5), reward_funcs=[hash_bit_reward], ds=ds,
@@ -321,6 +424,19 @@ def test_resume_restores_support_buffer(tmp_path):
     assert run2.loaded_fingerprint == first[0]
     assert prints == first[1:]  # same buffers (and so same contexts) after resuming
     assert run2.support_buffer.fingerprint() == run1.support_buffer.fingerprint() and len(run2.support_buffer) == 12
+
+
+def test_legacy_checkpoint_generation_index(tmp_path):
+    """Checkpoints written before OSLARounds kept the generation index as ``v05_generation_index``."""
+    tr = make(tmp_path, prior=ConstantPrior(0.5))
+    tr.support_buffer.add(["1+1="], [1.0])
+    state = tr.ext_state_dict()
+    assert state["rollout_strategy"] == {"name": "v05_osla", "state": {"generation_index": 0}}
+    legacy = {k: v for k, v in state.items() if k != "rollout_strategy"} | {"v05_generation_index": 3}
+    fresh = make(tmp_path, prior=ConstantPrior(0.5))
+    fresh.load_ext_state_dict(legacy)
+    assert fresh.rollout_strategy.generation_index == 3
+    assert fresh.support_buffer.fingerprint() == tr.support_buffer.fingerprint()
 
 
 def test_cold_start_then_context_from_buffer(tmp_path):
@@ -404,6 +520,9 @@ def test_partly_unscorable_prompt(tmp_path, rows):
     ({"buffer_capacity": 0}, "buffer_capacity"),
     ({"value_prior_kwargs": "{not json"}, "JSON"),
     ({"tie_break_scorer_index": 0}, "tie-break"),
+    ({"v05_prompt_weighting": "prompt"}, "v05_prompt_weighting"),
+    ({"dynamic_sampling": True}, "dynamic_sampling"),
+    ({"num_generations": 0}, "num_generations"),
 ])
 def test_config_validation(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -415,12 +534,33 @@ def test_config_escape_hatches_and_defaults(tmp_path):
     c = V05GRPOConfig(**base)
     assert (c.k_init, c.k_step, c.rollout_cost, c.global_stop_fraction, c.buffer_capacity, c.context_size) == \
         (4, 2, 0.0039, 0.25, 512, 256)
-    assert osla_cap(c.rollout_cost) == 16 and c.loss_type == "dapo"
+    assert osla_cap(c.rollout_cost) == 16 and c.loss_type == "dapo" and c.v05_prompt_weighting == "equal"
+    assert V05GRPOConfig(**base, v05_prompt_weighting="rollout").v05_prompt_weighting == "rollout"
     assert V05GRPOConfig(**base, k_init=2, allow_small_k_init=True).k_init == 2
     with pytest.warns(UserWarning, match="pad rows"):
         V05GRPOConfig(**base, loss_type="grpo", allow_unsupported_loss_type=True)
     assert V05GRPOConfig(**base, value_prior="constant", value_prior_kwargs='{"p": 0.3}').value_prior_kwargs == \
         {"p": 0.3}
+
+
+def test_plain_grpo_config_is_upgraded(tmp_path):
+    import trl
+
+    from trl_ext.testbed import build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    plain = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
+                           num_generations=4, max_completion_length=4, max_steps=1, bf16=False)
+    tr = V05GRPOTrainer(model=build_tiny_model(tok, seed=0), reward_funcs=[prompt_bit_reward], args=plain,
+                        train_dataset=_dataset(), processing_class=tok, prior=ConstantPrior(0.5))
+    assert isinstance(tr.args, V05GRPOConfig) and tr.config_class is V05GRPOConfig
+    assert (tr.args.k_init, tr.args.v05_prompt_weighting, tr.args.value_prior_kwargs) == (4, "equal", {})
+    assert tr.rollout_strategy.name == "v05_osla" and tr.num_generations == 1 and tr.num_generations_eval == 4
+    bad = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
+                         num_generations=4, loss_type="bnpo")
+    with pytest.raises(ValueError, match="allow_unsupported_loss_type"):
+        V05GRPOTrainer(model=build_tiny_model(tok, seed=0), reward_funcs=[prompt_bit_reward], args=bad,
+                       train_dataset=_dataset(), processing_class=tok, prior=ConstantPrior(0.5))
 
 
 def test_prior_from_config_and_bad_prior_object(tmp_path):
@@ -436,8 +576,7 @@ def test_prior_from_config_and_bad_prior_object(tmp_path):
 @given(lo=st.floats(-5, 5), width=st.floats(0.01, 10), u=st.lists(st.floats(0, 1), min_size=1, max_size=20))
 def test_reward_mapping_properties(lo, width, u):
     hi = lo + width
-    opts = types.SimpleNamespace(reward_low=lo, reward_high=hi)
-    fake = types.SimpleNamespace(_v05=opts)
+    fake = types.SimpleNamespace(args=types.SimpleNamespace(reward_low=lo, reward_high=hi))
     r = lo + np.asarray(u) * width
     out = V05GRPOTrainer._v05_map_rewards(fake, np.append(r, np.nan))
     assert np.isnan(out[-1]) and np.all(np.abs(out[:-1]) <= 1.0)
@@ -462,7 +601,9 @@ def test_one_and_two_processes_make_the_same_decisions(tmp_path):
     ranks = [json.load(open(tmp_path / "two" / f"rank{r}.json")) for r in (0, 1)]
     assert [x["world_size"] for x in ranks] == [2, 2] and one["world_size"] == 1
     assert ranks[0]["steps"] == ranks[1]["steps"]  # global decisions and buffer identical on both ranks
-    assert ranks[0]["calls"] == ranks[1]["calls"]  # collective mode: equal-length dispatch in every round
+    # collective mode: every round's backend call has the same length on both ranks (generate_rollouts pads it)
+    assert ranks[0]["backend_calls"] == ranks[1]["backend_calls"]
+    assert len(ranks[0]["calls"]) == len(ranks[1]["calls"])
     for s1, s2 in zip(one["steps"], ranks[0]["steps"]):
         assert s1["k"] == s2["k"] and s1["rounds"] == s2["rounds"] and s1["early_stop"] == s2["early_stop"]
         assert s1["fingerprint"] == s2["fingerprint"]
@@ -475,7 +616,7 @@ def test_empty_dispatch_still_reaches_the_keyed_collective(tmp_path, monkeypatch
 
     ``keyed_requests_for_rows`` is a ``gather_object`` over ranks. In a non-collective round (transformers
     generation, plain DDP) a rank whose prompts are all done used to return before it, while a rank with work called
-    it: mismatched collectives (hang or garbage on gloo). Every ``_v05_dispatch`` call must reach it exactly once.
+    it: mismatched collectives (hang or garbage on gloo). Every ``OSLARounds.dispatch`` call must reach it exactly once.
     """
     tr = make(tmp_path, prior=ConstantPrior(0.5), keyed_sampling=True)
     calls = []
@@ -489,8 +630,8 @@ def test_empty_dispatch_still_reaches_the_keyed_collective(tmp_path, monkeypatch
     from trl_ext.trainers.v05 import _PromptState
 
     states = [_PromptState(row={"prompt": "1+1=", "trl_ext_row_idx": 0}, prior_p=0.5)]
-    out = tr._v05_dispatch(states, [])  # this rank has no prompt needing more rollouts in this round
-    assert out == {"rollouts": 0, "discarded": 0, "tokens": 0}
+    out = tr.rollout_strategy.dispatch(tr, states, [])  # this rank has no prompt needing more rollouts this round
+    assert out == {"rollouts": 0, "discarded": 0}
     assert calls == [0]  # the collective was reached with zero rows
     assert states[0].k == 0
 
@@ -535,9 +676,9 @@ def test_lora_reference_kl_and_reused_buffer(tmp_path):
     from peft import LoraConfig
 
     class Spy(V05GRPOTrainer):
-        def _compute_loss(self, model, inputs):
+        def ext_compute_loss(self, model, inputs):
             self.seen.append((inputs["advantages"].clone(), inputs["ref_per_token_logps"].clone()))
-            return super()._compute_loss(model, inputs)
+            return super().ext_compute_loss(model, inputs)
 
     from trl_ext.testbed import build_tiny_model, build_tokenizer
 
@@ -553,7 +694,7 @@ def test_lora_reference_kl_and_reused_buffer(tmp_path):
     assert tr.ref_model is None  # PEFT: the reference is the model with its adapter disabled
     base_before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if "lora_" not in n}
     tr.train()
-    assert tr._v05_generation_index == 1 and len(tr.support_buffer) == 8  # one generation for 4 micro-steps
+    assert tr.rollout_strategy.generation_index == 1 and len(tr.support_buffer) == 8  # one generation for 4 micro-steps
     assert len(tr.seen) == 4
     for (a0, r0), (a1, r1) in zip(tr.seen[:2], tr.seen[2:]):
         assert torch.equal(a0, a1) and torch.equal(r0, r1)  # second iteration: the same buffered micro-batches

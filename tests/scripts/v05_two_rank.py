@@ -5,13 +5,15 @@ or in-process through :func:`run` (1 process).
 Stand-in: the reward of a rollout is the prompt's fixed success bit ``truth(row) = row % 2`` (so every per-prompt
 decision is a function of the prompt and its prior only, and must not depend on the number of processes), and the
 prior is exact except on a "corrupted" set of rows where it predicts the opposite. Generation is forced into the
-collective mode (every rank dispatches the same number of rows in every round) so the padding path runs too.
+collective mode (``trl_ext.trainers._trl_compat.generation_is_collective`` patched: the base trainer's
+``generate_rollouts`` then pads every rank's call to the same length in every round) so the padding path runs too.
 
 With a third argument ``keyed``, generation is left non-collective (a rank whose prompts are all done skips the
 round) and ``keyed_sampling=True``: building keyed requests is a collective every rank must still join.
 
 Each rank writes ``OUT_DIR/rank{r}.json``: per step the global per-prompt decisions ``{row_idx: k}``, rounds,
-early stop, buffer fingerprint, the length of every generation call this rank made, and its world size.
+early stop, buffer fingerprint, the number of rows this rank passed to every ``generate_rollouts`` call (``calls``),
+the length of every backend call after the collective padding (``backend_calls``), and its world size.
 """
 
 import json
@@ -36,6 +38,7 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatc
     torch.set_num_threads(1)
     from trl_ext.priors import CallablePrior
     from trl_ext.testbed import build_tiny_model, build_tokenizer, make_dataset
+    from trl_ext.trainers import _trl_compat as compat
     from trl_ext.trainers.v05 import V05GRPOConfig, V05GRPOTrainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))  # PartialState() before the config may not see the CPU ranks
@@ -60,15 +63,16 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatc
         save_strategy="no", disable_tqdm=True, seed=0, dispatch_multiple=dispatch_multiple, keyed_sampling=keyed,
     )
 
-    records, calls = [], []
+    records, calls, backend_calls = [], [], []
 
     class Recording(V05GRPOTrainer):
-        def _v05_generation_is_collective(self):
-            return force_collective or super()._v05_generation_is_collective()
-
-        def _generate_completion_ids(self, rows):
+        def generate_rollouts(self, rows, **kw):
             calls.append(len(rows))
-            return super()._generate_completion_ids(rows)
+            return super().generate_rollouts(rows, **kw)
+
+        def generate_token_ids(self, prompt_ids, **kw):
+            backend_calls.append(len(prompt_ids))
+            return super().generate_token_ids(prompt_ids, **kw)
 
         def compute_advantages(self, batch):
             adv = super().compute_advantages(batch)
@@ -81,10 +85,16 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatc
 
     tr = Recording(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
                    prior=CallablePrior(prior_fn))
-    tr.train()
+    real_is_collective = compat.generation_is_collective
+    if force_collective:
+        compat.generation_is_collective = lambda trainer: trainer.accelerator.num_processes > 1
+    try:
+        tr.train()
+    finally:
+        compat.generation_is_collective = real_is_collective
     rank = tr.accelerator.process_index
     assert tr.accelerator.num_processes == world, (tr.accelerator.num_processes, world)
-    result = {"rank": rank, "world_size": world, "steps": records, "calls": calls,
+    result = {"rank": rank, "world_size": world, "steps": records, "calls": calls, "backend_calls": backend_calls,
               "buffer_len": len(tr.support_buffer)}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -1,8 +1,9 @@
 """V0.5: empirical shrinkage fusion of a value prior with sparse rollouts, and Sequential OSLA allocation.
 
-Source: ``v05_value_prior_osla.txt`` -- "Empirical Shrinkage Fusion" (Theorems 3.2-3.4, Eq. 6-9),
-"Sequential OSLA Allocation" (Eq. 11, Theorems 3.5-3.6, Appendix A.8) and "End-to-End Implementation
-Workflow" (Section 4.1.3). Rewards live in [-1, 1] (binary {-1, 1} in the paper); the prior is V = 2p - 1.
+Source: "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848) -- "Empirical
+Shrinkage Fusion" (Theorems 3.2-3.4, Eq. 6-9), "Sequential OSLA Allocation" (Eq. 11, Theorems 3.5-3.6,
+Appendix A.8) and "End-to-End Implementation Workflow" (Section 4.1.3). Rewards live in [-1, 1] (binary {-1, 1} in
+the paper); the prior is V = 2p - 1.
 
 For one prompt with k finite rewards r_1..r_k and prior V:
 
@@ -14,6 +15,13 @@ For one prompt with k finite rewards r_1..r_k and prior V:
 * Theorem 3.4: |E[mu*] - mu_true| <= 1/sqrt(k) for every k, V and reward law on [-1, 1].
 * Theorem 3.6: stop at the first k >= k_min with k >= 1/sqrt(c) - 1/bias2; add 2 rollouts otherwise,
   never beyond round(1/sqrt(c)) (= 16 for the paper's c = 0.0039).
+* Eq. 10: the surrogate averages (1/k) sum_i over each prompt's k rollouts, so every prompt carries the same total
+  weight whatever its k (:func:`equal_prompt_weights`).
+
+The OSLA decision exists once: :func:`osla_need_more` (Theorem 3.6, one prompt) -> :func:`osla_next_counts` (one
+round, one prompt) -> :func:`osla_step` (one round of a batch, with the Section 4.1.3 global stop). The simulation
+loop :func:`osla_allocate`, the estimator audit and the trainer's rollout strategy
+(:class:`trl_ext.trainers.v05.OSLARounds`) all call :func:`osla_step`.
 """
 
 from __future__ import annotations
@@ -46,8 +54,11 @@ __all__ = [
     "osla_need_more",
     "osla_next_counts",
     "osla_should_stop",
+    "osla_step",
+    "OslaStep",
     "osla_allocate",
     "OslaAllocation",
+    "equal_prompt_weights",
     "to_signed_reward",
     "V05_PAPER_COST",
     "V05_K_INIT",
@@ -366,18 +377,119 @@ def osla_next_counts(k: Any, bias2: Any, cost: float, step: int = 2, cap: int | 
     return np.where(need, np.minimum(kk + int(step), cap), kk)
 
 
+def _global_stop(need: np.ndarray, f: float) -> np.ndarray:
+    """Section 4.1.3's global stop along the last axis (one batch): fewer than ``f`` of its prompts need more.
+
+    ``f = 0`` disables the fraction rule (the batch then stops only when no prompt needs more).
+    """
+    return need.mean(axis=-1) < f if f > 0 else ~need.any(axis=-1)
+
+
+def _check_frac(min_active_frac: Any) -> float:
+    try:
+        f = float(min_active_frac)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"min_active_frac must be a number in [0, 1] or None, got {min_active_frac!r}.") from exc
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"min_active_frac must be in [0, 1], got {min_active_frac!r}.")
+    return f
+
+
 def osla_should_stop(need_mask: Any, min_active_frac: float = 0.25) -> bool:
     """Global stop (Section 4.1.3): True when fewer than ``min_active_frac`` of the batch's prompts need more.
 
-    Raises ``ValueError`` on an empty mask or ``min_active_frac`` outside [0, 1].
+    ``min_active_frac = 0`` stops only when no prompt needs more. Raises ``ValueError`` on an empty mask or
+    ``min_active_frac`` outside [0, 1].
     """
     m = to_numpy(need_mask).astype(bool).reshape(-1)
     if m.size == 0:
         raise ValueError("need_mask is empty; pass one flag per prompt in the batch.")
-    f = float(min_active_frac)
-    if not 0.0 <= f <= 1.0:
-        raise ValueError(f"min_active_frac must be in [0, 1], got {min_active_frac!r}.")
-    return bool(m.mean() < f) if f > 0 else not m.any()
+    return bool(_global_stop(m, _check_frac(min_active_frac)))
+
+
+@dataclass(frozen=True)
+class OslaStep:
+    """One round of Sequential OSLA for a batch of prompts (output of :func:`osla_step`).
+
+    Attributes
+    ----------
+    need : ndarray of bool, shape (..., G)
+        Theorem 3.6's per-prompt continuation test (``k < 1/sqrt(c) - 1/bias2`` and ``k < cap``); False for
+        prompts whose prior cannot be tested (NaN ``bias2``).
+    add : ndarray of int64, shape (..., G)
+        Rollouts to draw for each prompt in this round: ``min(k + step, cap) - k`` where ``need`` and the batch goes
+        on, else 0. All zero when ``stop``.
+    stop : bool (or ndarray of bool, shape (...))
+        True when the batch draws nothing more: no prompt needs more, or the global stop fired.
+    stopped_globally : bool (or ndarray of bool, shape (...))
+        True when the global stop ended the batch while some prompts still needed more.
+    """
+
+    need: np.ndarray
+    add: np.ndarray
+    stop: Any
+    stopped_globally: Any
+
+
+def osla_step(
+    k: Any,
+    bias2: Any,
+    cost: float,
+    *,
+    step: int = 2,
+    cap: int | None = None,
+    min_active_frac: float | None = 0.25,
+) -> OslaStep:
+    """One Sequential OSLA round for a batch (Theorem 3.6 per prompt + the global stop of Section 4.1.3).
+
+    The single implementation of the per-round decision: :func:`osla_allocate`, the V0.5 estimator audit and the
+    trainer's rollout strategy (:class:`trl_ext.trainers.v05.OSLARounds`, on the batch gathered over ranks) call it.
+
+    Parameters
+    ----------
+    k : int array_like, shape (..., G)
+        Rollouts drawn so far per prompt (>= 1; an unscorable rollout still counts: it cost compute).
+    bias2 : array_like, shape (..., G)
+        Eq. 7 estimates at the current counts (>= 0). NaN marks a prompt whose prior cannot be tested (no scorable
+        rollout): it never gets more rollouts but counts in the batch for the global stop.
+    cost : float > 0
+        Marginal rollout cost c (paper: 0.0039).
+    step : int >= 1
+        Rollouts added per round to a prompt that needs more (paper: 2).
+    cap : int, optional
+        Budget cap; defaults to :func:`osla_cap` (``round(1/sqrt(c))``, 16 for the paper's c).
+    min_active_frac : float in [0, 1] or None
+        Global stop: the batch (the last axis; leading axes are independent batches) stops when fewer than this
+        fraction of its prompts need more (paper: 0.25; exactly 25% continues). ``None`` or 0 disables it.
+
+    Returns
+    -------
+    OslaStep
+        ``stop`` / ``stopped_globally`` are Python bools for a single batch (1-D input), else arrays of the leading
+        shape.
+    """
+    kk = _check_k(k)
+    b = as_float_array(bias2, "bias2", ndim=None)
+    kk, b = np.broadcast_arrays(kk, b)
+    if kk.ndim == 0 or kk.shape[-1] == 0:
+        raise ValueError(f"osla_step needs one count and one bias2 per prompt (shape (..., G), G >= 1), got shape "
+                         f"{kk.shape}.")
+    if isinstance(step, bool) or int(step) != step or step < 1:
+        raise ValueError(f"step must be a positive integer, got {step!r}.")
+    f = 0.0 if min_active_frac is None else _check_frac(min_active_frac)
+    cap = osla_cap(cost) if cap is None else int(cap)
+    testable = ~np.isnan(b)
+    nxt = kk.copy()
+    if testable.any():
+        nxt[testable] = osla_next_counts(kk[testable], b[testable], cost, step=step, cap=cap)
+    need = nxt > kk
+    none = ~need.any(axis=-1)
+    stop = none | _global_stop(need, f)
+    stopped_globally = stop & ~none
+    add = np.where(stop[..., None], 0, nxt - kk).astype(np.int64)
+    if kk.ndim == 1:
+        return OslaStep(need=need, add=add, stop=bool(stop), stopped_globally=bool(stopped_globally))
+    return OslaStep(need=need, add=add, stop=stop, stopped_globally=stopped_globally)
 
 
 @dataclass(frozen=True)
@@ -448,25 +560,51 @@ def osla_allocate(
     while True:
         fr = shrinkage_fusion_batch(buf, None, v)
         # the rule uses the number of rollouts drawn (an unscorable NaN rollout still cost compute)
-        need = osla_need_more(k, fr.bias2, cost, cap=cap)
-        if not need.any():
+        st = osla_step(k, fr.bias2, cost, step=step, cap=cap, min_active_frac=min_active_frac)
+        if st.stop:
+            stopped = st.stopped_globally
             break
-        if min_active_frac is not None and osla_should_stop(need, min_active_frac):
-            stopped = True
-            break
-        act = np.flatnonzero(need)
-        new_k = np.minimum(k[act] + int(step), cap)
-        n_new = int((new_k - k[act]).max())
+        act = np.flatnonzero(st.add)
+        n_new = int(st.add[act].max())
         draws = as_float_array(sample(act, n_new), "sample() output", ndim=2)
         if draws.shape != (act.size, n_new):
             raise ValueError(f"sample() must return shape ({act.size}, {n_new}), got {draws.shape}.")
         for j, p in enumerate(act):
-            add = int(new_k[j] - k[p])
+            add = int(st.add[p])
             buf[p, k[p]:k[p] + add] = draws[j, :add]
-        k[act] = new_k
+        k[act] += st.add[act]
         rounds += 1
     fr = shrinkage_fusion_batch(buf, None, v)
     return OslaAllocation([buf[j, : k[j]].copy() for j in range(g)], k, fr, rounds, stopped)
+
+
+# --------------------------------------------------------------------------------------------- prompt weights
+def equal_prompt_weights(k: Any) -> np.ndarray:
+    """Per-prompt advantage multipliers ``c_j = kbar / k_j`` that give every prompt the same total weight (Eq. 10).
+
+    The paper's surrogate (Eq. 10) averages ``(1/k) sum_i`` over each prompt's ``k`` rollouts, then over prompts:
+    every prompt weighs the same whatever ``k`` OSLA gave it. A loss that sums over all rollouts of the batch with one
+    global normalizer (TRL's token-level ``dapo``/``cispo``/``vespo``) weighs a prompt in proportion to its
+    ``k``; multiplying prompt ``j``'s advantages by ``c_j`` restores equal weights (for equal completion lengths:
+    ``c_j k_j = kbar`` for every prompt). ``kbar`` is the mean of ``k``, so ``sum_j c_j k_j = sum_j k_j``: the
+    total advantage mass of the batch, and hence the overall gradient scale, is unchanged. The clipped surrogate is
+    positively homogeneous in ``A``, so prompt ``j``'s gradient is multiplied by exactly ``c_j``.
+
+    Parameters
+    ----------
+    k : array_like of int, shape (G,)
+        Rollouts per prompt that carry an advantage (scorable rollouts), each >= 1.
+
+    Returns
+    -------
+    ndarray of float64, shape (G,)
+        ``mean(k) / k``; in ``[k_min / k_max, k_max / k_min]`` (at most ``cap / k_init`` = 4 with the paper's
+        defaults, so ``|c_j A_i| <= 4 x 2 / sigma_floor``).
+    """
+    kk = _check_k(k)
+    if kk.ndim != 1 or kk.size == 0:
+        raise ValueError(f"k must be a non-empty 1-D array of per-prompt rollout counts, got shape {kk.shape}.")
+    return float(kk.mean()) / kk.astype(np.float64)
 
 
 # --------------------------------------------------------------------------------------------- rewards

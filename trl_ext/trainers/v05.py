@@ -1,8 +1,10 @@
 """V0.5 GRPO: value-prior shrinkage fusion with Sequential OSLA rollout allocation, as a TRL 1.16 trainer.
 
-Source: ``/work/shared/papers/v05_value_prior_osla.txt`` -- "End-to-End Implementation Workflow" (Section 4.1.3,
-Steps 1-5), "Empirical Shrinkage Fusion" (Eq. 6-9) and "Sequential OSLA Allocation" (Theorem 3.6, Appendix A.8).
-The math lives in :mod:`trl_ext.estimators.v05`; this module only wires it into TRL's generation loop.
+Source: "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848) -- "End-to-End
+Implementation Workflow" (Section 4.1.3, Steps 1-5), "Empirical Shrinkage Fusion" (Eq. 6-9), the surrogate objective
+(Eq. 10) and "Sequential OSLA Allocation" (Theorem 3.6, Appendix A.8). The math lives in
+:mod:`trl_ext.estimators.v05`; this module wires it into the base trainer as a rollout strategy
+(:class:`OSLARounds`) and an advantage hook (:meth:`V05GRPOTrainer.compute_advantages`).
 
 Per generation batch (train mode; every rank holds ``per_device_train_batch_size * steps_per_generation``
 **unique** prompts):
@@ -11,24 +13,31 @@ Per generation batch (train mode; every rank holds ``per_device_train_batch_size
    :class:`~trl_ext.priors.SupportBuffer` (identical on every rank, seeded by ``(seed, generation index)``) and query
    the prior once per prompt: ``p in [0, 1]``, ``V = 2p - 1``. Cold start: an empty buffer gives an empty context and
    each prior's documented empty-context answer (embedding prior: ``p = 0.5``, i.e. ``V = 0``).
-2. **Cold start allocation** (Step 2): ``k_init`` (4) rollouts per prompt, scored locally, rewards mapped from
-   ``[reward_low, reward_high]`` to ``[-1, 1]``.
-3. **Test + OSLA rounds** (Steps 3-4): a prompt needs more while ``k < 1/sqrt(c) - 1/bias2`` and
-   ``k < round(1/sqrt(c))`` (16 for ``c = 0.0039``); those get ``k_step`` (2) more rollouts per round. The need
-   flags are gathered over ranks; the whole batch stops when fewer than ``global_stop_fraction`` (25%) of its
-   prompts still need rollouts. Every rank therefore runs the same number of rounds.
+2. **Cold start allocation** (Step 2): ``k_init`` (4) rollouts per prompt, generated with
+   :meth:`trl_ext.GRPOTrainer.generate_rollouts` and scored locally with
+   :meth:`~trl_ext.GRPOTrainer.score_rollouts_local`, rewards mapped from ``[reward_low, reward_high]`` to
+   ``[-1, 1]``.
+3. **Test + OSLA rounds** (Steps 3-4): the per-prompt drawn counts and Eq. 7 bias estimates are gathered over ranks
+   and :func:`trl_ext.estimators.osla_step` (the library's one OSLA rule) decides the round on the whole batch: a
+   prompt needs more while ``k < 1/sqrt(c) - 1/bias2`` and ``k < round(1/sqrt(c))`` (16 for ``c = 0.0039``) and gets
+   ``k_step`` (2) more rollouts; the whole batch stops when fewer than ``global_stop_fraction`` (25%) of its prompts
+   still need rollouts. Every rank therefore runs the same rounds.
 4. **Fusion + advantages** (Step 5): ``A_i = (r_i - mu*) / sigma*`` with the fused baseline of Eq. 9 computed by
-   :func:`trl_ext.estimators.fused_advantages_batch` on the gathered groups; the rollouts go through TRL's loss via
-   :meth:`trl_ext.GRPOTrainer._finish_rollouts` (pad rows masked out of the loss and the token normalizer).
+   :func:`trl_ext.estimators.fused_advantages_batch` on the gathered groups, then (``v05_prompt_weighting="equal"``,
+   the default) multiplied by ``c_j = kbar / k_j`` so every prompt carries the same total weight in the loss, as
+   Eq. 10's per-prompt mean ``(1/k) sum_i`` does (:func:`trl_ext.estimators.equal_prompt_weights`). The rollouts go
+   through TRL's loss via :meth:`trl_ext.GRPOTrainer.finish_rollouts` (pad rows masked out of the loss and the token
+   normalizer).
 5. **Support buffer**: one pair per scorable prompt, success ``(vbar + 1) / 2``, added in global order on every
-   rank and saved in every checkpoint.
+   rank and saved in every checkpoint (the strategy's generation index too).
+
+Every generated token -- dispatch padding and the rows that equalize collective calls included -- is counted by the
+base trainer's one counter, ``ext/generated_tokens``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,47 +45,39 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ..estimators import v05 as v05_estimators
 from ..estimators.v05 import (
     DEFAULT_SIGMA_FLOOR,
     V05_K_INIT,
     V05_PAPER_COST,
+    equal_prompt_weights,
     fused_advantages_batch,
     osla_cap,
-    osla_need_more,
-    osla_should_stop,
     shrinkage_fusion_batch,
 )
 from ..priors import SupportBuffer, ValuePrior, build_prior
 from . import _trl_compat as compat
-from .base import ExtGRPOConfig, GRPOTrainer
+from .base import ExtGRPOConfig, GRPOTrainer, parse_kwargs_field, validate_ext_config
 from .batch import RolloutBatch
+from .rollouts import RolloutStrategy, weighted_reward
 
-__all__ = ["V05GRPOConfig", "V05GRPOTrainer", "V05_SUPPORTED_LOSS_TYPES"]
+__all__ = ["V05GRPOConfig", "V05GRPOTrainer", "OSLARounds", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
 
 V05_SUPPORTED_LOSS_TYPES = ("dapo", "cispo", "vespo")
 """Loss types whose normalizer stays exact with variable group sizes and per-rank pad rows.
 
 They divide the summed per-token loss by the *global* count of loss-mask tokens (``num_items_in_batch``), which
-``_finish_rollouts`` recomputes after masking pad rows: every real token gets the same weight whatever the group
-size or the number of pad rows on its rank. The sequence-level losses (``grpo``, ``sapo``, ``luspo``) average over
-the local rows *including* pad rows and ``dr_grpo`` divides by ``local rows x max_completion_length``, so a rank
-padded with many pad rows would get its gradient shrunk; ``bnpo`` normalizes by the local micro-batch tokens, so
-DDP's equal-weight rank average over-weights tokens on ranks with fewer of them. Those are rejected unless
-``allow_unsupported_loss_type=True``.
+:meth:`~trl_ext.GRPOTrainer.finish_rollouts` recomputes after masking pad rows: every real token gets the same weight
+whatever the group size or the number of pad rows on its rank (per-prompt weights are then set explicitly by
+``v05_prompt_weighting``). The sequence-level losses (``grpo``, ``sapo``, ``luspo``) and ``dr_grpo`` have their
+pad-row denominators corrected by the base trainer but are not covered by a V0.5 gradient test yet; ``bnpo``
+normalizes by the local micro-batch tokens, so DDP's equal-weight rank average over-weights tokens on ranks with
+fewer of them. Those are rejected unless ``allow_unsupported_loss_type=True``.
 """
 
-
-def _parse_kwargs(value: Any, name: str) -> dict:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}: {e}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a dict (or a JSON object string), got {type(value).__name__}.")
-    return dict(value)
+V05_PROMPT_WEIGHTINGS = ("equal", "rollout")
+"""Values of ``v05_prompt_weighting``: ``"equal"`` (Eq. 10: every prompt the same total weight) or ``"rollout"``
+(every rollout token the same weight: a prompt's weight grows with its rollout count)."""
 
 
 # ---------------------------------------------------------------------------------------------------------- config
@@ -84,10 +85,13 @@ def _parse_kwargs(value: Any, name: str) -> dict:
 class V05GRPOConfig(ExtGRPOConfig):
     """:class:`~trl_ext.trainers.base.ExtGRPOConfig` plus the V0.5 options; defaults reproduce the paper.
 
-    ``per_device_train_batch_size`` counts **unique prompts** per rank (the sampler yields each prompt once;
-    the rollouts per prompt are chosen by OSLA). ``num_generations`` is not used in training; it is only the group
-    size of evaluation (``num_generations_eval`` defaults to it) and need not divide the generation batch (TRL's
-    check is run with a placeholder when it does not). Its default here is 2.
+    Every option is one dataclass field (its ``help`` is the command-line help); the trainer reads them from
+    ``self.args``. ``per_device_train_batch_size`` counts **unique prompts** per rank (the sampler yields each prompt
+    once; the rollouts per prompt are chosen by OSLA). ``num_generations`` is not used in training; it is only the
+    group size of evaluation (``num_generations_eval`` defaults to it) and need not divide the generation batch
+    (TRL's check runs with a placeholder, :func:`trl_ext.trainers._trl_compat.validate_config_with_placeholder_group_size`).
+    Its default here is 2. A plain ``trl.GRPOConfig`` given to :class:`V05GRPOTrainer` is upgraded with these
+    defaults and checked by :meth:`validate_method_options`.
 
     Parameters
     ----------
@@ -107,8 +111,8 @@ class V05GRPOConfig(ExtGRPOConfig):
         Pad each generation dispatch (per rank, per round) to a multiple of this (the paper pads to 32 for
         tensor-parallel generation). The extra rollouts go round-robin to the prompts of that dispatch (never past
         the cap), so a prompt may end slightly above its target; slots no prompt can take are generated and
-        discarded (``v05/discarded_rollouts``). When generation is a collective (see the trainer's Notes) every
-        rank also pads its dispatch to the longest one across ranks; those equalizing rows are discarded too, so
+        discarded (``v05/discarded_rollouts``). When generation is a collective, the base trainer also pads every
+        rank's call to the longest one across ranks; those equalizing rows are discarded (and counted) too, so
         per-prompt decisions do not depend on how prompts are spread over ranks (with ``dispatch_multiple=1``).
     buffer_capacity, context_size : int, default 512, 256
         Support buffer capacity and context size (Workflow Step 1).
@@ -127,6 +131,12 @@ class V05GRPOConfig(ExtGRPOConfig):
         ``1/k`` valid). A finite reward outside the range raises ``ValueError``.
     sigma_floor : float in (0, 1], default 0.2
         Floor of ``sigma* = sqrt(1 - mu*^2)`` in the advantage (see :func:`~trl_ext.estimators.fused_advantages`).
+    v05_prompt_weighting : {"equal", "rollout"}, default "equal"
+        ``"equal"`` (the paper's Eq. 10): prompt ``j``'s advantages are multiplied by ``c_j = kbar / k_j``
+        (``k_j`` its scorable rollouts, ``kbar`` their mean over the generation batch's scorable prompts), so every
+        prompt carries the same total weight in the loss for equal completion lengths and the overall scale is
+        unchanged. ``"rollout"``: no reweighting; the token-level loss weighs every rollout token the same, so a
+        prompt with 16 rollouts weighs 4x one with 4.
     allow_small_k_init : bool, default False
         Accept ``k_init < 4`` (for ablations).
     allow_unsupported_loss_type : bool, default False
@@ -137,8 +147,8 @@ class V05GRPOConfig(ExtGRPOConfig):
     """
 
     num_generations: int | None = field(
-        default=2, metadata={"help": "Unused in V0.5 training (OSLA chooses k); must divide the generation batch; "
-                                     "group size for evaluation."},
+        default=2, metadata={"help": "Unused in V0.5 training (OSLA chooses k per prompt); the group size of "
+                                     "evaluation. Need not divide the generation batch."},
     )
     k_init: int = field(default=V05_K_INIT, metadata={"help": "Rollouts per prompt before the first test (paper: 4)."})
     k_step: int = field(default=2, metadata={"help": "Rollouts added per OSLA round (paper: 2)."})
@@ -159,48 +169,36 @@ class V05GRPOConfig(ExtGRPOConfig):
     reward_low: float = field(default=0.0, metadata={"help": "Lower end of the declared reward range."})
     reward_high: float = field(default=1.0, metadata={"help": "Upper end of the declared reward range."})
     sigma_floor: float = field(default=DEFAULT_SIGMA_FLOOR, metadata={"help": "Floor of sigma* in the advantage."})
+    v05_prompt_weighting: str = field(
+        default="equal",
+        metadata={"help": "equal (paper Eq. 10): advantages x kbar/k_j so every prompt weighs the same whatever its "
+                          "rollout count; rollout: every rollout token weighs the same (prompts with more rollouts "
+                          "weigh more).",
+                  "choices": list(V05_PROMPT_WEIGHTINGS)},
+    )
     allow_small_k_init: bool = field(default=False, metadata={"help": "Accept k_init < 4 (ablations only)."})
     allow_unsupported_loss_type: bool = field(
-        default=False, metadata={"help": "Accept loss types whose normalizer is biased by pad rows."}
+        default=False, metadata={"help": "Accept loss types outside dapo/cispo/vespo (not covered by V0.5 tests)."}
     )
     check_buffer_sync: bool = field(default=True, metadata={"help": "Assert equal support buffers on all ranks."})
 
     def __post_init__(self):
-        # TRL's check generation_batch_size % num_generations == 0 (GC 1131) assumes G-fold repeated prompts; here
-        # the generation batch counts unique prompts and num_generations is only the eval group size, so when it
-        # does not divide the batch, validate with a placeholder that does and restore it (as BASISConfig does).
-        g, eval_g = self.num_generations, self.num_generations_eval
-        placeholder = _unique_prompt_placeholder(self)
-        if placeholder is not None:
-            self.num_generations, self.num_generations_eval = placeholder, eval_g or g
-        try:
-            super().__post_init__()
-        finally:
-            self.num_generations = g
-        self.value_prior_kwargs = _parse_kwargs(self.value_prior_kwargs, "value_prior_kwargs")
-        validate_v05_config(self)
+        self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
+                                                             "advantage_estimator_kwargs")
+        # TRL's GRPOConfig.__post_init__ (not ExtGRPOConfig's, which would key TRL's divisibility check to
+        # num_generations): the generation batch counts unique prompts, so it is validated with a placeholder group
+        # size and num_generations is restored (the eval group size).
+        compat.validate_config_with_placeholder_group_size(self, super(ExtGRPOConfig, self).__post_init__,
+                                                           group_size=1)
+        self.validate_method_options(self)
 
-
-def _unique_prompt_placeholder(cfg) -> int | None:
-    """A ``num_generations`` >= 2 dividing the unique-prompt generation batch, or None if ``cfg``'s already does."""
-    g = cfg.num_generations
-    if not _is_int(g) or g < 1:
-        return None  # TRL reports it
-    if cfg.generation_batch_size is not None:
-        known = int(cfg.generation_batch_size)
-    else:
-        spg = cfg.steps_per_generation if cfg.steps_per_generation is not None else cfg.gradient_accumulation_steps
-        known = int(cfg.per_device_train_batch_size) * int(spg)  # divides per_device * world * spg
-    if known % g == 0 and g >= 2:
-        return None
-    if known < 2:
-        known *= int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if known < 2:
-        raise ValueError(
-            f"V05GRPOConfig: the generation batch holds {known} unique prompt; TRL needs at least 2 rows per "
-            "generation batch. Raise per_device_train_batch_size, steps_per_generation or generation_batch_size."
-        )
-    return known
+    @staticmethod
+    def validate_method_options(config: Any) -> None:
+        """Check the trl_ext and V0.5 fields of ``config`` (also run by ``as_config`` on an upgraded plain config);
+        parses ``value_prior_kwargs``. Raises ``ValueError`` saying what to change."""
+        validate_ext_config(config)
+        config.value_prior_kwargs = parse_kwargs_field(config.value_prior_kwargs, "value_prior_kwargs")
+        validate_v05_config(config)
 
 
 def _is_int(v: Any) -> bool:
@@ -209,6 +207,9 @@ def _is_int(v: Any) -> bool:
 
 def validate_v05_config(args: Any) -> None:
     """Check the V0.5 fields of ``args``; raises ``ValueError`` saying what to change."""
+    g = args.num_generations
+    if not _is_int(g) or g < 1:
+        raise ValueError(f"num_generations (V0.5: the evaluation group size) must be an int >= 1, got {g!r}.")
     if not _is_int(args.k_step) or args.k_step < 1:
         raise ValueError(f"k_step must be an int >= 1, got {args.k_step!r}.")
     if not _is_int(args.k_init) or args.k_init < 1:
@@ -219,14 +220,14 @@ def validate_v05_config(args: Any) -> None:
             "(1/sqrt(k) >= 2/k needs k >= 4). Use k_init >= 4, or set allow_small_k_init=True for an ablation."
         )
     c = args.rollout_cost
-    if not (isinstance(c, int | float) and math.isfinite(c) and c > 0):
+    if not (isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0):
         raise ValueError(f"rollout_cost must be a finite number > 0, got {c!r}.")
     cap = osla_cap(c)
     if cap < args.k_init:
         raise ValueError(f"rollout_cost={c} gives cap round(1/sqrt(c))={cap} < k_init={args.k_init}; lower the cost "
                          f"(cap >= k_init needs c <= {1.0 / (args.k_init - 0.5) ** 2:.6g}) or lower k_init.")
     f = args.global_stop_fraction
-    if not (isinstance(f, int | float) and 0.0 <= f <= 1.0):
+    if not (isinstance(f, int | float) and not isinstance(f, bool) and 0.0 <= f <= 1.0):
         raise ValueError(f"global_stop_fraction must be in [0, 1] (0 disables the early stop), got {f!r}.")
     if not _is_int(args.dispatch_multiple) or args.dispatch_multiple < 1:
         raise ValueError(f"dispatch_multiple must be an int >= 1, got {args.dispatch_multiple!r}.")
@@ -240,20 +241,27 @@ def validate_v05_config(args: Any) -> None:
     s = args.sigma_floor
     if not (isinstance(s, int | float) and 0.0 < s <= 1.0):
         raise ValueError(f"sigma_floor must be in (0, 1], got {s!r}.")
+    if args.v05_prompt_weighting not in V05_PROMPT_WEIGHTINGS:
+        raise ValueError(f"v05_prompt_weighting must be one of {V05_PROMPT_WEIGHTINGS} ('equal': the paper's Eq. 10, "
+                         f"every prompt the same weight), got {args.v05_prompt_weighting!r}.")
     if not isinstance(args.value_prior, str) or not args.value_prior:
         raise ValueError(f"value_prior must be a prior kind string, got {args.value_prior!r}.")
+    if args.dynamic_sampling:
+        raise ValueError("dynamic_sampling is not available with V05GRPOTrainer (its rollouts are allocated by OSLA "
+                         "rounds); set dynamic_sampling=False.")
     if args.loss_type not in V05_SUPPORTED_LOSS_TYPES:
-        msg = (f"loss_type={args.loss_type!r} is biased by the pad rows that equalize variable rollout counts across "
-               f"ranks (see trl_ext.trainers.v05.V05_SUPPORTED_LOSS_TYPES); supported: {V05_SUPPORTED_LOSS_TYPES}.")
+        msg = (f"loss_type={args.loss_type!r}: V0.5 supports {V05_SUPPORTED_LOSS_TYPES}, whose global token normalizer "
+               "stays exact with variable rollout counts and per-rank pad rows; other loss types are not covered by "
+               "V0.5's tests (see trl_ext.trainers.v05.V05_SUPPORTED_LOSS_TYPES).")
         if not args.allow_unsupported_loss_type:
             raise ValueError(msg + " Use one of them or set allow_unsupported_loss_type=True.")
         warnings.warn(msg, UserWarning, stacklevel=3)
-    if getattr(args, "tie_break_scorer_index", None) is not None:
+    if args.tie_break_scorer_index is not None:
         raise ValueError("The tie-break blend (tie_break_scorer_index) is not supported by V05GRPOTrainer: the fusion "
                          "needs rewards on a declared bounded range. Unset tie_break_scorer_index.")
 
 
-# ---------------------------------------------------------------------------------------------------------- trainer
+# ---------------------------------------------------------------------------------------------------------- strategy
 @dataclass
 class _PromptState:
     """One local prompt during the OSLA rounds."""
@@ -270,210 +278,151 @@ class _PromptState:
         return len(self.completion_ids)
 
 
-class V05GRPOTrainer(GRPOTrainer):
-    """Drop-in GRPO trainer running V0.5 (value prior + Sequential OSLA + shrinkage-fused advantages).
+class OSLARounds(RolloutStrategy):
+    """V0.5's rollout allocation: prior query, ``k_init`` rollouts per prompt, then Sequential OSLA rounds.
 
-    Parameters
-    ----------
-    model, reward_funcs, args, train_dataset, eval_dataset, **kwargs
-        As :class:`trl.GRPOTrainer`; ``args`` should be a :class:`V05GRPOConfig` (a plain config gets the
-        V0.5 defaults).
-    prior : ValuePrior, optional
-        The value prior; default: built from ``args.value_prior`` / ``args.value_prior_kwargs``. The
-        ``"embedding"`` default embeds prompts with a frozen deep copy of the **starting** policy
-        (:func:`~trl_ext.priors.hf_mean_pool_embedder`); under DeepSpeed ZeRO-3 / FSDP pass a prior with its own
-        embedding model.
+    Workflow Steps 1-4 of "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848,
+    Section 4.1.3); the per-round decision is :func:`trl_ext.estimators.osla_step` (Theorem 3.6 plus the 25% global
+    stop) applied to the per-prompt drawn counts and Eq. 7 bias estimates gathered over ranks, so every rank runs the
+    same rounds and a prompt's decisions do not depend on the number of processes. Reads its options from
+    ``trainer.args`` (:class:`V05GRPOConfig`) and uses ``trainer.prior`` and ``trainer.support_buffer``.
+
+    Every rank calls :meth:`dispatch` once per round (possibly with nothing to generate): generation goes through
+    :meth:`trl_ext.GRPOTrainer.generate_rollouts`, which joins the keyed-sampling collective, pads collective calls
+    across ranks and counts every generated token in ``ext/generated_tokens``.
 
     Attributes
     ----------
-    support_buffer : SupportBuffer
-        The global (prompt, success) FIFO; saved in ``trl_ext_state.pt`` of every checkpoint.
-    last_v05 : dict or None
-        Global record of the latest train generation batch (identical on every rank): ``row_idx``, ``prompts``,
-        ``prior_p``, ``k`` (final rollouts per prompt), ``rejected_at_init``, ``bias2``, ``weight``, ``baseline``,
-        ``scorable``, ``rounds``, ``early_stop``, ``need_history`` (global need fraction before each round),
-        ``context_size``, ``buffer_fingerprint``.
-
-    Notes
-    -----
-    Generation backends: TRL's transformers path and its vLLM paths. Each dispatch goes through
-    :meth:`~trl_ext.GRPOTrainer._generate_completion_ids` (``_generate_single_turn``, one completion per row); with
-    vLLM the sampling log-probs of every rollout are kept next to its completion ids through all rounds and handed
-    to ``_finish_rollouts`` in the same order, so TRL's importance-sampling correction sees aligned log-probs. When
-    generation is a collective (vLLM server, vLLM colocate with tensor parallelism, DeepSpeed, FSDP) every rank
-    dispatches the same number of rows in every round (padded with discarded rollouts); otherwise a rank with no
-    active prompt skips the round.
+    generation_index : int
+        Train generation batches produced so far (seeds the support-buffer context); saved in every checkpoint
+        through :meth:`state_dict`.
+    pending : dict or None
+        The global record of the batch being finished, handed to :meth:`V05GRPOTrainer.compute_advantages`.
     """
 
-    unique_prompt_sampler: ClassVar[bool] = True
+    name = "v05_osla"
 
-    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *,
-                 prior: ValuePrior | None = None, **kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
-            args = V05GRPOConfig(f"{str(name).split('/')[-1] or 'model'}-V05")
-        if prior is not None and not isinstance(prior, ValuePrior):
-            raise TypeError(f"prior must be a trl_ext.priors.ValuePrior (wrap functions with CallablePrior), got "
-                            f"{type(prior).__name__}.")
-        self._v05 = _V05Options.from_args(args)
-        validate_v05_config(self._v05.as_namespace(args))
-        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
-        self.prior = prior if prior is not None else self._build_default_prior()
-        self.support_buffer = SupportBuffer(self._v05.buffer_capacity, self._v05.context_size, seed=int(args.seed))
-        self._v05_cap = osla_cap(self._v05.rollout_cost)
-        self._v05_generation_index = 0
-        self._v05_pending: dict | None = None
-        self.last_v05: dict | None = None
+    def __init__(self):
+        self.generation_index = 0
+        self.pending: dict | None = None
 
-    # ------------------------------------------------------------------------------------------------ setup
-    def _build_default_prior(self) -> ValuePrior:
-        kind = self._v05.value_prior.lower()
-        kw = dict(self._v05.value_prior_kwargs)
-        if kind == "embedding" and "embed_fn" not in kw:
-            from ..priors import hf_mean_pool_embedder
+    def describe(self, trainer) -> str:
+        a = trainer.args
+        cap = osla_cap(a.rollout_cost)
+        max_rounds = math.ceil(max(cap - a.k_init, 0) / a.k_step)
+        stop = f"global stop below {a.global_stop_fraction:.0%} of prompts" if a.global_stop_fraction > 0 \
+            else "no global stop"
+        return (f"rollout strategy v05_osla (V0.5 Sequential OSLA): {a.generation_batch_size} unique prompts per "
+                f"generation batch, {a.k_init} rollouts each, then up to {max_rounds} rounds of +{a.k_step} for prompts "
+                f"whose prior fails the test (cap {cap}, {stop}, dispatches padded to a multiple of "
+                f"{a.dispatch_multiple}); prompt weighting {a.v05_prompt_weighting!r}")
 
-            emb_kw = {k: kw.pop(k) for k in ("embed_batch_size", "embed_max_length") if k in kw}
-            kw["embed_fn"] = hf_mean_pool_embedder(
-                self.accelerator.unwrap_model(self.model), self._tokenizer,
-                batch_size=emb_kw.get("embed_batch_size", 32), max_length=emb_kw.get("embed_max_length", 512),
-            )
-        if kind == "callable" and "fn" not in kw:
-            raise ValueError("value_prior='callable' needs your function: pass prior=CallablePrior(fn) to "
-                             "V05GRPOTrainer (a function cannot go through the config).")
-        return build_prior(kind, **kw)
+    def state_dict(self) -> dict:
+        return {"generation_index": int(self.generation_index)}
 
-    def _v05_generation_is_collective(self) -> bool:
-        """True when every rank must call the generation backend with equally long lists in every round."""
-        if self.accelerator.num_processes == 1:
-            return False
-        if getattr(self, "use_vllm", False):
-            return self.vllm_mode == "server" or int(getattr(self.args, "vllm_tensor_parallel_size", 1)) > 1
-        return bool(getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False))
+    def load_state_dict(self, state: dict) -> None:
+        self.generation_index = int(state.get("generation_index", 0))
 
-    # ------------------------------------------------------------------------------------------------ scoring
-    def _v05_score_local(self, rows: list[dict], completion_ids: list[list[int]]) -> torch.Tensor:
-        """Local ``(n, F)`` rewards of this rank's rollouts (no cross-rank gather: ranks hold different counts).
+    def take_pending(self) -> dict | None:
+        """Return and clear the record of the batch being finished (``None`` outside a train generation)."""
+        pend, self.pending = self.pending, None
+        return pend
 
-        Delegates to the base trainer's :meth:`~trl_ext.trainers.base.GRPOTrainer._score_rollouts_local`.
-        """
-        return self._score_rollouts_local(rows, completion_ids).detach().float().cpu()
-
-    def _v05_signed(self, rpf: torch.Tensor) -> np.ndarray:
-        """Weighted summed reward (TRL's ``nansum``; NaN when every function returned None) mapped to [-1, 1]."""
-        w = self.reward_weights.detach().float().cpu()
-        r = (rpf * w.unsqueeze(0)).nansum(dim=1)
-        r[torch.isnan(rpf).all(dim=1)] = float("nan")
-        return self._v05_map_rewards(r.double().numpy())
-
-    def _v05_map_rewards(self, r: np.ndarray) -> np.ndarray:
-        lo, hi = self._v05.reward_low, self._v05.reward_high
-        fin = r[np.isfinite(r)]
-        tol = 1e-6 * (hi - lo)
-        if fin.size and (fin.min() < lo - tol or fin.max() > hi + tol):
-            raise ValueError(
-                f"V0.5: rewards must lie in the declared range [reward_low={lo}, reward_high={hi}] (the fusion's "
-                f"noise bound 1/k needs rewards mapped to [-1, 1]); got min={fin.min():.6g}, max={fin.max():.6g}. "
-                "Set reward_low/reward_high in V05GRPOConfig to the range your reward functions (x weights) produce."
-            )
-        if np.isinf(r).any():
-            raise ValueError("V0.5: a reward function returned an infinite reward; return None for unscorable ones.")
-        return np.clip(2.0 * (r - lo) / (hi - lo) - 1.0, -1.0, 1.0)
-
-    # ------------------------------------------------------------------------------------------------ generation
-    def _v05_dispatch(self, states: list[_PromptState], requests: list[tuple[int, int]]) -> dict:
+    # ------------------------------------------------------------------------------------------------ one round
+    def dispatch(self, trainer: V05GRPOTrainer, states: list[_PromptState], requests: list[tuple[int, int]]) -> dict:
         """Generate ``requests`` = [(local prompt index, n rollouts)], padded to ``dispatch_multiple``; score them.
 
-        Returns counters for the diagnostics. Every rank must call this in every round (it may dispatch nothing).
+        Every rank must call this in every round (it may request nothing). Returns this rank's counters for the
+        diagnostics: ``rollouts`` generated in the call (collective equalizing rows included) and how many of them
+        were ``discarded``.
         """
-        m = self._v05.dispatch_multiple
+        a = trainer.args
+        m, cap = a.dispatch_multiple, osla_cap(a.rollout_cost)
         want = [i for i, n in requests for _ in range(n)]
         # dispatch_multiple padding: the extra slots go round-robin to this dispatch's prompts, never beyond the cap
         extra = math.ceil(len(want) / m) * m - len(want)
         planned = {i: states[i].k + n for i, n in requests}
         while extra > 0:
-            takers = [i for i, _ in requests if planned[i] < self._v05_cap]
+            takers = [i for i, _ in requests if planned[i] < cap][:extra]
             if not takers:
                 break
-            for i in takers[:extra]:
+            for i in takers:
                 planned[i] += 1
                 want.append(i)
-            extra -= len(takers[:extra])
+            extra -= len(takers)
         target = math.ceil(len(want) / m) * m if want else 0
-        if self._v05_generation_is_collective():
-            # equal-length dispatch on every rank (vLLM server / TP / sharded models); these extra rows are discarded
-            n_max = int(compat.gather(torch.tensor([target], device=self.accelerator.device)).max().item())
-            target = max(n_max, 1)
-        n_dummy = target - len(want)
-        if target == 0:
-            if self.keyed_sampling_enabled:
-                # building keyed requests is a collective (sample indices count across ranks): a rank with nothing to
-                # generate in this round must still join it, or the ranks' gathers mismatch
-                self._generate_completion_ids([])
-            return {"rollouts": 0, "discarded": 0, "tokens": 0}
-        dummy_row = states[0].row
-        rows = [states[i].row for i in want] + [dummy_row] * n_dummy
-        c_ids, lps = self._generate_completion_ids(rows)
-        c_ids = [list(c) for c in c_ids]
+        fallback = states[0].row
+        rows = [states[i].row for i in want] + [fallback] * (target - len(want))
+        n_call = len(rows)
+        if compat.generation_is_collective(trainer):
+            # generate_rollouts pads the call to the longest rank with dummy rows (generated, counted, discarded)
+            n_call = int(compat.gather(torch.tensor([n_call], device=trainer.accelerator.device)).max().item())
+        c_ids, lps = trainer.generate_rollouts(rows, fallback_row=fallback)
         if len(c_ids) != len(rows):
             raise RuntimeError(f"generation returned {len(c_ids)} completions for {len(rows)} rows.")
         if lps is not None and len(lps) != len(rows):
             raise RuntimeError(f"generation returned {len(lps)} log-prob rows for {len(rows)} rows.")
         kept = len(want)
-        tokens = sum(len(c) for c in c_ids)
         if kept:
-            rpf = self._v05_score_local(rows[:kept], c_ids[:kept])
-            signed = self._v05_signed(rpf)
+            rpf = trainer.score_rollouts_local(rows[:kept], c_ids[:kept]).detach().float().cpu()
+            signed = trainer._v05_signed(rpf)
             for j, i in enumerate(want):
                 st = states[i]
-                st.completion_ids.append(c_ids[j])
+                st.completion_ids.append(list(c_ids[j]))
                 st.logprobs.append(None if lps is None else list(lps[j]))
                 st.rpf.append(rpf[j])
                 st.signed.append(float(signed[j]))
-        return {"rollouts": len(rows), "discarded": n_dummy, "tokens": tokens}
+        return {"rollouts": n_call, "discarded": n_call - kept}
 
-    def _v05_need(self, states: list[_PromptState]) -> tuple[np.ndarray, np.ndarray]:
-        """(need more, rejected) per local prompt from the current rollouts (Theorem 3.6 / Eq. 7)."""
-        g = len(states)
-        need = np.zeros(g, dtype=bool)
-        rejected = np.zeros(g, dtype=bool)
+    def decide(self, trainer: V05GRPOTrainer, states: list[_PromptState]):
+        """One OSLA decision on the whole generation batch (all ranks).
+
+        Computes this rank's drawn counts and Eq. 7 bias estimates (NaN for a prompt without a scorable rollout),
+        gathers them over ranks and applies :func:`trl_ext.estimators.osla_step`. Returns ``(step, local, bias2)``:
+        the global :class:`~trl_ext.estimators.OslaStep` (identical on every rank), the slice of this rank's prompts
+        in it, and the gathered ``bias2``.
+        """
+        a = trainer.args
+        k = np.array([s.k for s in states], dtype=np.int64)
+        bias2 = np.full(len(states), np.nan)
         scorable = [i for i, s in enumerate(states) if np.isfinite(s.signed).any()]
         if scorable:
             r = np.concatenate([np.asarray(states[i].signed) for i in scorable])
             gid = np.concatenate([np.full(states[i].k, j) for j, i in enumerate(scorable)])
             v = np.array([2.0 * states[i].prior_p - 1.0 for i in scorable])
-            fr = shrinkage_fusion_batch(r, gid, v)
-            # the rule counts rollouts drawn (an unscorable one still cost compute), as osla_allocate does
-            k_drawn = np.array([states[i].k for i in scorable])
-            need[scorable] = osla_need_more(k_drawn, fr.bias2, self._v05.rollout_cost, cap=self._v05_cap)
-            rejected[scorable] = fr.bias2 > 0
-        return need, rejected
+            bias2[scorable] = shrinkage_fusion_batch(r, gid, v).bias2
+        gathered = compat.gather_object([(k.tolist(), bias2.tolist())])
+        rank = trainer.accelerator.process_index
+        offset = sum(len(g[0]) for g in gathered[:rank])
+        k_all = np.array([x for g in gathered for x in g[0]], dtype=np.int64)
+        b2_all = np.array([x for g in gathered for x in g[1]], dtype=np.float64)
+        # module attribute lookup: the one OSLA rule, shared with osla_allocate and the audit
+        step = v05_estimators.osla_step(k_all, b2_all, a.rollout_cost, step=a.k_step, cap=osla_cap(a.rollout_cost),
+                                        min_active_frac=a.global_stop_fraction or None)
+        return step, slice(offset, offset + len(states)), b2_all
 
-    def _generate_and_score_completions(self, inputs):
-        if not self.model.training:
-            return super()._generate_and_score_completions(inputs)
-        o = self._v05
-        device = self.accelerator.device
+    # ------------------------------------------------------------------------------------------------ main
+    def generate_and_score(self, trainer: V05GRPOTrainer, inputs: list[dict]) -> dict:
+        a = trainer.args
         inputs = list(inputs)
         # Step 1: context + prior, once per prompt, before any rollout
-        ctx_prompts, ctx_outcomes = self.support_buffer.sample_context(self._v05_generation_index)
-        p = self.prior.predict([x["prompt"] for x in inputs], ctx_prompts, ctx_outcomes)
+        ctx_prompts, ctx_outcomes = trainer.support_buffer.sample_context(self.generation_index)
+        p = trainer.prior.predict([x["prompt"] for x in inputs], ctx_prompts, ctx_outcomes)
         states = [_PromptState(row=dict(x), prior_p=float(pi)) for x, pi in zip(inputs, p)]
         # Step 2: k_init rollouts per prompt
-        counters = self._v05_dispatch(states, [(i, o.k_init) for i in range(len(states))])
-        _, rejected_init = self._v05_need(states)
-        # Steps 3-4: OSLA rounds, decided on gathered flags so every rank runs the same rounds
-        rounds, early_stop, need_history = 0, False, []
+        counters = self.dispatch(trainer, states, [(i, a.k_init) for i in range(len(states))])
+        # Steps 3-4: OSLA rounds, decided on the gathered batch so every rank runs the same rounds
+        rounds, early_stop, need_history, rejected_at_init = 0, False, [], None
         while True:
-            need, _ = self._v05_need(states)
-            need_global = compat.gather(torch.as_tensor(need, device=device)).cpu().numpy().astype(bool)
-            need_history.append(float(need_global.mean()))
-            if not need_global.any():
+            step, mine, bias2 = self.decide(trainer, states)
+            if rejected_at_init is None:
+                rejected_at_init = np.nan_to_num(bias2, nan=0.0) > 0
+            need_history.append(float(step.need.mean()))
+            if step.stop:
+                early_stop = bool(step.stopped_globally)
                 break
-            if o.global_stop_fraction > 0 and osla_should_stop(need_global, o.global_stop_fraction):
-                early_stop = True
-                break
-            reqs = [(i, min(s.k + o.k_step, self._v05_cap) - s.k) for i, s in enumerate(states) if need[i]]
-            c = self._v05_dispatch(states, [(i, n) for i, n in reqs if n > 0])
+            add = step.add[mine]
+            c = self.dispatch(trainer, states, [(i, int(n)) for i, n in enumerate(add) if n > 0])
             for key in counters:
                 counters[key] += c[key]
             rounds += 1
@@ -493,35 +442,135 @@ class V05GRPOTrainer(GRPOTrainer):
             "prompts": [s.row["prompt"] for s in states],
             "prior_p": [s.prior_p for s in states],
             "k": [s.k for s in states],
-            "rejected_at_init": [bool(x) for x in rejected_init],
-            "tokens": counters["tokens"], "dispatched": counters["rollouts"], "discarded": counters["discarded"],
+            "dispatched": counters["rollouts"], "discarded": counters["discarded"],
         }
         gathered = compat.gather_object([local])
-        self._v05_pending = {
+        self.pending = {
             "row_idx": [r for g in gathered for r in g["row_idx"]],
             "prompts": [r for g in gathered for r in g["prompts"]],
             "prior_p": np.array([r for g in gathered for r in g["prior_p"]], dtype=np.float64),
             "k": np.array([r for g in gathered for r in g["k"]], dtype=np.int64),
-            "rejected_at_init": np.array([r for g in gathered for r in g["rejected_at_init"]], dtype=bool),
-            "tokens": sum(g["tokens"] for g in gathered),
+            "rejected_at_init": rejected_at_init,
             "dispatched": sum(g["dispatched"] for g in gathered),
             "discarded": sum(g["discarded"] for g in gathered),
             "rounds": rounds, "early_stop": early_stop, "need_history": need_history,
             "context_size": len(ctx_prompts),
         }
-        return self._finish_rollouts(rows, c_ids, group_ids=gids, logprobs=lps if use_lps else None,
-                                     rewards_per_func=torch.stack(rpf))
+        try:
+            return trainer.finish_rollouts(rows, c_ids, group_ids=gids, logprobs=lps if use_lps else None,
+                                           rewards_per_func=torch.stack(rpf))
+        finally:
+            self.pending = None
+            self.generation_index += 1
+
+
+# ---------------------------------------------------------------------------------------------------------- trainer
+class V05GRPOTrainer(GRPOTrainer):
+    """Drop-in GRPO trainer running V0.5 (value prior + Sequential OSLA + shrinkage-fused advantages).
+
+    Parameters
+    ----------
+    model, reward_funcs, args, train_dataset, eval_dataset, **kwargs
+        As :class:`trl.GRPOTrainer`; ``args`` is a :class:`V05GRPOConfig` (a plain ``trl.GRPOConfig`` is upgraded
+        with the V0.5 defaults, see :func:`~trl_ext.trainers.base.as_config`).
+    prior : ValuePrior, optional
+        The value prior; default: built from ``args.value_prior`` / ``args.value_prior_kwargs``. The
+        ``"embedding"`` default embeds prompts with a frozen deep copy of the **starting** policy
+        (:func:`~trl_ext.priors.hf_mean_pool_embedder`); under DeepSpeed ZeRO-3 / FSDP pass a prior with its own
+        embedding model.
+
+    Attributes
+    ----------
+    rollout_strategy : OSLARounds
+        The train-mode rollout allocation (:meth:`create_rollout_strategy`).
+    support_buffer : SupportBuffer
+        The global (prompt, success) FIFO; saved in ``trl_ext_state.pt`` of every checkpoint.
+    last_v05 : dict or None
+        Global record of the latest train generation batch (identical on every rank): ``row_idx``, ``prompts``,
+        ``prior_p``, ``k`` (final rollouts per prompt), ``rejected_at_init``, ``bias2``, ``weight``, ``baseline``,
+        ``vbar``, ``scorable``, ``prompt_weight`` (the Eq. 10 multiplier ``c_j``, NaN for unscorable prompts),
+        ``rounds``, ``early_stop``, ``need_history`` (global need fraction before each round), ``context_size``,
+        ``dispatched``, ``discarded``, ``buffer_fingerprint``.
+
+    Notes
+    -----
+    Generation backends: TRL's transformers path and its vLLM paths. Each dispatch goes through
+    :meth:`~trl_ext.GRPOTrainer.generate_rollouts` (TRL's single-turn generation, one completion per row); with vLLM
+    the sampling log-probs of every rollout are kept next to its completion ids through all rounds and handed to
+    :meth:`~trl_ext.GRPOTrainer.finish_rollouts` in the same order, so TRL's importance-sampling correction sees
+    aligned log-probs. When generation is a collective (vLLM server, vLLM colocate with tensor parallelism,
+    DeepSpeed, FSDP) every rank's call in every round is padded to the same length (discarded rollouts, counted);
+    otherwise a rank with no active prompt generates nothing in that round.
+    """
+
+    config_class: ClassVar[type] = V05GRPOConfig
+    unique_prompt_sampler: ClassVar[bool] = True
+
+    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *,
+                 prior: ValuePrior | None = None, **kwargs):
+        if prior is not None and not isinstance(prior, ValuePrior):
+            raise TypeError(f"prior must be a trl_ext.priors.ValuePrior (wrap functions with CallablePrior), got "
+                            f"{type(prior).__name__}.")
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
+        self.prior = prior if prior is not None else self._build_default_prior()
+        self.support_buffer = SupportBuffer(self.args.buffer_capacity, self.args.context_size,
+                                            seed=int(self.args.seed))
+        self.last_v05: dict | None = None
+
+    def create_rollout_strategy(self) -> RolloutStrategy:
+        """V0.5's :class:`OSLARounds`."""
+        return OSLARounds()
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def _build_default_prior(self) -> ValuePrior:
+        kind = self.args.value_prior.lower()
+        kw = dict(self.args.value_prior_kwargs)
+        if kind == "embedding" and "embed_fn" not in kw:
+            from ..priors import hf_mean_pool_embedder
+
+            emb_kw = {k: kw.pop(k) for k in ("embed_batch_size", "embed_max_length") if k in kw}
+            kw["embed_fn"] = hf_mean_pool_embedder(
+                self.accelerator.unwrap_model(self.model), compat.tokenizer(self),
+                batch_size=emb_kw.get("embed_batch_size", 32), max_length=emb_kw.get("embed_max_length", 512),
+            )
+        if kind == "callable" and "fn" not in kw:
+            raise ValueError("value_prior='callable' needs your function: pass prior=CallablePrior(fn) to "
+                             "V05GRPOTrainer (a function cannot go through the config).")
+        return build_prior(kind, **kw)
+
+    # ------------------------------------------------------------------------------------------------ rewards
+    def _v05_signed(self, rpf: torch.Tensor) -> np.ndarray:
+        """Weighted summed reward (TRL's ``nansum``; NaN when every function returned None) mapped to [-1, 1]."""
+        return self._v05_map_rewards(weighted_reward(rpf, self.reward_weights.detach().cpu()).double().numpy())
+
+    def _v05_map_rewards(self, r: np.ndarray) -> np.ndarray:
+        lo, hi = self.args.reward_low, self.args.reward_high
+        fin = r[np.isfinite(r)]
+        tol = 1e-6 * (hi - lo)
+        if fin.size and (fin.min() < lo - tol or fin.max() > hi + tol):
+            raise ValueError(
+                f"V0.5: rewards must lie in the declared range [reward_low={lo}, reward_high={hi}] (the fusion's "
+                f"noise bound 1/k needs rewards mapped to [-1, 1]); got min={fin.min():.6g}, max={fin.max():.6g}. "
+                "Set reward_low/reward_high in V05GRPOConfig to the range your reward functions (x weights) produce."
+            )
+        if np.isinf(r).any():
+            raise ValueError("V0.5: a reward function returned an infinite reward; return None for unscorable ones.")
+        return np.clip(2.0 * (r - lo) / (hi - lo) - 1.0, -1.0, 1.0)
 
     # ------------------------------------------------------------------------------------------------ advantages
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """Eq. 9 fused baseline and ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2), sigma_floor)`` (Workflow Step 5).
+        """Eq. 9 fused baseline, ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2), sigma_floor)`` (Workflow Step 5), times
+        the Eq. 10 prompt weight ``c_j = kbar / k_j`` (``v05_prompt_weighting="equal"``).
 
         Rewards are ``batch.rewards`` mapped from ``[reward_low, reward_high]`` to ``[-1, 1]``; the prior of group
-        ``j`` is the one queried for the ``j``-th prompt in global order. Groups whose rollouts all failed to score
-        get advantage 0, add nothing to the support buffer and are counted in ``v05/unscorable_prompts``.
-        Evaluation batches (fixed groups of ``num_generations_eval``) use the base GRPO advantages.
+        ``j`` is the one queried for the ``j``-th prompt in global order. ``k_j`` counts prompt ``j``'s scorable
+        rollouts and ``kbar`` is their mean over the scorable prompts, so with equal completion lengths every prompt
+        gets the same total weight under the token-level losses and the batch's total advantage mass is unchanged
+        (:func:`~trl_ext.estimators.equal_prompt_weights`). Groups whose rollouts all failed to score get advantage
+        0, add nothing to the support buffer and are counted in ``v05/unscorable_prompts``. Evaluation batches
+        (fixed groups of ``num_generations_eval``) use the base GRPO advantages.
         """
-        pend, self._v05_pending = self._v05_pending, None
+        pend = self.rollout_strategy.take_pending()
         if batch.mode != "train" or pend is None:
             return super().compute_advantages(batch)
         g = len(pend["prior_p"])
@@ -535,17 +584,18 @@ class V05GRPOTrainer(GRPOTrainer):
         scorable[np.unique(gid[fin])] = True
         adv = np.zeros(batch.num_rows, dtype=np.float64)
         v = 2.0 * pend["prior_p"] - 1.0
-        bias2 = np.full(g, np.nan)
-        weight = np.full(g, np.nan)
-        baseline = np.full(g, np.nan)
-        vbar = np.full(g, np.nan)
+        bias2, weight, baseline, vbar, prompt_weight = (np.full(g, np.nan) for _ in range(5))
         if scorable.any():
-            rows = real & scorable[np.where(gid >= 0, gid, 0)] & (gid >= 0)
-            res = fused_advantages_batch(r[rows], gid[rows], v[scorable], floor=self._v05.sigma_floor)
-            adv[rows] = res.advantages
+            rows = real & (gid >= 0) & scorable[np.where(gid >= 0, gid, 0)]
+            res = fused_advantages_batch(r[rows], gid[rows], v[scorable], floor=self.args.sigma_floor)
             fr = res.extras["fusion"]
             bias2[scorable], weight[scorable], baseline[scorable], vbar[scorable] = \
                 fr.bias2, fr.weight, fr.baseline, fr.mean
+            # Eq. 10: equal total weight per prompt (fr.k = scorable rollouts, groups in order of first appearance)
+            c = equal_prompt_weights(fr.k) if self.args.v05_prompt_weighting == "equal" else np.ones(len(fr.k))
+            prompt_weight[scorable] = c
+            codes = np.cumsum(scorable) - 1  # group id -> index among the scorable groups
+            adv[rows] = res.advantages * c[codes[gid[rows]]]
         n_unscorable = int((~scorable).sum())
         if n_unscorable:
             self._ext_warn_once(
@@ -558,89 +608,59 @@ class V05GRPOTrainer(GRPOTrainer):
         if prompts_ok:
             self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
         fingerprint = self.support_buffer.fingerprint()
-        if self._v05.check_buffer_sync and self.accelerator.num_processes > 1:
+        if self.args.check_buffer_sync and self.accelerator.num_processes > 1:
             prints = compat.gather_object([fingerprint])
             if len(set(prints)) != 1:
                 raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
                                    "contexts would diverge. Are the prompts JSON-serializable and deterministic?")
-        self._v05_generation_index += 1
-        self._v05_log(batch, pend, scorable, bias2, weight, vbar, n_unscorable)
         self.last_v05 = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
-                         "vbar": vbar, "buffer_fingerprint": fingerprint}
+                         "vbar": vbar, "prompt_weight": prompt_weight, "buffer_fingerprint": fingerprint}
+        self._v05_log(self.last_v05, n_unscorable)
         return torch.as_tensor(adv, dtype=torch.float32)
 
-    def _v05_log(self, batch, pend, scorable, bias2, weight, vbar, n_unscorable) -> None:
-        k = pend["k"].astype(np.float64)
+    def _v05_log(self, rec: dict, n_unscorable: int) -> None:
+        k = rec["k"].astype(np.float64)
+        s = rec["scorable"]
         log = self.log_ext_metric
         log("v05/rollouts_per_prompt_mean", k.mean(), "train")
         log("v05/rollouts_per_prompt_max", k.max(), "train")
         for q in (50, 90):
             log(f"v05/rollouts_per_prompt_p{q}", float(np.percentile(k, q)), "train")
-        log("v05/frac_prompts_at_k_init", float((pend["k"] == self._v05.k_init).mean()), "train")
-        log("v05/rounds", pend["rounds"], "train")
-        log("v05/early_stop", float(pend["early_stop"]), "train")
-        log("v05/rejection_rate", float(pend["rejected_at_init"].mean()), "train")
-        log("v05/context_size", pend["context_size"], "train")
-        log("v05/generated_tokens", pend["tokens"], "train")
-        log("v05/dispatched_rollouts", pend["dispatched"], "train")
-        log("v05/discarded_rollouts", pend["discarded"], "train")
+        log("v05/frac_prompts_at_k_init", float((rec["k"] == self.args.k_init).mean()), "train")
+        log("v05/rounds", rec["rounds"], "train")
+        log("v05/early_stop", float(rec["early_stop"]), "train")
+        log("v05/rejection_rate", float(rec["rejected_at_init"].mean()), "train")
+        log("v05/context_size", rec["context_size"], "train")
+        log("v05/dispatched_rollouts", rec["dispatched"], "train")
+        log("v05/discarded_rollouts", rec["discarded"], "train")
         log("v05/unscorable_prompts", n_unscorable, "train")
-        log("v05/prior_mean", float(pend["prior_p"].mean()), "train")
-        if scorable.any():
-            s = scorable
+        log("v05/prior_mean", float(rec["prior_p"].mean()), "train")
+        if s.any():
+            bias2, weight, vbar = rec["bias2"], rec["weight"], rec["vbar"]
             log("v05/rejection_rate_final", float((bias2[s] > 0).mean()), "train")
             log("v05/mean_weight", float(weight[s].mean()), "train")
+            log("v05/prompt_weight_max", float(rec["prompt_weight"][s].max()), "train")
+            log("v05/prompt_weight_min", float(rec["prompt_weight"][s].min()), "train")
             # Brier score of the prior against the realized group success rates (vbar + 1) / 2
-            log("v05/prior_brier", float(np.mean((pend["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2)), "train")
+            log("v05/prior_brier", float(np.mean((rec["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2)), "train")
             # plug-in MSE of mu*: (1 - w)^2 bias2 + w^2 / k = w / k; the plain mean's bound is 1 / k
-            log("v05/baseline_mse_proxy", float(np.mean(weight[s] / pend["k"][s])), "train")
-            log("v05/mean_only_mse_bound", float(np.mean(1.0 / pend["k"][s])), "train")
+            log("v05/baseline_mse_proxy", float(np.mean(weight[s] / rec["k"][s])), "train")
+            log("v05/mean_only_mse_bound", float(np.mean(1.0 / rec["k"][s])), "train")
 
     # ------------------------------------------------------------------------------------------------ state
     def ext_state_dict(self) -> dict:
-        """Base state plus the support buffer (``v05_support_buffer``) and the generation index."""
+        """Base state (the strategy's generation index included) plus the support buffer (``v05_support_buffer``)."""
         state = super().ext_state_dict()
         state["v05_support_buffer"] = self.support_buffer.state_dict()
-        state["v05_generation_index"] = int(self._v05_generation_index)
         return state
 
     def load_ext_state_dict(self, state: dict) -> None:
-        """Restore the support buffer and generation index (warns if the checkpoint has none)."""
+        """Restore the support buffer and the generation index (warns if the checkpoint has no buffer)."""
         super().load_ext_state_dict(state)
+        if "rollout_strategy" not in state and "v05_generation_index" in state:  # checkpoints before OSLARounds
+            self.rollout_strategy.generation_index = int(state["v05_generation_index"])
         if "v05_support_buffer" not in state:
             warnings.warn("Checkpoint has no V0.5 support buffer; starting with an empty one (cold start).",
                           stacklevel=2)
             return
         self.support_buffer.load_state_dict(state["v05_support_buffer"])
-        self._v05_generation_index = int(state.get("v05_generation_index", 0))
-
-
-@dataclass(frozen=True)
-class _V05Options:
-    k_init: int = V05_K_INIT
-    k_step: int = 2
-    rollout_cost: float = V05_PAPER_COST
-    global_stop_fraction: float = 0.25
-    dispatch_multiple: int = 1
-    buffer_capacity: int = 512
-    context_size: int = 256
-    value_prior: str = "embedding"
-    value_prior_kwargs: Any = None
-    reward_low: float = 0.0
-    reward_high: float = 1.0
-    sigma_floor: float = DEFAULT_SIGMA_FLOOR
-    allow_small_k_init: bool = False
-    allow_unsupported_loss_type: bool = False
-    check_buffer_sync: bool = True
-
-    @classmethod
-    def from_args(cls, args) -> _V05Options:
-        kw = {f: getattr(args, f, getattr(cls, f)) for f in cls.__dataclass_fields__}
-        kw["value_prior_kwargs"] = _parse_kwargs(kw["value_prior_kwargs"], "value_prior_kwargs")
-        return cls(**kw)
-
-    def as_namespace(self, args):
-        import types
-
-        return types.SimpleNamespace(**self.__dict__, loss_type=args.loss_type,
-                                     tie_break_scorer_index=getattr(args, "tie_break_scorer_index", None))

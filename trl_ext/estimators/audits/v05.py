@@ -1,7 +1,7 @@
 """V0.5 estimator audit: shrinkage fusion and Sequential OSLA on simulated prompt populations.
 
-Reproduces the estimator-level claims of ``v05_value_prior_osla.txt`` (Eq. 6-9, Theorem 3.4, Theorem 3.6,
-Workflow Section 4.1.3) and adds the measurements the paper's own critique says are missing (average rollouts
+Reproduces the estimator-level claims of "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts"
+(arXiv:2603.10848; Eq. 6-9, Theorem 3.4, Theorem 3.6, Workflow Section 4.1.3) and adds the measurements the paper's own critique says are missing (average rollouts
 per prompt, rejection rate, stopping-time histogram, a controlled corrupted-prior experiment).
 
 Simulated population (all parameters are in ``result["config"]``):
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binom
 
-from ..v05 import V05_K_INIT, V05_PAPER_COST, osla_cap, osla_need_more, shrinkage_fusion_batch
+from ..v05 import V05_K_INIT, V05_PAPER_COST, osla_cap, osla_step, shrinkage_fusion_batch
 
 __all__ = ["run_audit", "format_table"]
 
@@ -75,20 +75,22 @@ def _fusion(csum: np.ndarray, draws: np.ndarray, k: np.ndarray, priors: np.ndarr
 
 
 def _osla(draws, priors, cost, k_init, step, batch, min_active_frac):
+    """OSLA rounds for every replication at once through the library's one per-round rule (:func:`osla_step`).
+
+    With ``min_active_frac`` the prompts are cut into batches of ``batch`` (the last axis of ``osla_step``) and each
+    batch stops on its own; without it, each replication's prompts form one batch with per-prompt stopping only.
+    """
     r, p, cap = draws.shape
+    shape = (r, p // batch, batch) if min_active_frac is not None else (r, 1, p)
     k = np.full((r, p), k_init, dtype=np.int64)
-    live = np.ones((r, p // batch), dtype=bool) if min_active_frac is not None else None
     rounds = 0
     while True:
         base, b2, _ = _fusion(None, draws, k, priors)
-        need = osla_need_more(k, b2, cost, cap=cap)
-        if live is not None:
-            frac = need.reshape(r, p // batch, batch).mean(axis=2)
-            live &= ~(frac < min_active_frac)
-            need &= np.repeat(live, batch, axis=1)
-        if not need.any():
+        st = osla_step(k.reshape(shape), b2.reshape(shape), cost, step=step, cap=cap,
+                       min_active_frac=min_active_frac)
+        if not st.add.any():  # a batch that stopped keeps its counts, so it would stop again
             return k, base, b2, rounds
-        k = np.where(need, np.minimum(k + step, cap), k)
+        k = k + st.add.reshape(r, p)
         rounds += 1
 
 
