@@ -25,7 +25,12 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 from base_helpers import binary_reward, tiny_dataset, tiny_model_and_tokenizer  # noqa: E402
 
-from trl_ext.estimators.basis import calibrate_beta, default_beta_grid, v_beta_from_samples  # noqa: E402
+from trl_ext.estimators.basis import (  # noqa: E402
+    calibrate_beta,
+    default_beta_grid,
+    std_scale_advantages,
+    v_beta_from_samples,
+)
 from trl_ext.priors.table_format import ValueTable, ValueTableRow, save_value_table  # noqa: E402
 from trl_ext.trainers.base import EXT_STATE_FILE  # noqa: E402
 from trl_ext.trainers.basis import BASIS_METRICS, BASISConfig, BASISTrainer  # noqa: E402
@@ -320,6 +325,48 @@ def test_scale_advantages_and_eval_mode(tmp_path):
     trainer.compute_advantages(make_batch(PROMPTS, REWARDS, mode="eval"))
     assert len(trainer.beta_history) == 1  # eval batches are calibrated and logged, not recorded
     assert "basis/beta" in trainer._metrics["eval"]
+
+
+def test_scaled_advantages_come_from_the_estimator_function(tmp_path, monkeypatch):
+    import trl_ext.trainers.basis as basis_trainer_module
+
+    table = make_table(PROMPTS, rewards_fn=lambda p: [2 * x - 1 for x in ref_rewards(p)], reward_range=(-1.0, 1.0))
+    trainer = _unit_trainer(tmp_path, table=table, basis_scale_advantages=True)
+    r = np.array([2 * x - 1 for x in REWARDS])
+    r[3] = np.nan
+    batch = make_batch(PROMPTS + ["pad"], r.tolist() + [0.0], is_pad=[False] * 8 + [True])
+    # expected: the estimator's std_scale_advantages on r - b, with b mapped back to the reward scale [-1, 1]
+    fin = ~np.isnan(r)
+    p = np.array([table.lookup(x).success_probability for x in PROMPTS])
+    cal = calibrate_beta((r + 1) / 2, p)
+    raw = np.where(fin, r - (-1 + 2 * cal.baseline), 0.0)
+    expected, scale = std_scale_advantages(raw, fin, eps=1e-4)
+    assert scale != 1.0 and not np.allclose(expected, raw)
+    adv = trainer.compute_advantages(batch).double().numpy()
+    np.testing.assert_allclose(adv[:8], expected, rtol=1e-6, atol=1e-6)
+    assert adv[3] == 0.0 and adv[8] == 0.0
+    # the trainer must call the estimator function (one implementation): a marked output comes back unchanged
+    calls = []
+
+    def spy(advantages, valid=None, eps=1e-4):
+        calls.append((np.array(advantages), np.array(valid), eps))
+        out, s = std_scale_advantages(advantages, valid, eps)
+        return np.where(valid, out + 100.0, 0.0), s
+
+    monkeypatch.setattr(basis_trainer_module, "std_scale_advantages", spy)
+    marked = trainer.compute_advantages(batch).double().numpy()
+    assert len(calls) == 1 and calls[0][2] == 1e-4
+    np.testing.assert_allclose(calls[0][0], raw, atol=1e-12)
+    np.testing.assert_array_equal(calls[0][1], fin)
+    np.testing.assert_allclose(marked[:8], np.where(fin, expected + 100.0, 0.0), rtol=1e-6, atol=1e-5)
+    monkeypatch.undo()
+    # a single finite reward: the std is undefined and r - b is returned unscaled (as before the refactor)
+    lone = [float("nan")] * 8
+    lone[2] = 1.0
+    adv = trainer.compute_advantages(make_batch(PROMPTS, lone)).double().numpy()
+    cal = calibrate_beta((np.array(lone) + 1) / 2, p)
+    assert adv[2] == pytest.approx(1.0 - (-1 + 2 * cal.baseline[2]), abs=1e-6)
+    assert np.count_nonzero(adv) <= 1
 
 
 # ------------------------------------------------------------------------------------------------------ table input

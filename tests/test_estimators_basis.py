@@ -1,20 +1,24 @@
-"""Tests for trl_ext.estimators.basis (BASIS, basis_batchwise_single_rollout.txt)."""
+"""Tests for trl_ext.estimators.basis (BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing
+for LLM Reasoning, May 2026)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from scipy.special import expit, logit
 
 from trl_ext.estimators.basis import (
     basis_advantages,
     batchwise_baseline,
     calibrate_beta,
     default_beta_grid,
+    std_scale_advantages,
     v_beta,
     v_beta_from_samples,
     v_beta_table,
@@ -492,6 +496,194 @@ def test_calibration_partly_nan_table_row_rejected():
         calibrate_beta([1.0, 0.0], tab, beta_grid=[0.1, 1.0, 2.0])
 
 
+# ------------------------------------------------------------------------------- calibration vs. a slow reference
+def _reference_calibration(rewards, p_hat, beta_grid=None, variant="unb", objective="robust", eps=1e-6,
+                           fallback="zero", min_active_fraction=0.0):
+    """calibrate_beta written from the paper and the docstring: a plain loop over the grid.
+
+    Per beta: ``V = expit(logit(p) + 1/beta)`` and ``1 - V = expit(-(logit(p) + 1/beta))`` (Appendix 10) or a table
+    column; the active set ``eps < V < 1 - eps``; for every active prompt the sums over ``S \\ {i}`` (active, finite
+    reward, not i) taken directly (no total-minus-own-term); UNB Eq. 4, VOP Eq. 5, RVG Eq. 6; the fallback elsewhere;
+    the robust loss over all finite rewards and the paper loss Eq. 3 over the sources. Selection: the smallest loss,
+    ties (1e-12 relative) to the largest beta, grid values below ``min_active_fraction`` excluded unless none is left.
+    """
+    r = np.asarray(rewards, dtype=float)
+    p = np.asarray(p_hat, dtype=float)
+    grid = default_beta_grid() if beta_grid is None else np.asarray(beta_grid, dtype=float)
+    n = r.size
+    finite = ~np.isnan(r)
+    r0 = np.where(finite, r, 0.0)
+    not_self = 1.0 - np.eye(n)  # row i of not_self @ t is sum_{j != i} t_j
+    robust, paper, frac, baselines = [], [], [], []
+    for k, beta in enumerate(grid):
+        if p.ndim == 1:
+            missing = np.isnan(p)
+            z = logit(np.where(missing, 0.5, p)) + 1.0 / beta
+            v, q = expit(z), expit(-z)
+        else:
+            missing = np.isnan(p).all(axis=1)
+            v = np.where(missing, 0.5, p[:, k])
+            q = 1.0 - v
+        active = ~missing & (v > eps) & (q > eps)
+        src = active & finite
+        n_others = not_self @ src
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sigma2 = v * q  # Bernoulli plug-in variance
+            if variant == "rvg":
+                basis = v / n_others * (not_self @ np.where(src, r0 / v, 0.0))
+            else:
+                num = not_self @ np.where(src, v * r0 / sigma2, 0.0)
+                den = not_self @ np.where(src, v**2 / sigma2, 0.0) + (1.0 if variant == "vop" else 0.0)
+                basis = v * num / den
+            if fallback == "zero":
+                fb = np.zeros(n)
+            elif fallback == "batch_mean":  # leave-one-out mean of the finite rewards
+                cnt = not_self @ finite
+                fb = np.where(cnt > 0, (not_self @ r0) / cnt, 0.0)
+            else:
+                fb = np.where(missing, 0.0, v)
+        b = np.where(active & (n_others > 0), basis, fb)
+        sq = (r0 - b) ** 2
+        robust.append(sq[finite].mean() if finite.any() else np.inf)
+        paper.append(sq[src].mean() if src.any() else np.inf)
+        frac.append(active.mean())
+        baselines.append(b)
+    robust, paper, frac = np.array(robust), np.array(paper), np.array(frac)
+    losses = (robust if objective == "robust" else paper).copy()
+    satisfied = True
+    if min_active_fraction > 0:
+        if (frac >= min_active_fraction).any():
+            losses[frac < min_active_fraction] = np.inf
+        else:
+            satisfied = False
+    if np.isfinite(losses).any():
+        best = losses[np.isfinite(losses)].min()
+        tied = np.flatnonzero(losses <= best + 1e-12 * max(1.0, abs(best)))
+        idx = int(tied[np.argmax(grid[tied])])
+    else:
+        idx = int(np.argmax(grid))
+    return {"index": idx, "robust": robust, "paper": paper, "frac": frac, "losses": losses,
+            "baseline": baselines[idx], "satisfied": satisfied}
+
+
+def _reference_inputs():
+    """(rewards, p_hat, kwargs): both grid paths, NaN rewards and values, p in {0, 1}, ties, tiny and large batches."""
+    rng = np.random.default_rng(2024)
+    out = []
+    p = rng.beta(0.6, 0.6, 24)
+    out.append(((rng.random(24) < p).astype(float), p, {}))  # default grid: masked and all-source chunks
+    p = rng.beta(0.6, 0.6, 40)
+    r = (rng.random(40) < p).astype(float)
+    r[rng.random(40) < 0.25] = np.nan
+    p[rng.random(40) < 0.15] = np.nan
+    out.append((r, p, {"beta_grid": rng.uniform(0.005, 6.0, 15), "eps": 1e-3}))  # unsorted grid
+    p = np.round(rng.random(17) * 6) / 6  # exact 0 and 1 pass rates
+    out.append((rng.random(17), p, {"beta_grid": np.linspace(0.02, 3.0, 12), "min_active_fraction": 0.5}))
+    out.append((np.zeros(10), np.linspace(0.1, 0.9, 10), {}))  # all-equal rewards: every beta ties
+    out.append((np.full(4, np.nan), np.array([0.2, 0.5, 0.7, 0.9]), {"beta_grid": [0.1, 1.0]}))
+    out.append((np.array([1.0]), np.array([0.5]), {"beta_grid": [0.1, 1.0]}))
+    out.append((np.array([1.0, 0.0]), np.array([0.3, 0.6]), {}))
+    samples = [rng.uniform(0, 1, 16) ** rng.uniform(0.3, 3) for _ in range(30)]
+    grid = np.array([0.03, 0.1, 0.4, 1.0, 2.5, 5.0])
+    table = v_beta_from_samples(samples, grid)
+    table[3] = np.nan  # a missing table row
+    out.append((rng.random(30), table, {"beta_grid": grid}))  # the (N, K) table path
+    p = rng.beta(0.6, 0.6, 600)
+    r = (rng.random(600) < p).astype(float)
+    r[rng.random(600) < 0.1] = np.nan
+    out.append((r, p, {"beta_grid": np.linspace(0.01, 0.5, 50)}))  # several chunks of the masked path
+    p = rng.uniform(0.05, 0.95, 50)
+    out.append(((rng.random(50) < p).astype(float), p, {"beta_grid": np.linspace(0.5, 5.0, 10)}))  # all sources
+    # a dominant source (1 - V = 2e-7, just above eps): total - own term cancels below 1e-6 of the total in its
+    # leave-one-out sums, the rows calibrate_beta recomputes exactly (without that the loss is off by 6e-8 for UNB)
+    p = np.array([expit(15.22), 0.001, 0.002, 0.003, 0.004, 0.005])
+    out.append((np.array([1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), p, {"beta_grid": [4.0, 5.0], "eps": 1e-7}))
+    return out
+
+
+@pytest.mark.parametrize("fallback", ["zero", "batch_mean", "value"])
+@pytest.mark.parametrize("objective", ["robust", "paper"])
+@pytest.mark.parametrize("variant", ["unb", "vop", "rvg"])
+def test_calibrate_beta_matches_slow_reference(variant, objective, fallback):
+    # The objectives agree to 1e-12 relative (observed <= 2e-15). Single baselines only to 1e-10: calibrate_beta forms
+    # each leave-one-out sum as total - own term, recomputed exactly only when it falls below 1e-6 of the total, so a
+    # dominant source costs up to ~1e-10 relative there (the loss, a mean over prompts, is barely affected).
+    for rewards, p_hat, kw in _reference_inputs():
+        kw = {"variant": variant, "objective": objective, "fallback": fallback, **kw}
+        cal = calibrate_beta(rewards, p_hat, **kw)
+        ref = _reference_calibration(rewards, p_hat, **kw)
+        assert cal.index == ref["index"]
+        assert cal.beta == cal.beta_grid[ref["index"]]
+        assert cal.constraint_satisfied == ref["satisfied"]
+        np.testing.assert_array_equal(cal.active_fraction_per_beta, ref["frac"])
+        np.testing.assert_allclose(cal.robust_losses, ref["robust"], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(cal.paper_losses, ref["paper"], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(cal.losses_per_beta, ref["losses"], rtol=1e-12, atol=0)
+        assert cal.loss == pytest.approx(ref["losses"][ref["index"]], rel=1e-12, abs=0)
+        np.testing.assert_allclose(cal.baseline, ref["baseline"], rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("objective", ["robust", "paper"])
+def test_calibrate_beta_matches_slow_reference_at_benchmark_size(objective):
+    # benchmarks/estimator_microbench.py's input: 512 prompts, the full 230-point grid
+    rng = np.random.default_rng(0)
+    p_hat = rng.beta(1.0, 1.0, size=512)
+    rewards = (rng.random(512) < np.clip(p_hat + rng.normal(0, 0.1, 512), 0, 1)).astype(np.float64)
+    cal = calibrate_beta(rewards, p_hat, objective=objective)
+    ref = _reference_calibration(rewards, p_hat, objective=objective)
+    assert cal.index == ref["index"]
+    np.testing.assert_array_equal(cal.active_fraction_per_beta, ref["frac"])
+    np.testing.assert_allclose(cal.robust_losses, ref["robust"], rtol=1e-12, atol=0)
+    np.testing.assert_allclose(cal.paper_losses, ref["paper"], rtol=1e-12, atol=0)
+    np.testing.assert_allclose(cal.baseline, ref["baseline"], rtol=1e-10, atol=0)
+
+
+# Outputs of calibrate_beta before its grid loop was vectorized (per-chunk _refine / np.where temporaries), on
+# _golden_inputs: (seed, N, kind, variant, objective, fallback, min_active_fraction, index, loss, sum of the finite
+# robust losses, sum of the finite paper losses, sum of the baselines). The rewrite reproduced them bitwise.
+_GOLDEN = [
+    (0, 512, "binary", "unb", "robust", "zero", 0.0, 216, 0.14496523261356986, 45.349788012793255, 41.171026212492144,
+     286.74321067129813),
+    (0, 512, "binary", "unb", "paper", "zero", 0.0, 5, 0.0, 45.349788012793255, 41.171026212492144, 0.0),
+    (0, 512, "binary", "unb", "paper", "zero", 0.8, 216, 0.14496523261356986, 45.349788012793255, 41.171026212492144,
+     286.74321067129813),
+    (1, 300, "nan", "vop", "robust", "batch_mean", 0.0, 229, 0.1637078810271598, 48.871703549161424, 46.81126332947958,
+     156.66214807366217),
+    (2, 300, "nan", "rvg", "paper", "value", 0.0, 5, 0.0, 50.131494632014366, 41.55572571056346, 260.9999666485923),
+    (3, 64, "graded", "unb", "robust", "value", 0.0, 9, 0.09604609819169793, 33.12991190023415, 31.256160118437343,
+     34.63618938377556),
+    (4, 700, "nan", "unb", "paper", "batch_mean", 0.0, 5, 0.0, 46.70645822021417, 44.44196683424762, 314.9740580343918),
+    (5, 40, "binary", "rvg", "robust", "zero", 0.0, 229, 0.11863282657212079, 38.63940334439059, 34.08820633313845,
+     21.162129672479757),
+    (6, 40, "table", "vop", "robust", "zero", 0.0, 229, 0.09889039189502097, 40.72794941107747, 37.81403485192578,
+     17.775171233781975),
+]
+
+
+def _golden_inputs(seed, n, kind):
+    rng = np.random.default_rng(seed)
+    p = rng.beta(0.7, 0.7, n)
+    r = (rng.random(n) < p).astype(float)
+    if kind == "nan":
+        r[rng.random(n) < 0.2] = np.nan
+        p[rng.random(n) < 0.05] = np.nan
+    elif kind == "graded":
+        r = rng.random(n)
+    return r, (v_beta_table(p) if kind == "table" else p)
+
+
+@pytest.mark.parametrize("row", _GOLDEN, ids=lambda row: "-".join(map(str, row[:7])))
+def test_calibrate_beta_reproduces_the_pre_vectorization_outputs(row):
+    seed, n, kind, variant, objective, fallback, maf, index, loss, robust_sum, paper_sum, baseline_sum = row
+    r, p = _golden_inputs(seed, n, kind)
+    cal = calibrate_beta(r, p, variant=variant, objective=objective, fallback=fallback, min_active_fraction=maf)
+    assert cal.index == index
+    assert cal.loss == pytest.approx(loss, rel=1e-12, abs=0)
+    assert math.fsum(cal.robust_losses[np.isfinite(cal.robust_losses)]) == pytest.approx(robust_sum, rel=1e-12)
+    assert math.fsum(cal.paper_losses[np.isfinite(cal.paper_losses)]) == pytest.approx(paper_sum, rel=1e-12)
+    assert math.fsum(cal.baseline) == pytest.approx(baseline_sum, rel=1e-12, abs=1e-300)
+
+
 # ------------------------------------------------------------------------------------------ registry / audit
 def test_registry_entry():
     from trl_ext.estimators.baselines import ADVANTAGE_ESTIMATORS, get_advantage_estimator
@@ -510,6 +702,73 @@ def test_registry_entry():
     np.testing.assert_allclose(norm.advantages, res.advantages / (np.std(res.advantages[ok], ddof=1) + 1e-4))
     with pytest.raises(TypeError):
         fn(r)  # p_hat is required
+
+
+# ---------------------------------------------------------------------------------------- std scaling (opt-in)
+def test_std_scale_advantages_formula_and_invalid_rows():
+    a = np.array([0.5, -0.25, np.nan, 1.0, 0.0, -0.75])
+    ok = ~np.isnan(a)
+    out, scale = std_scale_advantages(a, ok, eps=1e-4)
+    sd = np.sqrt(np.sum((a[ok] - a[ok].mean()) ** 2) / (ok.sum() - 1))  # Bessel-corrected sample std
+    assert scale == pytest.approx(sd + 1e-4, rel=1e-15)
+    np.testing.assert_allclose(out[ok], a[ok] / (sd + 1e-4), rtol=1e-15)
+    assert out[2] == 0.0
+    # default valid = the finite entries; an explicit mask also zeroes finite rows it leaves out
+    np.testing.assert_array_equal(std_scale_advantages(a)[0], out)
+    masked, _ = std_scale_advantages(np.nan_to_num(a), ok & (np.arange(6) != 0))
+    assert masked[0] == 0.0 and masked[2] == 0.0
+
+
+@pytest.mark.parametrize("adv", [[0.7, np.nan, np.nan], [np.nan, np.nan], [-0.3]])
+def test_std_scale_advantages_leaves_fewer_than_two_rows_unscaled(adv):
+    # the sample std of one value is undefined: the paper's r - b is returned, not r - b divided by eps
+    a = np.array(adv)
+    out, scale = std_scale_advantages(a)
+    assert scale == 1.0
+    np.testing.assert_array_equal(out, np.nan_to_num(a, nan=0.0))
+
+
+def test_std_scale_advantages_equal_advantages_divide_by_eps():
+    out, scale = std_scale_advantages(np.array([1.0, 1.0, 1.0]), eps=1e-4)
+    assert scale == 1e-4
+    np.testing.assert_allclose(out, 1e4)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [((np.ones((2, 2)),), "1-D"), ((np.ones(3), np.ones(2, dtype=bool)), "shape"),
+     ((np.ones(3), None, -1e-4), "eps"), ((np.ones(3), None, np.nan), "eps")],
+)
+def test_std_scale_advantages_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        std_scale_advantages(*args)
+
+
+def test_registry_normalize_uses_std_scale_advantages(monkeypatch):
+    import trl_ext.estimators.basis as basis_module
+    from trl_ext.estimators.baselines import get_advantage_estimator
+
+    fn = get_advantage_estimator("basis")
+    r = np.array([1.0, 0.0, np.nan, 1.0, 0.0, 1.0])
+    p = np.array([0.3, 0.5, 0.6, 0.7, 0.2, 0.9])
+    raw = fn(r, p_hat=p)
+    calls = []
+
+    def spy(adv, valid=None, eps=1e-4):
+        calls.append((np.array(adv), np.array(valid), eps))
+        return std_scale_advantages(adv, valid, eps)
+
+    monkeypatch.setattr(basis_module, "std_scale_advantages", spy)
+    norm = fn(r, p_hat=p, normalize=True, norm_eps=1e-3)
+    assert len(calls) == 1 and calls[0][2] == 1e-3
+    np.testing.assert_array_equal(calls[0][0], raw.advantages)
+    np.testing.assert_array_equal(calls[0][1], ~np.isnan(r))
+    expected, scale = std_scale_advantages(raw.advantages, ~np.isnan(r), 1e-3)
+    np.testing.assert_array_equal(norm.advantages, expected)
+    np.testing.assert_array_equal(norm.scale, np.full(6, scale))
+    # one finite reward: unscaled (scale 1), where the registry used to divide by norm_eps
+    one = fn(np.array([1.0, np.nan, np.nan]), p_hat=np.array([0.5, 0.5, 0.5]), normalize=True)
+    assert one.advantages[0] == 1.0 and np.all(one.scale == 1.0)
 
 
 def test_audit_quick_runs_and_is_sane():

@@ -31,7 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..estimators.basis import calibrate_beta, default_beta_grid, v_beta, v_beta_from_samples
+from ..estimators.basis import (
+    calibrate_beta,
+    default_beta_grid,
+    std_scale_advantages,
+    v_beta,
+    v_beta_from_samples,
+)
 from ..priors.table_format import ValueTable, load_value_table, prompt_key
 from .base import ExtGRPOConfig, GRPOTrainer
 from .batch import RolloutBatch
@@ -342,8 +348,10 @@ class BASISTrainer(GRPOTrainer):
         Steps: map rewards to [0, 1] with the table's ``reward_range``; look every prompt up (missing -> NaN value,
         error above ``max_missing_fraction``); :func:`~trl_ext.estimators.basis.calibrate_beta` selects ``beta_t``
         on the grid and returns the refined baseline (fallback for inactive / missing / source-less prompts); map
-        the baseline back to the reward scale; optionally divide by the batch std. Pad rows get 0 and are not
-        counted. The result depends only on ``batch`` (identical on every rank).
+        the baseline back to the reward scale; optionally (``basis_scale_advantages``) divide by the batch std
+        with :func:`~trl_ext.estimators.basis.std_scale_advantages` (the same function as the ``"basis"``
+        registry entry's ``normalize=True``; unscaled when fewer than 2 rewards are finite). Pad rows get 0 and are
+        not counted. The result depends only on ``batch`` (identical on every rank).
 
         Parameters
         ----------
@@ -425,8 +433,8 @@ class BASISTrainer(GRPOTrainer):
         res = cal.result
         b_raw = lo + (hi - lo) * cal.baseline
         adv = np.where(fin, r - b_raw, 0.0)
-        if cfg.basis_scale_advantages and fin.sum() >= 2:
-            adv = np.where(fin, adv / (np.std(adv[fin], ddof=1) + _ADV_EPS), 0.0)
+        if cfg.basis_scale_advantages:  # the estimator's implementation, applied on the reward's own scale
+            adv, _ = std_scale_advantages(adv, fin, eps=_ADV_EPS)
         out[real] = adv
         self.last_calibration = cal
         # diagnostics
