@@ -24,7 +24,7 @@ Methods (``--methods``; default all)::
                                groups are regenerated from fresh prompts; their tokens count against the budget
     basis                      BASISTrainer, G = 1 (basis_batchwise_single_rollout.txt); its value table is built
                                once per warm model from 32 reference samples per training prompt
-    v05_osla                   V05GRPOTrainer, k_init = 4 with Sequential OSLA (v05_value_prior_osla.txt)
+    v05_osla                   V05GRPOTrainer, v05_k_init = 4 with Sequential OSLA (v05_value_prior_osla.txt)
     v05_fixed4                 V05GRPOTrainer, fixed k = 4 (prior fusion, no OSLA rounds)
     pair                       PAIRTrainer, G = 16 prefix candidates (pair_prefix_inclusion_reweighting.txt)
 
@@ -34,7 +34,7 @@ GRPO by configuration only (``advantage_estimator``, ``loss_type``, ``dynamic_sa
 PAIR name their own classes.
 
 Every method draws ``rollouts_per_step`` rollouts per optimizer step where it decides the count up front
-(G x prompts = 64 on the CPU scale: 4 x 16, 8 x 8, 16 x 4, 64 x 1); V0.5 uses 64 / k_init prompts and decides
+(G x prompts = 64 on the CPU scale: 4 x 16, 8 x 8, 16 x 4, 64 x 1); V0.5 uses 64 / v05_k_init prompts and decides
 the rest itself, PAIR uses 64 / 16 prompts' worth of candidates and completes a subset, DAPO dynamic sampling trains
 on at most 16 kept groups of 4 and generates up to 3 further rounds to fill them. Only the token budget is
 matched, as the issue asks; step counts differ by design.
@@ -115,11 +115,11 @@ class MethodSpec:
         ``"grpo"``: plain GRPO at one group size, the candidates for the "best GRPO group size" reference;
         ``"baseline"``: other published critic-free recipes; ``"trl_ext"``: the package's own trainers.
     group_size : int
-        Rollouts per prompt decided up front, passed as ``num_generations`` (``k_init`` for V0.5, candidates for
+        Rollouts per prompt decided up front, passed as ``num_generations`` (``v05_k_init`` for V0.5, candidates for
         PAIR, 1 for single-rollout methods, whose sampler then yields unique prompts).
     config_kwargs : dict
         Method-specific config fields on top of the shared ones (e.g. ``advantage_estimator``,
-        ``advantage_estimator_kwargs``, ``loss_type``, ``dynamic_sampling``, ``k_init``).
+        ``advantage_estimator_kwargs``, ``loss_type``, ``dynamic_sampling``, ``v05_k_init``).
     config, trainer : str
         ``"module:Class"`` of the config and trainer classes, imported when the method runs; default
         ``trl_ext.ExtGRPOConfig`` / ``trl_ext.GRPOTrainer`` (a method that is a configuration of the base trainer
@@ -156,12 +156,12 @@ METHODS: dict[str, MethodSpec] = {
                                config_kwargs={"dynamic_sampling": True}),
     "basis": MethodSpec("basis", "BASIS G=1", "trl_ext", group_size=1, config="trl_ext.trainers.basis:BASISConfig",
                         trainer="trl_ext.trainers.basis:BASISTrainer", setup="setup_basis"),
-    "v05_osla": MethodSpec("v05_osla", "V0.5 k_init=4 +OSLA", "trl_ext", group_size=4, config_kwargs={"k_init": 4},
-                           **_V05),
-    # fixed k = 4 without OSLA: cost c = 1/16 makes the OSLA cap round(1/sqrt(c)) = 4 = k_init, so no prompt can
+    "v05_osla": MethodSpec("v05_osla", "V0.5 k_init=4 +OSLA", "trl_ext", group_size=4,
+                           config_kwargs={"v05_k_init": 4}, **_V05),
+    # fixed k = 4 without OSLA: cost c = 1/16 makes the OSLA cap round(1/sqrt(c)) = 4 = v05_k_init, so no prompt can
     # get a further round; the prior fusion of the advantages is unchanged.
     "v05_fixed4": MethodSpec("v05_fixed4", "V0.5 k=4 fixed", "trl_ext", group_size=4,
-                             config_kwargs={"k_init": 4, "rollout_cost": 1.0 / 16}, **_V05),
+                             config_kwargs={"v05_k_init": 4, "v05_rollout_cost": 1.0 / 16}, **_V05),
     "pair": MethodSpec("pair", "PAIR G=16", "trl_ext", group_size=16, config="trl_ext.trainers.pair:PAIRConfig",
                        trainer="trl_ext.trainers.pair:PAIRTrainer"),
 }
@@ -490,7 +490,7 @@ def setup_basis(ctx: Context) -> dict:
     (the frozen reference policy, BASIS Section 4 "Offline value", Appendix 10) and scored with the training reward,
     by the package's own builder :func:`trl_ext.priors.value_table.build_value_table` (the code behind
     ``trl-ext build-value-table``; resumable, so an interrupted build continues). Returns
-    ``{"value_table_path": path}``.
+    ``{"basis_value_table_path": path}``.
     """
     from trl_ext.priors.value_table import build_value_table
 
@@ -500,7 +500,7 @@ def setup_basis(ctx: Context) -> dict:
     path = os.path.join(ctx.cache_dir, f"value_table-{key}.jsonl")
     done = os.path.join(ctx.cache_dir, f"value_table-{key}.done")
     if os.path.exists(done):
-        return {"value_table_path": path}
+        return {"basis_value_table_path": path}
     os.makedirs(ctx.cache_dir, exist_ok=True)
     t0 = time.time()
     model = ctx.load_model()
@@ -512,7 +512,7 @@ def setup_basis(ctx: Context) -> dict:
     print(f"built BASIS value table {path} ({len(table)} prompts x {n} samples, {time.time() - t0:.0f} s)",
           flush=True)
     del model
-    return {"value_table_path": path}
+    return {"basis_value_table_path": path}
 
 
 # --------------------------------------------------------------------------------------------------- one run

@@ -39,8 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="value prior: embedding (frozen copy of the starting policy + in-context head, default), "
                         "constant (p = 0.5 ablation) or table (needs --prior_table)")
     p.add_argument("--prior_table", default=None, help="value-table JSONL for --prior table")
-    p.add_argument("--k_init", type=int, default=4, help="rollouts per prompt before the test (default 4)")
-    p.add_argument("--rollout_cost", type=_common.positive_float, default=0.0039, help="c; cap round(1/sqrt(c))")
+    p.add_argument("--v05_k_init", type=int, default=4, help="rollouts per prompt before the test (default 4)")
+    p.add_argument("--v05_rollout_cost", type=_common.positive_float, default=0.0039,
+                   help="c; cap round(1/sqrt(c))")
     p.add_argument("--prompts_per_step", type=int, default=8, help="unique prompts per step, all ranks (default 8)")
     p.add_argument("--prompt_weighting", choices=("equal", "rollout"), default="equal",
                    help="equal (paper Eq. 10, default): every prompt weighs the same in the loss whatever its rollout "
@@ -151,8 +152,9 @@ def main(argv=None) -> int:
     prior_kwargs = {"table": args.prior_table, "missing": "default"} if args.prior == "table" else {}
     v05_cfg = V05GRPOConfig(**common_config(args, max_new, args.output_dir),
                             per_device_train_batch_size=args.prompts_per_step // world, num_generations=2,
-                            k_init=args.k_init, rollout_cost=args.rollout_cost, value_prior=args.prior,
-                            value_prior_kwargs=prior_kwargs, v05_prompt_weighting=args.prompt_weighting)
+                            v05_k_init=args.v05_k_init, v05_rollout_cost=args.v05_rollout_cost,
+                            v05_value_prior=args.prior, v05_value_prior_kwargs=prior_kwargs,
+                            v05_prompt_weighting=args.prompt_weighting)
     t = time.time()
     trainer = V05GRPOTrainer(model=fresh_model(), reward_funcs=reward_funcs, args=v05_cfg, train_dataset=train_ds,
                              processing_class=tok, peft_config=peft_config(args))

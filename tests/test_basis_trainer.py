@@ -142,8 +142,8 @@ def test_config_generation_batch_any_size(tmp_path, pdbs, spg):
     ({"basis_eps": 0.5}, "basis_eps"),
     ({"basis_eps": -1e-3}, "basis_eps"),
     ({"basis_min_active_fraction": 1.5}, "basis_min_active_fraction"),
-    ({"max_missing_fraction": -0.1}, "max_missing_fraction"),
-    ({"max_missing_fraction": 2.0}, "max_missing_fraction"),
+    ({"basis_max_missing_fraction": -0.1}, "basis_max_missing_fraction"),
+    ({"basis_max_missing_fraction": 2.0}, "basis_max_missing_fraction"),
     ({"basis_beta_grid": [0.5, 0.1]}, "basis_beta_grid"),
     ({"basis_beta_grid": []}, "basis_beta_grid"),
     ({"basis_beta_grid": [0.0, 1.0]}, "basis_beta_grid"),
@@ -225,7 +225,7 @@ def _unit_trainer(tmp_path, table_prompts=PROMPTS, **kw):
 
 
 def test_missing_prompts_error_above_limit(tmp_path):
-    trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[3:], max_missing_fraction=0.25)  # 3/8 missing
+    trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[3:], basis_max_missing_fraction=0.25)  # 3/8 missing
     with pytest.warns(UserWarning, match="missing from the value table"):
         trainer._basis_check_coverage(trainer.train_dataset)
     with pytest.raises(ValueError, match=r"3 of the 8 prompts .* missing from the value table"):
@@ -234,7 +234,7 @@ def test_missing_prompts_error_above_limit(tmp_path):
 
 @pytest.mark.parametrize("fallback", ["zero", "batch_mean", "value"])
 def test_missing_prompts_fallback_counted(tmp_path, fallback):
-    trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[2:], max_missing_fraction=0.25, basis_fallback=fallback)
+    trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[2:], basis_max_missing_fraction=0.25, basis_fallback=fallback)
     adv = trainer.compute_advantages(make_batch(PROMPTS, REWARDS)).double().numpy()
     r = np.array(REWARDS)
     if fallback == "batch_mean":
@@ -407,20 +407,24 @@ def test_table_bad_input(tmp_path):
     with pytest.warns(UserWarning, match="reward_funcs"):
         build(other)
     with pytest.raises(ValueError, match="reward_funcs"):
-        build(other, strict_table_check=True)
+        build(other, basis_strict_table_check=True)
     model.config._name_or_path = "my/policy"
     with pytest.warns(UserWarning, match="model"):
         build(make_table(PROMPTS, model="other/policy"))
-    with pytest.raises(TypeError, match="BASISConfig"):
-        from trl_ext.trainers.base import ExtGRPOConfig
+    from trl_ext.trainers.base import ExtGRPOConfig
 
+    # a TRL / parent config is upgraded to BASISConfig and validated: G = 2 is refused with the fix
+    with pytest.raises(ValueError, match="num_generations must be 1"):
         BASISTrainer(model=model, reward_funcs=[binary_reward], train_dataset=ds, processing_class=tok,
                      args=ExtGRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=8,
                                         use_cpu=True, bf16=False, report_to="none"), value_table=other)
-    # a table saved to disk loads through value_table_path
+    with pytest.raises(TypeError, match="BASISConfig"):
+        BASISTrainer(model=model, reward_funcs=[binary_reward], train_dataset=ds, processing_class=tok,
+                     args={"output_dir": str(tmp_path)}, value_table=other)
+    # a table saved to disk loads through basis_value_table_path
     path = tmp_path / "table.jsonl"
     save_value_table(path, make_table(PROMPTS))
-    trainer = build(args=basis_config(tmp_path, value_table_path=str(path)))
+    trainer = build(args=basis_config(tmp_path, basis_value_table_path=str(path)))
     assert len(trainer._basis_table) == 8
 
 
@@ -502,7 +506,7 @@ def test_objective_combinations_train(tmp_path, overrides):
 def test_evaluate_on_held_out_prompts_uses_the_fallback(tmp_path):
     """Evaluation prompts are normally held out, hence absent from the (training) value table.
 
-    ``max_missing_fraction`` guards training against a wrong table; applied to eval batches it made
+    ``basis_max_missing_fraction`` guards training against a wrong table; applied to eval batches it made
     ``trainer.evaluate()`` raise on any held-out set. Eval batches get the fallback baseline and log the missing
     share instead; training batches still raise.
     """

@@ -88,7 +88,7 @@ def make(tmp_path, *, prior=None, reward_funcs=None, cls=V05GRPOTrainer, ds=None
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     """Row indices of the first generation batch of 8 prompts (the sampler is seeded, so this is deterministic)."""
-    tr = make(tmp_path_factory.mktemp("probe"), prior=ConstantPrior(0.5), global_stop_fraction=0.0, max_steps=1)
+    tr = make(tmp_path_factory.mktemp("probe"), prior=ConstantPrior(0.5), v05_global_stop_fraction=0.0, max_steps=1)
     tr.train()
     out = list(tr.last_v05["row_idx"])
     assert sorted(out) == sorted(set(out)) and len(out) == 8  # unique prompts
@@ -136,7 +136,7 @@ def test_accurate_prior_stops_at_k_init(tmp_path):
 def test_corrupted_prior_rolls_out_to_the_cap(tmp_path, rows, cost, cap):
     bad = set(rows[:4])  # 50% of the batch: the global stop does not fire
     ds = _dataset()
-    tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, rollout_cost=cost)
+    tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, v05_rollout_cost=cost)
     tr.train()
     r = tr.last_v05
     assert r["row_idx"] == rows
@@ -156,7 +156,7 @@ def test_corrupted_prior_rolls_out_to_the_cap(tmp_path, rows, cost, cap):
 def test_global_stop_at_threshold(tmp_path, rows, n_bad, frac, stops):
     bad = set(rows[:n_bad])
     ds = _dataset()
-    tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, global_stop_fraction=frac)
+    tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, v05_global_stop_fraction=frac)
     tr.train()
     r = tr.last_v05
     assert r["early_stop"] == stops
@@ -303,7 +303,7 @@ def test_dispatch_multiple_pads_rollouts_to_prompts(tmp_path):
             return super().generate_rollouts(rows, **kw)
 
     tr = make(tmp_path, cls=Counting, prior=flipped_prior(ds, set()), ds=ds, per_device_train_batch_size=6,
-              num_generations=2, dispatch_multiple=32)
+              num_generations=2, v05_dispatch_multiple=32)
     tr.train()
     r = tr.last_v05
     assert calls == [32]  # 6 x 4 = 24 -> padded to 32, then no round (exact prior)
@@ -327,7 +327,7 @@ def test_dispatch_slots_beyond_cap_are_discarded(tmp_path):
             return c_ids, lps
 
     tr = make(tmp_path, cls=Counting, prior=flipped_prior(ds, set(range(N_ROWS))), ds=ds,
-              per_device_train_batch_size=2, num_generations=2, dispatch_multiple=7, rollout_cost=1 / 25.0)
+              per_device_train_batch_size=2, num_generations=2, v05_dispatch_multiple=7, v05_rollout_cost=1 / 25.0)
     tr.train()
     # cap 5: first dispatch 8 -> 14 (6 extra, only 2 fit under the cap) -> 4 discarded; no prompt needs more
     assert osla_cap(1 / 25.0) == 5
@@ -442,7 +442,7 @@ def test_legacy_checkpoint_generation_index(tmp_path):
 def test_cold_start_then_context_from_buffer(tmp_path):
     # default prior: embedding of a frozen copy of the starting policy; empty buffer -> p = 0.5 for every prompt
     tr = make(tmp_path, reward_funcs=[hash_bit_reward], max_steps=2, per_device_train_batch_size=4, num_generations=2,
-              context_size=3)
+              v05_context_size=3)
     assert type(tr.prior).__name__ == "EmbeddingInContextPrior"
     seen = []
     orig = tr.prior.predict
@@ -455,7 +455,7 @@ def test_cold_start_then_context_from_buffer(tmp_path):
     tr.prior.predict = spy
     tr.train()
     assert seen[0][0] == 0 and (seen[0][1] == 0.5).all()
-    assert seen[1][0] == 3  # context_size pairs sampled from the 4 pairs of step 1
+    assert seen[1][0] == 3  # v05_context_size pairs sampled from the 4 pairs of step 1
     assert [h["v05/context_size"] for h in tr.state.log_history if "v05/context_size" in h] == [0, 3]
 
 
@@ -469,11 +469,11 @@ def test_bad_prior_output_is_a_clear_error(tmp_path, value, match):
 
 def test_reward_outside_declared_range_is_a_clear_error(tmp_path):
     tr = make(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[lambda prompts, completions, **kw: [2.0] * len(prompts)])
-    with pytest.raises(ValueError, match="reward_high"):
+    with pytest.raises(ValueError, match="v05_reward_high"):
         tr.train()
-    # the same reward is fine once the range is declared; {-1, 1} rewards with reward_low=-1 too
+    # the same reward is fine once the range is declared; {-1, 1} rewards with v05_reward_low=-1 too
     tr = make(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[lambda prompts, completions, **kw: [2.0] * len(prompts)],
-              reward_low=0.0, reward_high=2.0)
+              v05_reward_low=0.0, v05_reward_high=2.0)
     tr.train()
     assert tr.last_v05["vbar"].tolist() == [1.0] * 8
 
@@ -509,16 +509,16 @@ def test_partly_unscorable_prompt(tmp_path, rows):
 
 # ------------------------------------------------------------------------------------------------ config
 @pytest.mark.parametrize("kw,match", [
-    ({"k_init": 2}, "Appendix A.8"),
-    ({"k_init": 4, "rollout_cost": 0.1}, "cap"),
-    ({"k_step": 0}, "k_step"),
-    ({"global_stop_fraction": 1.5}, "global_stop_fraction"),
-    ({"dispatch_multiple": 0}, "dispatch_multiple"),
-    ({"reward_low": 1.0, "reward_high": 0.0}, "reward_low < reward_high"),
-    ({"sigma_floor": 0.0}, "sigma_floor"),
-    ({"loss_type": "grpo"}, "allow_unsupported_loss_type"),
-    ({"buffer_capacity": 0}, "buffer_capacity"),
-    ({"value_prior_kwargs": "{not json"}, "JSON"),
+    ({"v05_k_init": 2}, "Appendix A.8"),
+    ({"v05_k_init": 4, "v05_rollout_cost": 0.1}, "cap"),
+    ({"v05_k_step": 0}, "v05_k_step"),
+    ({"v05_global_stop_fraction": 1.5}, "v05_global_stop_fraction"),
+    ({"v05_dispatch_multiple": 0}, "v05_dispatch_multiple"),
+    ({"v05_reward_low": 1.0, "v05_reward_high": 0.0}, "v05_reward_low < v05_reward_high"),
+    ({"v05_sigma_floor": 0.0}, "v05_sigma_floor"),
+    ({"loss_type": "grpo"}, "v05_allow_unsupported_loss_type"),
+    ({"v05_buffer_capacity": 0}, "v05_buffer_capacity"),
+    ({"v05_value_prior_kwargs": "{not json"}, "JSON"),
     ({"tie_break_scorer_index": 0}, "tie-break"),
     ({"v05_prompt_weighting": "prompt"}, "v05_prompt_weighting"),
     ({"dynamic_sampling": True}, "dynamic_sampling"),
@@ -532,15 +532,27 @@ def test_config_validation(tmp_path, kw, match):
 def test_config_escape_hatches_and_defaults(tmp_path):
     base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
     c = V05GRPOConfig(**base)
-    assert (c.k_init, c.k_step, c.rollout_cost, c.global_stop_fraction, c.buffer_capacity, c.context_size) == \
-        (4, 2, 0.0039, 0.25, 512, 256)
-    assert osla_cap(c.rollout_cost) == 16 and c.loss_type == "dapo" and c.v05_prompt_weighting == "equal"
+    assert (c.v05_k_init, c.v05_k_step, c.v05_rollout_cost, c.v05_global_stop_fraction, c.v05_buffer_capacity,
+            c.v05_context_size) == (4, 2, 0.0039, 0.25, 512, 256)
+    assert osla_cap(c.v05_rollout_cost) == 16 and c.loss_type == "dapo" and c.v05_prompt_weighting == "equal"
     assert V05GRPOConfig(**base, v05_prompt_weighting="rollout").v05_prompt_weighting == "rollout"
-    assert V05GRPOConfig(**base, k_init=2, allow_small_k_init=True).k_init == 2
+    assert V05GRPOConfig(**base, v05_k_init=2, v05_allow_small_k_init=True).v05_k_init == 2
     with pytest.warns(UserWarning, match="pad rows"):
-        V05GRPOConfig(**base, loss_type="grpo", allow_unsupported_loss_type=True)
-    assert V05GRPOConfig(**base, value_prior="constant", value_prior_kwargs='{"p": 0.3}').value_prior_kwargs == \
-        {"p": 0.3}
+        V05GRPOConfig(**base, loss_type="grpo", v05_allow_unsupported_loss_type=True)
+    c = V05GRPOConfig(**base, v05_value_prior="constant", v05_value_prior_kwargs='{"p": 0.3}')
+    assert c.v05_value_prior_kwargs == {"p": 0.3}
+
+
+@pytest.mark.parametrize("old", ["k_init", "k_step", "rollout_cost", "global_stop_fraction", "dispatch_multiple",
+                                 "buffer_capacity", "context_size", "value_prior", "value_prior_kwargs", "reward_low",
+                                 "reward_high", "sigma_floor", "allow_small_k_init", "allow_unsupported_loss_type",
+                                 "check_buffer_sync"])
+def test_unprefixed_field_names_of_0_1_are_rejected(tmp_path, old):
+    # 0.1 names were renamed to v05_<name>; an old name must fail loudly, not be silently ignored
+    assert not hasattr(V05GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"), old)
+    assert "v05_" + old in V05GRPOConfig.__dataclass_fields__
+    with pytest.raises(TypeError, match=old):
+        V05GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{old: None})
 
 
 def test_plain_grpo_config_is_upgraded(tmp_path):
@@ -554,29 +566,29 @@ def test_plain_grpo_config_is_upgraded(tmp_path):
     tr = V05GRPOTrainer(model=build_tiny_model(tok, seed=0), reward_funcs=[prompt_bit_reward], args=plain,
                         train_dataset=_dataset(), processing_class=tok, prior=ConstantPrior(0.5))
     assert isinstance(tr.args, V05GRPOConfig) and tr.config_class is V05GRPOConfig
-    assert (tr.args.k_init, tr.args.v05_prompt_weighting, tr.args.value_prior_kwargs) == (4, "equal", {})
+    assert (tr.args.v05_k_init, tr.args.v05_prompt_weighting, tr.args.v05_value_prior_kwargs) == (4, "equal", {})
     assert tr.rollout_strategy.name == "v05_osla" and tr.num_generations == 1 and tr.num_generations_eval == 4
     bad = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
                          num_generations=4, loss_type="bnpo")
-    with pytest.raises(ValueError, match="allow_unsupported_loss_type"):
+    with pytest.raises(ValueError, match="v05_allow_unsupported_loss_type"):
         V05GRPOTrainer(model=build_tiny_model(tok, seed=0), reward_funcs=[prompt_bit_reward], args=bad,
                        train_dataset=_dataset(), processing_class=tok, prior=ConstantPrior(0.5))
 
 
 def test_prior_from_config_and_bad_prior_object(tmp_path):
-    tr = make(tmp_path, value_prior="constant", value_prior_kwargs={"p": 0.25})
+    tr = make(tmp_path, v05_value_prior="constant", v05_value_prior_kwargs={"p": 0.25})
     assert isinstance(tr.prior, ConstantPrior) and tr.prior.p == 0.25
     with pytest.raises(TypeError, match="ValuePrior"):
         make(tmp_path, prior=lambda *a: 0.5)
     with pytest.raises(ValueError, match="prior=CallablePrior"):
-        make(tmp_path, value_prior="callable")
+        make(tmp_path, v05_value_prior="callable")
 
 
 @settings(max_examples=60, deadline=None)
 @given(lo=st.floats(-5, 5), width=st.floats(0.01, 10), u=st.lists(st.floats(0, 1), min_size=1, max_size=20))
 def test_reward_mapping_properties(lo, width, u):
     hi = lo + width
-    fake = types.SimpleNamespace(args=types.SimpleNamespace(reward_low=lo, reward_high=hi))
+    fake = types.SimpleNamespace(args=types.SimpleNamespace(v05_reward_low=lo, v05_reward_high=hi))
     r = lo + np.asarray(u) * width
     out = V05GRPOTrainer._v05_map_rewards(fake, np.append(r, np.nan))
     assert np.isnan(out[-1]) and np.all(np.abs(out[:-1]) <= 1.0)

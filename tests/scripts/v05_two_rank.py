@@ -31,7 +31,7 @@ def truth(row_idx: int) -> float:
     return float(row_idx % 2)
 
 
-def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatch_multiple: int = 1,
+def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dispatch_multiple: int = 1,
         keyed: bool = False) -> dict:
     import torch
 
@@ -60,7 +60,8 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, dispatc
     cfg = V05GRPOConfig(
         output_dir=os.path.join(out_dir, "run"), per_device_train_batch_size=8 // world, max_completion_length=4,
         max_steps=max_steps, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=0, dispatch_multiple=dispatch_multiple, keyed_sampling=keyed,
+        save_strategy="no", disable_tqdm=True, seed=0, v05_dispatch_multiple=v05_dispatch_multiple,
+        keyed_sampling=keyed,
     )
 
     records, calls, backend_calls = [], [], []

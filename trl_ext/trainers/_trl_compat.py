@@ -167,7 +167,7 @@ def resize_completion_logs(trainer: Any, maxlen: int, keep_last: int | None = No
     """Re-create every deque of ``trainer._logs`` (the completions table) with ``maxlen``.
 
     TRL sizes them to ``generation_batch_size`` (``GRPOTrainer.__init__``), which assumes every generation batch has exactly that
-    many rows; a variable-size batch (``_finish_rollouts``) can hold more. ``keep_last`` keeps only the newest rows
+    many rows; a variable-size batch (``finish_rollouts``) can hold more. ``keep_last`` keeps only the newest rows
     of each column (the current generation batch, as TRL's fixed ``maxlen`` does for fixed-size batches). Columns
     created later (``rewards``/``extra`` are ``defaultdict`` s) get the new ``maxlen`` too.
     """
@@ -221,7 +221,8 @@ def validate_config_with_placeholder_group_size(config: Any, post_init, *, group
     TRL's checks ``num_generations >= 2`` and ``generation_batch_size % num_generations == 0`` assume G-fold
     repeated prompts. Trainers whose sampler yields unique prompts (``group_size == 1``: one rollout per prompt, or
     rollout counts chosen at run time) validate with a placeholder ``num_generations`` that divides the generation
-    batch and then restore the user's value; ``num_generations_eval`` defaults to the user's value.
+    batch and then restore the user's values (``num_generations_eval`` is validated as ``num_generations``, or 1,
+    when unset).
 
     ``config.num_generations`` must already be the user's value (``1`` allowed).
     """
@@ -239,16 +240,17 @@ def validate_config_with_placeholder_group_size(config: Any, post_init, *, group
         known *= int(os.environ.get("WORLD_SIZE", "1") or 1)
     if known < 2:
         raise ValueError(
-            f"{type(config).__name__}: the generation batch holds {known} unique prompt; TRL needs at least 2 rows "
-            "per generation batch. Raise per_device_train_batch_size, steps_per_generation or generation_batch_size."
+            f"{type(config).__name__}: the generation batch holds {known} unique prompt; at least 2 prompts per "
+            "generation batch are needed (TRL's checks; leave-one-out and batch baselines). Raise "
+            "per_device_train_batch_size, steps_per_generation or generation_batch_size."
         )
     config.num_generations = known
-    if eval_g is None:
+    if eval_g is None:  # TRL validates the eval group size too; None afterwards means "num_generations" again
         config.num_generations_eval = g if isinstance(g, int) and g >= 2 else 1
     try:
         post_init()
     finally:
-        config.num_generations = g
+        config.num_generations, config.num_generations_eval = g, eval_g
 
 
 def tokenizer(trainer: Any):

@@ -203,6 +203,10 @@ class ExtGRPOConfig(trl.GRPOConfig):
                                         "<output_dir>/rollouts/rank<r>.jsonl (for trl-ext replay)."},
     )
 
+    uses_advantage_estimator: ClassVar[bool] = True
+    """False for method configs whose trainer computes its own advantages (V0.5, BASIS, PAIR): then
+    ``advantage_estimator`` must stay at its default."""
+
     def __post_init__(self):
         self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
                                                              "advantage_estimator_kwargs")
@@ -260,6 +264,11 @@ def validate_ext_config(o) -> None:
     """Check the trl_ext fields of a config; raises ``ValueError`` saying what to change."""
     args = o
     o.advantage_estimator_kwargs = parse_kwargs_field(o.advantage_estimator_kwargs, "advantage_estimator_kwargs")
+    if not getattr(o, "uses_advantage_estimator", True):
+        if o.advantage_estimator != "grpo" or o.advantage_estimator_kwargs:
+            raise ValueError(f"{type(o).__name__} computes its own advantages; advantage_estimator="
+                             f"{o.advantage_estimator!r} would be ignored. Leave advantage_estimator at 'grpo' (it "
+                             "then only applies to evaluation batches) or use trl_ext.GRPOTrainer / ExtGRPOConfig.")
     try:
         min_g = estimator_min_group_size(o.advantage_estimator)
     except KeyError as e:
@@ -267,7 +276,7 @@ def validate_ext_config(o) -> None:
                          "with @trl_ext.estimators.register_advantage_estimator(name) before building the config."
                          ) from None
     g = o.num_generations
-    if isinstance(g, int) and g < min_g:
+    if isinstance(g, int) and g < min_g and getattr(o, "uses_advantage_estimator", True):
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} needs num_generations >= {min_g} (it has a "
                          f"per-prompt baseline), got {g}. Raise num_generations or pick an estimator with a "
                          "cross-prompt baseline (reinforce_pp).")
@@ -794,16 +803,6 @@ class GRPOTrainer(compat.TRLGlue):
                 return self.score_fixed_groups(rows)
         finally:
             self._ext_replay = None
-
-    # transition aliases (old names used by subclasses)
-    def _generate_completion_ids(self, rows):
-        return self.generate_rollouts(rows)
-
-    def _score_rollouts_local(self, rows, completion_ids):
-        return self.score_rollouts_local(rows, completion_ids)
-
-    def _finish_rollouts(self, *args, **kwargs):
-        return self.finish_rollouts(*args, **kwargs)
 
     # -------------------------------------------------------------------------- hooks TRL's private methods reach
     def ext_generate_and_score(self, inputs):

@@ -1,7 +1,8 @@
-"""BASIS: batchwise advantage estimation from single-rollout information sharing (issue 6).
+"""BASIS: batchwise advantage estimation from single-rollout information sharing.
 
 ``BASISTrainer`` trains with **one rollout per prompt** (G = 1) and replaces the group baseline of GRPO by the BASIS
-baseline of Gong et al. (``/work/shared/papers/basis_batchwise_single_rollout.txt``):
+baseline of Gong et al. ("BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM
+Reasoning", May 2026):
 
 1. *Offline values* (Section 4, Proposition 2, Appendix 10): a value table built once from the frozen reference
    policy (``trl-ext build-value-table``) gives, for every training prompt, the KL-tilted value
@@ -26,7 +27,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from ..estimators.basis import (
     v_beta_from_samples,
 )
 from ..priors.table_format import ValueTable, load_value_table, prompt_key
-from .base import ExtGRPOConfig, GRPOTrainer
+from .base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
 from .batch import RolloutBatch
 
 __all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS"]
@@ -71,12 +72,9 @@ class BASISConfig(ExtGRPOConfig):
     """:class:`~trl_ext.trainers.base.ExtGRPOConfig` for BASIS: one rollout per prompt and a value table.
 
     ``num_generations`` defaults to (and must be) **1**. TRL's ``GRPOConfig.__post_init__`` rejects
-    ``num_generations < 2`` (TRL's GC check "GRPO requires at least 2 generations per prompt"). BASISConfig runs TRL's
-    validation with a *placeholder* ``num_generations`` equal to a number that divides the generation batch
-    (``generation_batch_size`` if given, else ``per_device_train_batch_size * steps_per_generation`` -- or
-    ``gradient_accumulation_steps`` -- times ``$WORLD_SIZE`` only when that product is 1) and
-    ``num_generations_eval = 1`` when unset, then restores ``num_generations = 1`` (and ``num_generations_eval``).
-    All of TRL's other checks run unchanged. The generation batch must hold at least 2 prompts (the baseline is
+    ``num_generations < 2``; BASISConfig runs TRL's validation with a *placeholder* ``num_generations`` that divides
+    the generation batch and restores 1 (``trl_ext.trainers._trl_compat.validate_config_with_placeholder_group_size``;
+    ``num_generations_eval`` defaults to 1). All of TRL's other checks run unchanged. The generation batch must hold at least 2 prompts (the baseline is
     leave-one-out).
 
     TRL's ``scale_rewards`` and ``multi_objective_aggregation`` do not apply (the advantage is ``r - b``); use
@@ -84,7 +82,7 @@ class BASISConfig(ExtGRPOConfig):
 
     Parameters
     ----------
-    value_table_path : str, optional
+    basis_value_table_path : str, optional
         JSON Lines value table (``trl_ext.priors.table_format``; build it with ``trl-ext build-value-table``).
         Required unless ``BASISTrainer(value_table=...)`` is given.
     basis_variant : {"unb", "vop", "rvg"}, default "unb"
@@ -108,19 +106,21 @@ class BASISConfig(ExtGRPOConfig):
     basis_scale_advantages : bool, default False
         Divide the advantages by their batch std (Bessel, over prompts with a finite reward) plus 1e-4. Off by
         default as in the paper; ``r - b`` is already on the reward scale.
-    max_missing_fraction : float, default 0.1
+    basis_max_missing_fraction : float, default 0.1
         Raise ``ValueError`` when more than this share of a batch's prompts is missing from the table (a table
         built for other data is a user error). Missing prompts below the limit get the fallback and are counted.
-    strict_table_check : bool, default False
+    basis_strict_table_check : bool, default False
         Raise instead of warning when the table header's ``reward_funcs`` / ``model`` differ from the training
         setup.
     """
+
+    uses_advantage_estimator: ClassVar[bool] = False
 
     num_generations: int | None = field(
         default=1,
         metadata={"help": "Rollouts per prompt: BASIS uses exactly 1 (TRL's >= 2 check is bypassed, see docs)."},
     )
-    value_table_path: str | None = field(
+    basis_value_table_path: str | None = field(
         default=None, metadata={"help": "Value table (JSON Lines) from `trl-ext build-value-table`."}
     )
     basis_variant: str = field(default="unb", metadata={"help": "Refinement rule: unb (Eq. 4), vop (Eq. 5), rvg (Eq. 6)."})
@@ -140,50 +140,39 @@ class BASISConfig(ExtGRPOConfig):
     basis_scale_advantages: bool = field(
         default=False, metadata={"help": "Divide advantages by their batch std (off by default, as in the paper)."}
     )
-    max_missing_fraction: float = field(
+    basis_max_missing_fraction: float = field(
         default=0.1, metadata={"help": "Error when more than this share of a batch's prompts is not in the table."}
     )
-    strict_table_check: bool = field(
+    basis_strict_table_check: bool = field(
         default=False, metadata={"help": "Raise (not warn) when the table's reward_funcs/model differ from training."}
     )
 
     def __post_init__(self):
-        g = self.num_generations
-        if g != 1 or isinstance(g, bool):
-            raise ValueError(
-                f"BASISConfig: num_generations must be 1 (BASIS uses one rollout per prompt), got {g!r}. For several "
-                "rollouts per prompt use trl_ext.GRPOTrainer / ExtGRPOConfig."
-            )
-        placeholder = _placeholder_num_generations(self)
-        eval_g = self.num_generations_eval
-        # --- TRL GC check workaround: validate with a placeholder G that divides the generation batch, restore 1.
-        self.num_generations = placeholder
-        if eval_g is None:
-            self.num_generations_eval = 1
-        try:
-            super().__post_init__()
-        finally:
-            self.num_generations = 1
-            self.num_generations_eval = eval_g
+        _check_single_rollout(self)
+        # ExtGRPOConfig.__post_init__ validates with a placeholder group size (TRL rejects num_generations < 2)
+        super().__post_init__()
         _validate_basis_options(self)
 
+    @staticmethod
+    def validate_method_options(cfg) -> None:
+        """Validation of a plain ``trl.GRPOConfig`` upgraded to a ``BASISConfig`` (``as_config``)."""
+        _check_single_rollout(cfg)
+        validate_ext_config(cfg)
+        _validate_basis_options(cfg)
 
-def _placeholder_num_generations(cfg) -> int:
-    """A number >= 2 that divides the generation batch TRL will compute (see :class:`BASISConfig`)."""
-    if cfg.generation_batch_size is not None:
-        known = int(cfg.generation_batch_size)
-    else:
-        spg = cfg.steps_per_generation if cfg.steps_per_generation is not None else cfg.gradient_accumulation_steps
-        known = int(cfg.per_device_train_batch_size) * int(spg)
-        if known < 2:
-            known *= int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if known < 2:
+
+def _check_single_rollout(cfg) -> None:
+    g = cfg.num_generations
+    if g != 1 or isinstance(g, bool):
         raise ValueError(
-            f"BASIS needs at least 2 prompts per generation batch (its baseline is leave-one-out over the batch), but "
-            f"the generation batch holds {known}. Raise per_device_train_batch_size, steps_per_generation or "
-            "generation_batch_size."
+            f"BASISConfig: num_generations must be 1 (BASIS uses one rollout per prompt), got {g!r}. Set "
+            "num_generations=1, or for several rollouts per prompt use trl_ext.GRPOTrainer / ExtGRPOConfig."
         )
-    return known
+    if cfg.generation_batch_size is not None and int(cfg.generation_batch_size) < 2:
+        raise ValueError(
+            "BASIS needs at least 2 prompts per generation batch (its baseline is leave-one-out over the batch). "
+            "Raise per_device_train_batch_size, steps_per_generation or generation_batch_size."
+        )
 
 
 def _validate_basis_options(cfg) -> None:
@@ -199,9 +188,9 @@ def _validate_basis_options(cfg) -> None:
     maf = cfg.basis_min_active_fraction
     if not (isinstance(maf, int | float) and not isinstance(maf, bool) and 0.0 <= maf <= 1.0):
         raise ValueError(f"basis_min_active_fraction must be in [0, 1], got {maf!r}.")
-    mmf = cfg.max_missing_fraction
+    mmf = cfg.basis_max_missing_fraction
     if not (isinstance(mmf, int | float) and not isinstance(mmf, bool) and 0.0 <= mmf <= 1.0):
-        raise ValueError(f"max_missing_fraction must be in [0, 1] (share of a batch), got {mmf!r}.")
+        raise ValueError(f"basis_max_missing_fraction must be in [0, 1] (share of a batch), got {mmf!r}.")
     if cfg.basis_beta_grid is not None:
         grid = np.asarray(cfg.basis_beta_grid, dtype=np.float64)
         if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 0) or np.any(
@@ -211,8 +200,8 @@ def _validate_basis_options(cfg) -> None:
                 "basis_beta_grid must be a non-empty, strictly increasing list of finite numbers > 0, got "
                 f"{list(cfg.basis_beta_grid)[:10]!r}."
             )
-    if cfg.value_table_path is not None and not isinstance(cfg.value_table_path, str | os.PathLike):
-        raise ValueError(f"value_table_path must be a path, got {type(cfg.value_table_path).__name__}.")
+    if cfg.basis_value_table_path is not None and not isinstance(cfg.basis_value_table_path, str | os.PathLike):
+        raise ValueError(f"basis_value_table_path must be a path, got {type(cfg.basis_value_table_path).__name__}.")
 
 
 # ---------------------------------------------------------------------------------------------------------- trainer
@@ -241,20 +230,20 @@ class BASISTrainer(GRPOTrainer):
         ``prompt`` column is looked up in the table by :func:`~trl_ext.priors.table_format.prompt_key`.
     args : BASISConfig
     value_table : ValueTable or path, optional
-        Overrides ``args.value_table_path``.
+        Overrides ``args.basis_value_table_path``.
 
     Raises
     ------
     ValueError
         No table; an empty table; rows with different ``reward_range``; the table covers none of the training
-        prompts; the table's ``reward_funcs``/``model`` differ and ``strict_table_check=True``. At training time:
-        more than ``max_missing_fraction`` of a batch missing, or a reward outside the table's ``reward_range``.
+        prompts; the table's ``reward_funcs``/``model`` differ and ``basis_strict_table_check=True``. At training time:
+        more than ``basis_max_missing_fraction`` of a batch missing, or a reward outside the table's ``reward_range``.
 
     Warns
     -----
     UserWarning
         Table built with different reward functions or model (header metadata), more than
-        ``max_missing_fraction`` of the training prompts missing, non-binary training rewards while the table only
+        ``basis_max_missing_fraction`` of the training prompts missing, non-binary training rewards while the table only
         stores pass rates (the binary closed form is then an approximation), ``scale_rewards="batch"`` or
         ``multi_objective_aggregation="normalize_then_sum"`` (ignored by BASIS).
 
@@ -268,16 +257,15 @@ class BASISTrainer(GRPOTrainer):
         Full calibration of the latest batch (grid losses, masks, counts).
     """
 
+    config_class = BASISConfig
     unique_prompt_sampler = True
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *,
                  value_table: ValueTable | str | os.PathLike | None = None, **kwargs):
-        if not isinstance(args, BASISConfig):
-            raise TypeError(
-                f"BASISTrainer needs args=BASISConfig(...), got {type(args).__name__}; BASISConfig accepts "
-                "num_generations=1 and holds the value-table options."
-            )
-        table = _resolve_table(value_table if value_table is not None else args.value_table_path)
+        if args is None:
+            raise TypeError("BASISTrainer needs args=BASISConfig(...) (num_generations=1 and the value-table options).")
+        args = as_config(args, BASISConfig, "BASISTrainer")
+        table = _resolve_table(value_table if value_table is not None else args.basis_value_table_path)
         self._basis_table = table
         self._basis_range = _common_reward_range(table)
         self._basis_grid = (np.asarray(args.basis_beta_grid, dtype=np.float64) if args.basis_beta_grid is not None
@@ -297,7 +285,7 @@ class BASISTrainer(GRPOTrainer):
         # table compatibility (header metadata vs. the training setup)
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         table.check_compatible(reward_funcs=list(self.reward_func_names), model=model_id or None,
-                               strict=bool(args.strict_table_check))
+                               strict=bool(args.basis_strict_table_check))
         self._basis_check_coverage(self.train_dataset)
 
     # ----------------------------------------------------------------------------------------------- table
@@ -315,10 +303,10 @@ class BASISTrainer(GRPOTrainer):
                 "this train_dataset."
             )
         frac = n_missing / len(prompts)
-        if frac > self.args.max_missing_fraction:
+        if frac > self.args.basis_max_missing_fraction:
             warnings.warn(
                 f"{n_missing} of {len(prompts)} training prompts ({frac:.1%}) are missing from the value table, more "
-                f"than max_missing_fraction={self.args.max_missing_fraction}: training stops at the first batch "
+                f"than basis_max_missing_fraction={self.args.basis_max_missing_fraction}: training stops at the first batch "
                 "above the limit. Complete the table (`trl-ext build-value-table` resumes) or raise the limit.",
                 UserWarning, stacklevel=3,
             )
@@ -346,7 +334,7 @@ class BASISTrainer(GRPOTrainer):
         """BASIS advantages ``A_i = r_i - b_i`` for every row of the global batch (Section 4, Eq. 2-4).
 
         Steps: map rewards to [0, 1] with the table's ``reward_range``; look every prompt up (missing -> NaN value,
-        error above ``max_missing_fraction``); :func:`~trl_ext.estimators.basis.calibrate_beta` selects ``beta_t``
+        error above ``basis_max_missing_fraction``); :func:`~trl_ext.estimators.basis.calibrate_beta` selects ``beta_t``
         on the grid and returns the refined baseline (fallback for inactive / missing / source-less prompts); map
         the baseline back to the reward scale; optionally (``basis_scale_advantages``) divide by the batch std
         with :func:`~trl_ext.estimators.basis.std_scale_advantages` (the same function as the ``"basis"``
@@ -366,7 +354,7 @@ class BASISTrainer(GRPOTrainer):
         Raises
         ------
         ValueError
-            More than ``max_missing_fraction`` of the (non-pad) rows of a **training** batch missing from the
+            More than ``basis_max_missing_fraction`` of the (non-pad) rows of a **training** batch missing from the
             table (evaluation batches, normally held-out prompts, get the fallback and a warning); a finite reward
             outside the table's ``reward_range``.
         """
@@ -393,7 +381,7 @@ class BASISTrainer(GRPOTrainer):
         looks = [self._basis_lookup(p) for p in prompts]
         missing = np.array([x.missing for x in looks])
         n_missing = int(missing.sum())
-        if n_missing / n > self.args.max_missing_fraction and mode == "eval":
+        if n_missing / n > self.args.basis_max_missing_fraction and mode == "eval":
             # held-out evaluation prompts are normally absent from the training table: fallback baseline, logged in
             # eval_basis/missing_fraction (the limit guards training against a wrong table)
             self._ext_warn_once(
@@ -401,12 +389,12 @@ class BASISTrainer(GRPOTrainer):
                 f"{n_missing} of the {n} prompts of an evaluation batch are missing from the value table; they get "
                 f"the '{self.args.basis_fallback}' fallback baseline (logged as eval_basis/missing_fraction).",
             )
-        elif n_missing / n > self.args.max_missing_fraction:
+        elif n_missing / n > self.args.basis_max_missing_fraction:
             raise ValueError(
                 f"{n_missing} of the {n} prompts of this batch ({n_missing / n:.1%}) are missing from the value table "
-                f"(max_missing_fraction={self.args.max_missing_fraction}). The table was probably built for another "
+                f"(basis_max_missing_fraction={self.args.basis_max_missing_fraction}). The table was probably built for another "
                 "dataset or prompt format: rebuild it with `trl-ext build-value-table` on the training dataset, or "
-                "raise max_missing_fraction to train with the fallback baseline on missing prompts."
+                "raise basis_max_missing_fraction to train with the fallback baseline on missing prompts."
             )
         non_binary = bool(np.any(fin & (u != 0.0) & (u != 1.0)))
         if non_binary and any(x.p is not None for x in looks):
@@ -490,7 +478,7 @@ class BASISTrainer(GRPOTrainer):
 def _resolve_table(spec) -> ValueTable:
     if spec is None:
         raise ValueError(
-            "BASISTrainer needs a value table: set BASISConfig(value_table_path=...) or pass value_table=. Build one "
+            "BASISTrainer needs a value table: set BASISConfig(basis_value_table_path=...) or pass value_table=. Build one "
             "with `trl-ext build-value-table` (reference-policy samples per training prompt, paper Appendix 10)."
         )
     if isinstance(spec, ValueTable):

@@ -2,12 +2,12 @@
 
 One ``RolloutBatch`` describes one **generation batch** (``generation_batch_size`` rows over all ranks and all
 ``steps_per_generation`` micro-steps, or the variable number of rows a subclass produced through
-``_finish_rollouts``). Every field is **global**: gathered across ranks in rank order and identical on every
+``finish_rollouts``). Every field is **global**: gathered across ranks in rank order and identical on every
 rank, so any estimator computed from it is the same on every rank (no collective needed) and equal to a
 single-process run on the same global batch.
 
 Row order is the rank order TRL uses: rank ``p`` owns rows ``local_slice(p)``. Within a rank, rows of one prompt
-are contiguous (TRL's ``RepeatSampler`` or the subclass's own layout for ``_finish_rollouts``).
+are contiguous (TRL's ``RepeatSampler`` or the subclass's own layout for ``finish_rollouts``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class RolloutBatch:
     completion_lengths : Tensor, shape (N,), int64
         Generated tokens per row (0 on pad rows).
     is_pad : Tensor, shape (N,), bool
-        True on rows added only to equalize row counts across ranks (``_finish_rollouts``); they carry no
+        True on rows added only to equalize row counts across ranks (``finish_rollouts``); they carry no
         reward, no advantage and no loss.
     extra : dict
         Gathered per-row dataset columns the trainer class asked for in ``rollout_columns`` (e.g.

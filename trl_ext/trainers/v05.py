@@ -9,19 +9,19 @@ Implementation Workflow" (Section 4.1.3, Steps 1-5), "Empirical Shrinkage Fusion
 Per generation batch (train mode; every rank holds ``per_device_train_batch_size * steps_per_generation``
 **unique** prompts):
 
-1. **Prior** (Step 1): sample a context of ``context_size`` (prompt, success) pairs from the global
+1. **Prior** (Step 1): sample a context of ``v05_context_size`` (prompt, success) pairs from the global
    :class:`~trl_ext.priors.SupportBuffer` (identical on every rank, seeded by ``(seed, generation index)``) and query
    the prior once per prompt: ``p in [0, 1]``, ``V = 2p - 1``. Cold start: an empty buffer gives an empty context and
    each prior's documented empty-context answer (embedding prior: ``p = 0.5``, i.e. ``V = 0``).
-2. **Cold start allocation** (Step 2): ``k_init`` (4) rollouts per prompt, generated with
+2. **Cold start allocation** (Step 2): ``v05_k_init`` (4) rollouts per prompt, generated with
    :meth:`trl_ext.GRPOTrainer.generate_rollouts` and scored locally with
-   :meth:`~trl_ext.GRPOTrainer.score_rollouts_local`, rewards mapped from ``[reward_low, reward_high]`` to
+   :meth:`~trl_ext.GRPOTrainer.score_rollouts_local`, rewards mapped from ``[v05_reward_low, v05_reward_high]`` to
    ``[-1, 1]``.
 3. **Test + OSLA rounds** (Steps 3-4): the per-prompt drawn counts and Eq. 7 bias estimates are gathered over ranks
    and :func:`trl_ext.estimators.osla_step` (the library's one OSLA rule) decides the round on the whole batch: a
    prompt needs more while ``k < 1/sqrt(c) - 1/bias2`` and ``k < round(1/sqrt(c))`` (16 for ``c = 0.0039``) and gets
-   ``k_step`` (2) more rollouts; the whole batch stops when fewer than ``global_stop_fraction`` (25%) of its prompts
-   still need rollouts. Every rank therefore runs the same rounds.
+   ``v05_k_step`` (2) more rollouts; the whole batch stops when fewer than ``v05_global_stop_fraction`` (25%) of its
+   prompts still need rollouts. Every rank therefore runs the same rounds.
 4. **Fusion + advantages** (Step 5): ``A_i = (r_i - mu*) / sigma*`` with the fused baseline of Eq. 9 computed by
    :func:`trl_ext.estimators.fused_advantages_batch` on the gathered groups, then (``v05_prompt_weighting="equal"``,
    the default) multiplied by ``c_j = kbar / k_j`` so every prompt carries the same total weight in the loss, as
@@ -72,7 +72,7 @@ whatever the group size or the number of pad rows on its rank (per-prompt weight
 ``v05_prompt_weighting``). The sequence-level losses (``grpo``, ``sapo``, ``luspo``) and ``dr_grpo`` have their
 pad-row denominators corrected by the base trainer but are not covered by a V0.5 gradient test yet; ``bnpo``
 normalizes by the local micro-batch tokens, so DDP's equal-weight rank average over-weights tokens on ranks with
-fewer of them. Those are rejected unless ``allow_unsupported_loss_type=True``.
+fewer of them. Those are rejected unless ``v05_allow_unsupported_loss_type=True``.
 """
 
 V05_PROMPT_WEIGHTINGS = ("equal", "rollout")
@@ -95,41 +95,41 @@ class V05GRPOConfig(ExtGRPOConfig):
 
     Parameters
     ----------
-    k_init : int, default 4
+    v05_k_init : int, default 4
         Rollouts per prompt before the first test (Workflow Step 2). Values below 4 are rejected unless
-        ``allow_small_k_init=True``: Appendix A.8 shows the test rejects good priors too often for k < 4
+        ``v05_allow_small_k_init=True``: Appendix A.8 shows the test rejects good priors too often for k < 4
         (``1/sqrt(k) >= 2/k`` needs ``k >= 4``).
-    k_step : int, default 2
+    v05_k_step : int, default 2
         Rollouts added per OSLA round to each prompt that still needs more (Step 4).
-    rollout_cost : float, default 0.0039
+    v05_rollout_cost : float, default 0.0039
         Marginal cost ``c`` of one rollout; the cap is ``round(1/sqrt(c))`` (16) and Theorem 3.6's target
-        ``1/sqrt(c) - 1/bias2``. Must leave ``cap >= k_init``.
-    global_stop_fraction : float in [0, 1], default 0.25
+        ``1/sqrt(c) - 1/bias2``. Must leave ``cap >= v05_k_init``.
+    v05_global_stop_fraction : float in [0, 1], default 0.25
         Stop the rounds for the whole batch (all ranks) when fewer than this fraction of its prompts still need
         rollouts. 0 disables the early stop (rounds run until no prompt needs more).
-    dispatch_multiple : int >= 1, default 1
+    v05_dispatch_multiple : int >= 1, default 1
         Pad each generation dispatch (per rank, per round) to a multiple of this (the paper pads to 32 for
         tensor-parallel generation). The extra rollouts go round-robin to the prompts of that dispatch (never past
         the cap), so a prompt may end slightly above its target; slots no prompt can take are generated and
         discarded (``v05/discarded_rollouts``). When generation is a collective, the base trainer also pads every
         rank's call to the longest one across ranks; those equalizing rows are discarded (and counted) too, so
-        per-prompt decisions do not depend on how prompts are spread over ranks (with ``dispatch_multiple=1``).
-    buffer_capacity, context_size : int, default 512, 256
+        per-prompt decisions do not depend on how prompts are spread over ranks (with ``v05_dispatch_multiple=1``).
+    v05_buffer_capacity, v05_context_size : int, default 512, 256
         Support buffer capacity and context size (Workflow Step 1).
-    value_prior : str, default "embedding"
+    v05_value_prior : str, default "embedding"
         Prior kind for :func:`trl_ext.priors.build_prior` when the trainer gets no ``prior=`` object:
         ``"embedding"`` (frozen mean-pooled copy of the starting policy + in-context kernel head, the paper's
-        V0-style default), ``"constant"``, ``"table"`` (needs ``value_prior_kwargs={"table": path}``);
+        V0-style default), ``"constant"``, ``"table"`` (needs ``v05_value_prior_kwargs={"table": path}``);
         ``"callable"`` needs a ``prior=`` object.
-    value_prior_kwargs : dict or JSON str, optional
+    v05_value_prior_kwargs : dict or JSON str, optional
         Constructor options of the prior (for ``"embedding"`` these go to ``EmbeddingInContextPrior``, plus
         ``embed_batch_size`` / ``embed_max_length`` for :func:`~trl_ext.priors.hf_mean_pool_embedder`).
-    reward_low, reward_high : float, default 0.0, 1.0
+    v05_reward_low, v05_reward_high : float, default 0.0, 1.0
         Declared range of the weighted summed reward. Rewards are mapped linearly to ``[-1, 1]``:
         ``r' = 2 (r - low) / (high - low) - 1`` ({0, 1} checker -> {-1, 1}; use ``-1, 1`` for rewards already on the
         paper's scale; any bounded non-binary reward is mapped the same way, which keeps Eq. 6's variance bound
         ``1/k`` valid). A finite reward outside the range raises ``ValueError``.
-    sigma_floor : float in (0, 1], default 0.2
+    v05_sigma_floor : float in (0, 1], default 0.2
         Floor of ``sigma* = sqrt(1 - mu*^2)`` in the advantage (see :func:`~trl_ext.estimators.fused_advantages`).
     v05_prompt_weighting : {"equal", "rollout"}, default "equal"
         ``"equal"`` (the paper's Eq. 10): prompt ``j``'s advantages are multiplied by ``c_j = kbar / k_j``
@@ -137,38 +137,42 @@ class V05GRPOConfig(ExtGRPOConfig):
         prompt carries the same total weight in the loss for equal completion lengths and the overall scale is
         unchanged. ``"rollout"``: no reweighting; the token-level loss weighs every rollout token the same, so a
         prompt with 16 rollouts weighs 4x one with 4.
-    allow_small_k_init : bool, default False
-        Accept ``k_init < 4`` (for ablations).
-    allow_unsupported_loss_type : bool, default False
+    v05_allow_small_k_init : bool, default False
+        Accept ``v05_k_init < 4`` (for ablations).
+    v05_allow_unsupported_loss_type : bool, default False
         Accept a ``loss_type`` outside :data:`V05_SUPPORTED_LOSS_TYPES` (with a warning).
-    check_buffer_sync : bool, default True
+    v05_check_buffer_sync : bool, default True
         With several processes, compare the support-buffer fingerprints of all ranks after each update and raise
         if they differ.
     """
+
+    uses_advantage_estimator: ClassVar[bool] = False
 
     num_generations: int | None = field(
         default=2, metadata={"help": "Unused in V0.5 training (OSLA chooses k per prompt); the group size of "
                                      "evaluation. Need not divide the generation batch."},
     )
-    k_init: int = field(default=V05_K_INIT, metadata={"help": "Rollouts per prompt before the first test (paper: 4)."})
-    k_step: int = field(default=2, metadata={"help": "Rollouts added per OSLA round (paper: 2)."})
-    rollout_cost: float = field(default=V05_PAPER_COST,
+    v05_k_init: int = field(default=V05_K_INIT,
+                            metadata={"help": "Rollouts per prompt before the first test (paper: 4)."})
+    v05_k_step: int = field(default=2, metadata={"help": "Rollouts added per OSLA round (paper: 2)."})
+    v05_rollout_cost: float = field(default=V05_PAPER_COST,
                                 metadata={"help": "Marginal rollout cost c; cap = round(1/sqrt(c)) (paper: 0.0039)."})
-    global_stop_fraction: float = field(
+    v05_global_stop_fraction: float = field(
         default=0.25, metadata={"help": "Stop the rounds when fewer than this share of prompts need more (0 = off)."}
     )
-    dispatch_multiple: int = field(default=1, metadata={"help": "Pad each dispatch to a multiple of this (paper: 32)."})
-    buffer_capacity: int = field(default=512, metadata={"help": "Support buffer capacity (paper: 512)."})
-    context_size: int = field(default=256, metadata={"help": "Context pairs sampled per step (paper: 256)."})
-    value_prior: str = field(
+    v05_dispatch_multiple: int = field(default=1,
+                                       metadata={"help": "Pad each dispatch to a multiple of this (paper: 32)."})
+    v05_buffer_capacity: int = field(default=512, metadata={"help": "Support buffer capacity (paper: 512)."})
+    v05_context_size: int = field(default=256, metadata={"help": "Context pairs sampled per step (paper: 256)."})
+    v05_value_prior: str = field(
         default="embedding", metadata={"help": "Prior kind: embedding, constant, table (callable: pass prior=)."}
     )
-    value_prior_kwargs: dict | str | None = field(
+    v05_value_prior_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Options of the prior (dict or JSON string)."}
     )
-    reward_low: float = field(default=0.0, metadata={"help": "Lower end of the declared reward range."})
-    reward_high: float = field(default=1.0, metadata={"help": "Upper end of the declared reward range."})
-    sigma_floor: float = field(default=DEFAULT_SIGMA_FLOOR, metadata={"help": "Floor of sigma* in the advantage."})
+    v05_reward_low: float = field(default=0.0, metadata={"help": "Lower end of the declared reward range."})
+    v05_reward_high: float = field(default=1.0, metadata={"help": "Upper end of the declared reward range."})
+    v05_sigma_floor: float = field(default=DEFAULT_SIGMA_FLOOR, metadata={"help": "Floor of sigma* in the advantage."})
     v05_prompt_weighting: str = field(
         default="equal",
         metadata={"help": "equal (paper Eq. 10): advantages x kbar/k_j so every prompt weighs the same whatever its "
@@ -176,11 +180,11 @@ class V05GRPOConfig(ExtGRPOConfig):
                           "weigh more).",
                   "choices": list(V05_PROMPT_WEIGHTINGS)},
     )
-    allow_small_k_init: bool = field(default=False, metadata={"help": "Accept k_init < 4 (ablations only)."})
-    allow_unsupported_loss_type: bool = field(
+    v05_allow_small_k_init: bool = field(default=False, metadata={"help": "Accept v05_k_init < 4 (ablations only)."})
+    v05_allow_unsupported_loss_type: bool = field(
         default=False, metadata={"help": "Accept loss types outside dapo/cispo/vespo (not covered by V0.5 tests)."}
     )
-    check_buffer_sync: bool = field(default=True, metadata={"help": "Assert equal support buffers on all ranks."})
+    v05_check_buffer_sync: bool = field(default=True, metadata={"help": "Assert equal support buffers on all ranks."})
 
     def __post_init__(self):
         self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
@@ -195,9 +199,9 @@ class V05GRPOConfig(ExtGRPOConfig):
     @staticmethod
     def validate_method_options(config: Any) -> None:
         """Check the trl_ext and V0.5 fields of ``config`` (also run by ``as_config`` on an upgraded plain config);
-        parses ``value_prior_kwargs``. Raises ``ValueError`` saying what to change."""
+        parses ``v05_value_prior_kwargs``. Raises ``ValueError`` saying what to change."""
         validate_ext_config(config)
-        config.value_prior_kwargs = parse_kwargs_field(config.value_prior_kwargs, "value_prior_kwargs")
+        config.v05_value_prior_kwargs = parse_kwargs_field(config.v05_value_prior_kwargs, "v05_value_prior_kwargs")
         validate_v05_config(config)
 
 
@@ -210,42 +214,45 @@ def validate_v05_config(args: Any) -> None:
     g = args.num_generations
     if not _is_int(g) or g < 1:
         raise ValueError(f"num_generations (V0.5: the evaluation group size) must be an int >= 1, got {g!r}.")
-    if not _is_int(args.k_step) or args.k_step < 1:
-        raise ValueError(f"k_step must be an int >= 1, got {args.k_step!r}.")
-    if not _is_int(args.k_init) or args.k_init < 1:
-        raise ValueError(f"k_init must be an int >= 1, got {args.k_init!r}.")
-    if args.k_init < V05_K_INIT and not args.allow_small_k_init:
+    if not _is_int(args.v05_k_step) or args.v05_k_step < 1:
+        raise ValueError(f"v05_k_step must be an int >= 1, got {args.v05_k_step!r}.")
+    if not _is_int(args.v05_k_init) or args.v05_k_init < 1:
+        raise ValueError(f"v05_k_init must be an int >= 1, got {args.v05_k_init!r}.")
+    if args.v05_k_init < V05_K_INIT and not args.v05_allow_small_k_init:
         raise ValueError(
-            f"k_init={args.k_init} < 4: the paper's Appendix A.8 shows the bias test over-rejects below 4 rollouts "
-            "(1/sqrt(k) >= 2/k needs k >= 4). Use k_init >= 4, or set allow_small_k_init=True for an ablation."
+            f"v05_k_init={args.v05_k_init} < 4: the paper's Appendix A.8 shows the bias test over-rejects below 4 "
+            "rollouts (1/sqrt(k) >= 2/k needs k >= 4). Use v05_k_init >= 4, or set v05_allow_small_k_init=True for an "
+            "ablation."
         )
-    c = args.rollout_cost
+    c = args.v05_rollout_cost
     if not (isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0):
-        raise ValueError(f"rollout_cost must be a finite number > 0, got {c!r}.")
+        raise ValueError(f"v05_rollout_cost must be a finite number > 0, got {c!r}.")
     cap = osla_cap(c)
-    if cap < args.k_init:
-        raise ValueError(f"rollout_cost={c} gives cap round(1/sqrt(c))={cap} < k_init={args.k_init}; lower the cost "
-                         f"(cap >= k_init needs c <= {1.0 / (args.k_init - 0.5) ** 2:.6g}) or lower k_init.")
-    f = args.global_stop_fraction
+    if cap < args.v05_k_init:
+        raise ValueError(f"v05_rollout_cost={c} gives cap round(1/sqrt(c))={cap} < v05_k_init={args.v05_k_init}; "
+                         f"lower the cost (cap >= v05_k_init needs c <= {1.0 / (args.v05_k_init - 0.5) ** 2:.6g}) or "
+                         "lower v05_k_init.")
+    f = args.v05_global_stop_fraction
     if not (isinstance(f, int | float) and not isinstance(f, bool) and 0.0 <= f <= 1.0):
-        raise ValueError(f"global_stop_fraction must be in [0, 1] (0 disables the early stop), got {f!r}.")
-    if not _is_int(args.dispatch_multiple) or args.dispatch_multiple < 1:
-        raise ValueError(f"dispatch_multiple must be an int >= 1, got {args.dispatch_multiple!r}.")
-    for name in ("buffer_capacity", "context_size"):
+        raise ValueError(f"v05_global_stop_fraction must be in [0, 1] (0 disables the early stop), got {f!r}.")
+    if not _is_int(args.v05_dispatch_multiple) or args.v05_dispatch_multiple < 1:
+        raise ValueError(f"v05_dispatch_multiple must be an int >= 1, got {args.v05_dispatch_multiple!r}.")
+    for name in ("v05_buffer_capacity", "v05_context_size"):
         v = getattr(args, name)
         if not _is_int(v) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
-    lo, hi = args.reward_low, args.reward_high
+    lo, hi = args.v05_reward_low, args.v05_reward_high
     if not all(isinstance(x, int | float) and math.isfinite(x) for x in (lo, hi)) or hi <= lo:
-        raise ValueError(f"need finite reward_low < reward_high, got reward_low={lo!r}, reward_high={hi!r}.")
-    s = args.sigma_floor
+        raise ValueError(f"need finite v05_reward_low < v05_reward_high, got v05_reward_low={lo!r}, "
+                         f"v05_reward_high={hi!r}.")
+    s = args.v05_sigma_floor
     if not (isinstance(s, int | float) and 0.0 < s <= 1.0):
-        raise ValueError(f"sigma_floor must be in (0, 1], got {s!r}.")
+        raise ValueError(f"v05_sigma_floor must be in (0, 1], got {s!r}.")
     if args.v05_prompt_weighting not in V05_PROMPT_WEIGHTINGS:
         raise ValueError(f"v05_prompt_weighting must be one of {V05_PROMPT_WEIGHTINGS} ('equal': the paper's Eq. 10, "
                          f"every prompt the same weight), got {args.v05_prompt_weighting!r}.")
-    if not isinstance(args.value_prior, str) or not args.value_prior:
-        raise ValueError(f"value_prior must be a prior kind string, got {args.value_prior!r}.")
+    if not isinstance(args.v05_value_prior, str) or not args.v05_value_prior:
+        raise ValueError(f"v05_value_prior must be a prior kind string, got {args.v05_value_prior!r}.")
     if args.dynamic_sampling:
         raise ValueError("dynamic_sampling is not available with V05GRPOTrainer (its rollouts are allocated by OSLA "
                          "rounds); set dynamic_sampling=False.")
@@ -253,8 +260,8 @@ def validate_v05_config(args: Any) -> None:
         msg = (f"loss_type={args.loss_type!r}: V0.5 supports {V05_SUPPORTED_LOSS_TYPES}, whose global token normalizer "
                "stays exact with variable rollout counts and per-rank pad rows; other loss types are not covered by "
                "V0.5's tests (see trl_ext.trainers.v05.V05_SUPPORTED_LOSS_TYPES).")
-        if not args.allow_unsupported_loss_type:
-            raise ValueError(msg + " Use one of them or set allow_unsupported_loss_type=True.")
+        if not args.v05_allow_unsupported_loss_type:
+            raise ValueError(msg + " Use one of them or set v05_allow_unsupported_loss_type=True.")
         warnings.warn(msg, UserWarning, stacklevel=3)
     if args.tie_break_scorer_index is not None:
         raise ValueError("The tie-break blend (tie_break_scorer_index) is not supported by V05GRPOTrainer: the fusion "
@@ -279,7 +286,7 @@ class _PromptState:
 
 
 class OSLARounds(RolloutStrategy):
-    """V0.5's rollout allocation: prior query, ``k_init`` rollouts per prompt, then Sequential OSLA rounds.
+    """V0.5's rollout allocation: prior query, ``v05_k_init`` rollouts per prompt, then Sequential OSLA rounds.
 
     Workflow Steps 1-4 of "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848,
     Section 4.1.3); the per-round decision is :func:`trl_ext.estimators.osla_step` (Theorem 3.6 plus the 25% global
@@ -308,14 +315,14 @@ class OSLARounds(RolloutStrategy):
 
     def describe(self, trainer) -> str:
         a = trainer.args
-        cap = osla_cap(a.rollout_cost)
-        max_rounds = math.ceil(max(cap - a.k_init, 0) / a.k_step)
-        stop = f"global stop below {a.global_stop_fraction:.0%} of prompts" if a.global_stop_fraction > 0 \
+        cap = osla_cap(a.v05_rollout_cost)
+        max_rounds = math.ceil(max(cap - a.v05_k_init, 0) / a.v05_k_step)
+        stop = f"global stop below {a.v05_global_stop_fraction:.0%} of prompts" if a.v05_global_stop_fraction > 0 \
             else "no global stop"
         return (f"rollout strategy v05_osla (V0.5 Sequential OSLA): {a.generation_batch_size} unique prompts per "
-                f"generation batch, {a.k_init} rollouts each, then up to {max_rounds} rounds of +{a.k_step} for prompts "
-                f"whose prior fails the test (cap {cap}, {stop}, dispatches padded to a multiple of "
-                f"{a.dispatch_multiple}); prompt weighting {a.v05_prompt_weighting!r}")
+                f"generation batch, {a.v05_k_init} rollouts each, then up to {max_rounds} rounds of +{a.v05_k_step} for "
+                f"prompts whose prior fails the test (cap {cap}, {stop}, dispatches padded to a multiple of "
+                f"{a.v05_dispatch_multiple}); prompt weighting {a.v05_prompt_weighting!r}")
 
     def state_dict(self) -> dict:
         return {"generation_index": int(self.generation_index)}
@@ -330,16 +337,16 @@ class OSLARounds(RolloutStrategy):
 
     # ------------------------------------------------------------------------------------------------ one round
     def dispatch(self, trainer: V05GRPOTrainer, states: list[_PromptState], requests: list[tuple[int, int]]) -> dict:
-        """Generate ``requests`` = [(local prompt index, n rollouts)], padded to ``dispatch_multiple``; score them.
+        """Generate ``requests`` = [(local prompt index, n rollouts)], padded to ``v05_dispatch_multiple``; score them.
 
         Every rank must call this in every round (it may request nothing). Returns this rank's counters for the
         diagnostics: ``rollouts`` generated in the call (collective equalizing rows included) and how many of them
         were ``discarded``.
         """
         a = trainer.args
-        m, cap = a.dispatch_multiple, osla_cap(a.rollout_cost)
+        m, cap = a.v05_dispatch_multiple, osla_cap(a.v05_rollout_cost)
         want = [i for i, n in requests for _ in range(n)]
-        # dispatch_multiple padding: the extra slots go round-robin to this dispatch's prompts, never beyond the cap
+        # v05_dispatch_multiple padding: the extra slots go round-robin to this dispatch's prompts, never beyond the cap
         extra = math.ceil(len(want) / m) * m - len(want)
         planned = {i: states[i].k + n for i, n in requests}
         while extra > 0:
@@ -397,8 +404,9 @@ class OSLARounds(RolloutStrategy):
         k_all = np.array([x for g in gathered for x in g[0]], dtype=np.int64)
         b2_all = np.array([x for g in gathered for x in g[1]], dtype=np.float64)
         # module attribute lookup: the one OSLA rule, shared with osla_allocate and the audit
-        step = v05_estimators.osla_step(k_all, b2_all, a.rollout_cost, step=a.k_step, cap=osla_cap(a.rollout_cost),
-                                        min_active_frac=a.global_stop_fraction or None)
+        step = v05_estimators.osla_step(k_all, b2_all, a.v05_rollout_cost, step=a.v05_k_step,
+                                        cap=osla_cap(a.v05_rollout_cost),
+                                        min_active_frac=a.v05_global_stop_fraction or None)
         return step, slice(offset, offset + len(states)), b2_all
 
     # ------------------------------------------------------------------------------------------------ main
@@ -409,8 +417,8 @@ class OSLARounds(RolloutStrategy):
         ctx_prompts, ctx_outcomes = trainer.support_buffer.sample_context(self.generation_index)
         p = trainer.prior.predict([x["prompt"] for x in inputs], ctx_prompts, ctx_outcomes)
         states = [_PromptState(row=dict(x), prior_p=float(pi)) for x, pi in zip(inputs, p)]
-        # Step 2: k_init rollouts per prompt
-        counters = self.dispatch(trainer, states, [(i, a.k_init) for i in range(len(states))])
+        # Step 2: v05_k_init rollouts per prompt
+        counters = self.dispatch(trainer, states, [(i, a.v05_k_init) for i in range(len(states))])
         # Steps 3-4: OSLA rounds, decided on the gathered batch so every rank runs the same rounds
         rounds, early_stop, need_history, rejected_at_init = 0, False, [], None
         while True:
@@ -474,7 +482,7 @@ class V05GRPOTrainer(GRPOTrainer):
         As :class:`trl.GRPOTrainer`; ``args`` is a :class:`V05GRPOConfig` (a plain ``trl.GRPOConfig`` is upgraded
         with the V0.5 defaults, see :func:`~trl_ext.trainers.base.as_config`).
     prior : ValuePrior, optional
-        The value prior; default: built from ``args.value_prior`` / ``args.value_prior_kwargs``. The
+        The value prior; default: built from ``args.v05_value_prior`` / ``args.v05_value_prior_kwargs``. The
         ``"embedding"`` default embeds prompts with a frozen deep copy of the **starting** policy
         (:func:`~trl_ext.priors.hf_mean_pool_embedder`); under DeepSpeed ZeRO-3 / FSDP pass a prior with its own
         embedding model.
@@ -513,7 +521,7 @@ class V05GRPOTrainer(GRPOTrainer):
                             f"{type(prior).__name__}.")
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         self.prior = prior if prior is not None else self._build_default_prior()
-        self.support_buffer = SupportBuffer(self.args.buffer_capacity, self.args.context_size,
+        self.support_buffer = SupportBuffer(self.args.v05_buffer_capacity, self.args.v05_context_size,
                                             seed=int(self.args.seed))
         self.last_v05: dict | None = None
 
@@ -523,8 +531,8 @@ class V05GRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ setup
     def _build_default_prior(self) -> ValuePrior:
-        kind = self.args.value_prior.lower()
-        kw = dict(self.args.value_prior_kwargs)
+        kind = self.args.v05_value_prior.lower()
+        kw = dict(self.args.v05_value_prior_kwargs)
         if kind == "embedding" and "embed_fn" not in kw:
             from ..priors import hf_mean_pool_embedder
 
@@ -534,7 +542,7 @@ class V05GRPOTrainer(GRPOTrainer):
                 batch_size=emb_kw.get("embed_batch_size", 32), max_length=emb_kw.get("embed_max_length", 512),
             )
         if kind == "callable" and "fn" not in kw:
-            raise ValueError("value_prior='callable' needs your function: pass prior=CallablePrior(fn) to "
+            raise ValueError("v05_value_prior='callable' needs your function: pass prior=CallablePrior(fn) to "
                              "V05GRPOTrainer (a function cannot go through the config).")
         return build_prior(kind, **kw)
 
@@ -544,14 +552,15 @@ class V05GRPOTrainer(GRPOTrainer):
         return self._v05_map_rewards(weighted_reward(rpf, self.reward_weights.detach().cpu()).double().numpy())
 
     def _v05_map_rewards(self, r: np.ndarray) -> np.ndarray:
-        lo, hi = self.args.reward_low, self.args.reward_high
+        lo, hi = self.args.v05_reward_low, self.args.v05_reward_high
         fin = r[np.isfinite(r)]
         tol = 1e-6 * (hi - lo)
         if fin.size and (fin.min() < lo - tol or fin.max() > hi + tol):
             raise ValueError(
-                f"V0.5: rewards must lie in the declared range [reward_low={lo}, reward_high={hi}] (the fusion's "
-                f"noise bound 1/k needs rewards mapped to [-1, 1]); got min={fin.min():.6g}, max={fin.max():.6g}. "
-                "Set reward_low/reward_high in V05GRPOConfig to the range your reward functions (x weights) produce."
+                f"V0.5: rewards must lie in the declared range [v05_reward_low={lo}, v05_reward_high={hi}] (the "
+                f"fusion's noise bound 1/k needs rewards mapped to [-1, 1]); got min={fin.min():.6g}, "
+                f"max={fin.max():.6g}. Set v05_reward_low/v05_reward_high in V05GRPOConfig to the range your reward "
+                "functions (x weights) produce."
             )
         if np.isinf(r).any():
             raise ValueError("V0.5: a reward function returned an infinite reward; return None for unscorable ones.")
@@ -559,11 +568,11 @@ class V05GRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ advantages
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """Eq. 9 fused baseline, ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2), sigma_floor)`` (Workflow Step 5), times
+        """Eq. 9 fused baseline, ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2), v05_sigma_floor)`` (Workflow Step 5), times
         the Eq. 10 prompt weight ``c_j = kbar / k_j`` (``v05_prompt_weighting="equal"``).
 
-        Rewards are ``batch.rewards`` mapped from ``[reward_low, reward_high]`` to ``[-1, 1]``; the prior of group
-        ``j`` is the one queried for the ``j``-th prompt in global order. ``k_j`` counts prompt ``j``'s scorable
+        Rewards are ``batch.rewards`` mapped from ``[v05_reward_low, v05_reward_high]`` to ``[-1, 1]``; the prior of
+        group ``j`` is the one queried for the ``j``-th prompt in global order. ``k_j`` counts prompt ``j``'s scorable
         rollouts and ``kbar`` is their mean over the scorable prompts, so with equal completion lengths every prompt
         gets the same total weight under the token-level losses and the batch's total advantage mass is unchanged
         (:func:`~trl_ext.estimators.equal_prompt_weights`). Groups whose rollouts all failed to score get advantage
@@ -587,7 +596,7 @@ class V05GRPOTrainer(GRPOTrainer):
         bias2, weight, baseline, vbar, prompt_weight = (np.full(g, np.nan) for _ in range(5))
         if scorable.any():
             rows = real & (gid >= 0) & scorable[np.where(gid >= 0, gid, 0)]
-            res = fused_advantages_batch(r[rows], gid[rows], v[scorable], floor=self.args.sigma_floor)
+            res = fused_advantages_batch(r[rows], gid[rows], v[scorable], floor=self.args.v05_sigma_floor)
             fr = res.extras["fusion"]
             bias2[scorable], weight[scorable], baseline[scorable], vbar[scorable] = \
                 fr.bias2, fr.weight, fr.baseline, fr.mean
@@ -608,7 +617,7 @@ class V05GRPOTrainer(GRPOTrainer):
         if prompts_ok:
             self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
         fingerprint = self.support_buffer.fingerprint()
-        if self.args.check_buffer_sync and self.accelerator.num_processes > 1:
+        if self.args.v05_check_buffer_sync and self.accelerator.num_processes > 1:
             prints = compat.gather_object([fingerprint])
             if len(set(prints)) != 1:
                 raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
@@ -626,7 +635,7 @@ class V05GRPOTrainer(GRPOTrainer):
         log("v05/rollouts_per_prompt_max", k.max(), "train")
         for q in (50, 90):
             log(f"v05/rollouts_per_prompt_p{q}", float(np.percentile(k, q)), "train")
-        log("v05/frac_prompts_at_k_init", float((rec["k"] == self.args.k_init).mean()), "train")
+        log("v05/frac_prompts_at_k_init", float((rec["k"] == self.args.v05_k_init).mean()), "train")
         log("v05/rounds", rec["rounds"], "train")
         log("v05/early_stop", float(rec["early_stop"]), "train")
         log("v05/rejection_rate", float(rec["rejected_at_init"].mean()), "train")
