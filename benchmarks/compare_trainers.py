@@ -1,10 +1,10 @@
-"""Compute-matched comparison of every trl_ext trainer against plain GRPO (issue 8).
+"""Compute-matched comparison of every trl_ext trainer against plain GRPO.
 
 Every method trains from the same warm checkpoint, on the same training prompts, with the same learning rate,
 completion length and per-step rollout count, and is stopped when its **cumulative generated training tokens**
 reach the same budget (the primary axis: accuracy per generated token). Held-out greedy accuracy is measured on the
 same evaluation questions at fixed token checkpoints; the final checkpoint's per-question outcomes are written in
-the testbed JSONL format and compared with the project's own rule (``rlvr_measurement_discipline.txt`` section 5:
+the testbed JSONL format and compared with the project's own rule ("Measurement Discipline for RLVR" section 5:
 two-part rule across seeds, detection floor ``2.8016 sqrt(2p(1-p)/N)``, paired floor, smallest detectable gap) via
 :func:`trl_ext.stats.compare_outcome_files` -- the engine of ``trl-ext compare``.
 
@@ -22,9 +22,9 @@ Methods (``--methods``; default all)::
     dapo_dynamic               GRPO G = 4 (the best GRPO group size of the CPU run) with DAPO dynamic sampling
                                (trl_ext.GRPOTrainer, dynamic_sampling=True, default 3 refill rounds): zero-variance
                                groups are regenerated from fresh prompts; their tokens count against the budget
-    basis                      BASISTrainer, G = 1 (basis_batchwise_single_rollout.txt); its value table is built
+    basis                      BASISTrainer, G = 1 (BASIS paper); its value table is built
                                once per warm model from 32 reference samples per training prompt
-    v05_osla                   V05GRPOTrainer, v05_k_init = 4 with Sequential OSLA (v05_value_prior_osla.txt)
+    v05_osla                   V05GRPOTrainer, v05_k_init = 4 with Sequential OSLA (V0.5 paper, arXiv:2603.10848)
     v05_fixed4                 V05GRPOTrainer, fixed k = 4 (prior fusion, no OSLA rounds)
     pair                       PAIRTrainer, G = 16 prefix candidates (pair_prefix_inclusion_reweighting.txt)
 
@@ -665,7 +665,7 @@ def choose_threshold(runs: Sequence[dict], explicit: float | None, start_accurac
     """Accuracy threshold of the "tokens to threshold" column, fixed across methods.
 
     ``explicit`` (``--threshold``) if given; else the mean final accuracy of ``grpo_g16`` at the budget (the bar of
-    issue 5: "reaches the accuracy plain GRPO reaches at G = 16 with fewer generated tokens"); else, when
+    the V0.5 trainer's goal: "reaches the accuracy plain GRPO reaches at G = 16 with fewer generated tokens"); else, when
     ``grpo_g16`` did not run, the start accuracy + 0.10.
     """
     if explicit is not None:

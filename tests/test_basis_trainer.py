@@ -1,4 +1,4 @@
-"""BASISTrainer / BASISConfig (issue 6 items 2-6): G = 1 training with the BASIS baseline.
+"""BASISTrainer / BASISConfig : G = 1 training with the BASIS baseline.
 
 CPU-fast: the testbed's tiny untrained Llama, ``max_completion_length`` 4-5, 1-2 steps. Value tables are written
 with the table format directly (deterministic per-prompt reference samples), so nothing depends on the table

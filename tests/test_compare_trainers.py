@@ -1,4 +1,4 @@
-"""Tests of the compute-matched comparison harness ``benchmarks/compare_trainers.py`` (issue 8).
+"""Tests of the compute-matched comparison harness ``benchmarks/compare_trainers.py``.
 
 What is checked:
 

@@ -22,7 +22,7 @@ and only *adds* metrics. On top it provides:
     ``trl_ext_state.pt`` in every checkpoint and restored on ``resume_from_checkpoint``;
   - :meth:`GRPOTrainer.log_ext_metric`: a scalar into ``self._metrics`` (every ``report_to`` backend).
 
-* **measurement options** (``rlvr_measurement_discipline.txt``):
+* **measurement options** ("Measurement Discipline for RLVR"):
 
   - signal-only loss denominators (``signal_only_denominator``);
   - the tie-break blend reward (``tie_break_scorer_index``) computed on the gathered groups, with optional

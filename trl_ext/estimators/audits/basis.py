@@ -1,6 +1,6 @@
 """BASIS value-estimation audit: BASIS (G = 1) vs REINFORCE++ / GRPO (G = 1, 2, 4, 8) / RLOO (G = 2, 4, 8).
 
-Reproduces the estimator experiment of ``basis_batchwise_single_rollout.txt`` Section 5.1 and Appendix 7 on a
+Reproduces the estimator experiment of "BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM Reasoning" (May 2026) Section 5.1 and Appendix 7 on a
 simulated prompt population (we know the true values exactly, so no 256-rollout Monte Carlo oracle is needed).
 
 Simulated population (all parameters are recorded in the returned dict under ``"population"``):
