@@ -12,8 +12,10 @@ diagnostics) and ``trainer_state.json`` to ``--output_dir``.
 ``--use_peft`` trains LoRA adapters (the prefix summary then comes from the adapted model); ``--push_to_hub`` (with
 ``--hub_model_id``) is passed to the trainer config (needs network access and a token; not available offline).
 
-Generated tokens: PAIR counts every probed prefix (also the unselected ones) plus every generated suffix
-(``pair/generated_tokens``); GRPO counts every completion token.
+Generated tokens: both trainers report the base trainer's one counter ``ext/generated_tokens`` (every token any
+generation call produced: for PAIR every probed prefix, also the unselected ones, plus every generated suffix; for
+GRPO every completion token). PAIR's split into prefix and suffix tokens comes from ``pair/prefix_tokens`` and
+``pair/realized_suffix_tokens``.
 """
 
 from __future__ import annotations
@@ -140,12 +142,17 @@ def main(argv=None) -> int:
             return float(sum(h[key] for h in hist if key in h))
 
         if args.trainer == "pair":
-            tokens = {"generated": total("pair/generated_tokens"), "prefix": total("pair/prefix_tokens"),
+            tokens = {"generated": total("ext/generated_tokens"), "prefix": total("pair/prefix_tokens"),
                       "suffix": total("pair/realized_suffix_tokens")}
-            diag = {k: float(sum(h[k] for h in hist if k in h) / max(1, sum(1 for h in hist if k in h)))
+            def mean(key):  # undefined values (e.g. no solver run: NaN) are logged as None; skip them
+                vals = [h[key] for h in hist if h.get(key) is not None]
+                return float(sum(vals) / len(vals)) if vals else None
+
+            diag = {k: mean(k)
                     for k in ("pair/completed_per_group", "pair/ess_mean", "pair/pi_min", "pair/pi_mean",
                               "pair/zero_edge_groups", "pair/solver_fallbacks", "pair/degenerate_groups",
-                              "pair/head_brier", "pair/head_cost_mape", "pair/warmup")}
+                              "pair/solver_iterations", "pair/nan_rewards", "pair/head_brier",
+                              "pair/head_cost_mape", "pair/warmup")}
         else:
             tokens = {"generated": total("ext/generated_tokens")}
             diag = {}

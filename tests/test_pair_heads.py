@@ -1,4 +1,4 @@
-"""Tests for trl_ext.trainers.pair_heads (PAIR Section 4.2, Eq. 5-7, Appendix C)."""
+"""Tests for trl_ext.estimators.pair_heads (PAIR Section 4.2, Eq. 5-7, Appendix C)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from trl_ext.trainers import pair_heads as H
+from trl_ext.estimators import pair_heads as H
 
 torch.set_num_threads(1)
 
@@ -202,3 +202,16 @@ def test_temperature_is_not_fitted_on_a_handful_of_separable_labels():
     assert heads.calibrate_temperature() == 1.0
     # with enough labels it is fitted, but never sharper than 1/4
     assert 0.25 - 1e-9 <= heads.calibrate_temperature(min_labels=1) <= 8.0
+
+
+def test_heads_live_in_estimators_without_trl():
+    """The heads are pure torch in ``trl_ext.estimators.pair_heads`` (moved from ``trl_ext.trainers``)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("trl_ext.trainers.pair_heads") is None
+    code = ("import sys; import trl_ext.estimators.pair_heads as h; h.PrefixHeads(4, hidden=8); "
+            "assert 'trl' not in sys.modules, sorted(m for m in sys.modules if m.startswith('trl'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,14 +1,17 @@
-r"""PAIR trainer: prefix probing, contrast-graph continuation design and pair-inclusion reweighting (issue 7).
+r"""PAIR trainer: prefix probing, contrast-graph continuation design and pair-inclusion reweighting.
 
-Implements Algorithm 1 of ``pair_prefix_inclusion_reweighting.txt`` ("PAIR", Voss et al.) on top of
-:class:`trl_ext.GRPOTrainer` (TRL 1.16). Per prompt and generation batch:
+Implements Algorithm 1 of "Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR" (Voss,
+Hale and Reyes, arXiv:2608.11368; "PAIR") on top of :class:`trl_ext.GRPOTrainer` (TRL 1.16). Section, equation and
+appendix numbers refer to that paper. The generation side is the rollout strategy :class:`PrefixProbeRollouts`
+(returned by :meth:`PAIRTrainer.create_rollout_strategy`); the estimator side is
+:meth:`PAIRTrainer.compute_advantages`. Per prompt and generation batch:
 
 1. **Prefix probe** (Sec. 3.3, Appendix C "Prefix checkpoint"): the ``G = num_generations`` candidate rows TRL's
    sampler yields for the prompt are generated to a checkpoint of ``tau`` tokens with independent randomness (one
    sampled sequence per row). With ``pair_snap_window = w > 0`` the probe generates ``tau + w`` tokens and the
    checkpoint is the first delimiter token at or after ``tau`` (else ``tau + w``). Candidates that emit EOS inside
    the probe are **complete vertices** (continuation probability 1, suffix cost 0).
-2. **Heads** (Sec. 4.2, Eq. 5-7): :class:`~trl_ext.trainers.pair_heads.PrefixHeads` on a stop-gradient summary of
+2. **Heads** (Sec. 4.2, Eq. 5-7): :class:`~trl_ext.estimators.pair_heads.PrefixHeads` on a stop-gradient summary of
    the prefix hidden states (mean of the last ``pair_summary_last_k = 16`` positions of prompt + prefix up to the
    checkpoint). Labels of completed candidates are added to the replay window when their rewards arrive; the heads
    are **frozen within an RL update** and refreshed (Eq. 6-7 fit + temperature) at the start of the next
@@ -17,29 +20,34 @@ Implements Algorithm 1 of ``pair_prefix_inclusion_reweighting.txt`` ("PAIR", Vos
    ``pi_i = max(budget_ratio, pi_min)`` (same expected cost as the budget).
 3. **Design** (Sec. 4.3-4.4, Eq. 8-11): edge proxies from ``p_hat`` and :func:`~trl_ext.estimators.pair_design`
    under the expected suffix budget ``C = pair_budget_ratio * sum_i c_hat_i`` (over unfinished candidates), floor
-   ``pair_pi_min``. Finished candidates enter the program with a negligible cost and are then fixed at
-   ``pi = 1``. The probabilities are recorded in :attr:`PAIRTrainer.pair_design_log` **before** any continuation
-   is generated or any reward is computed. ``J_i ~ Bernoulli(pi_i)`` with fresh randomness from a generator keyed
-   by ``(seed, generation index, dataset row)`` only (never by an outcome). Optional anchor pair (Appendix B):
-   two vertices drawn uniformly among the ``M`` pairs and continued with conditional probability one; their
-   conditional probabilities are logged and used.
+   ``pair_pi_min``, warm-started from the previous step's solutions (Appendix C,
+   :class:`~trl_ext.estimators.DesignWarmStart`). Finished candidates enter the program with a negligible cost and
+   are then fixed at ``pi = 1``. The probabilities are recorded in :attr:`PAIRTrainer.pair_design_log` **before**
+   any continuation is generated or any reward is computed. ``J_i ~ Bernoulli(pi_i)`` with fresh randomness from a
+   generator keyed by ``(seed, generation index, dataset row)`` only (never by an outcome). Optional anchor pair
+   (Appendix B): two vertices drawn uniformly among the ``M`` pairs and continued with conditional probability one;
+   their conditional probabilities are logged and used.
 4. **Continuation** (Algorithm 1): selected unfinished prefixes are continued to termination from
    ``prompt + prefix`` (transformers: a fresh ``generate`` call on the prefix tokens -- the probe's KV cache is
    *not* reused; vLLM colocate/server: the same call resubmits ``prompt + prefix`` so vLLM's prefix caching
    applies, and the sampling log-probs of both phases are concatenated for TRL's importance-sampling correction).
-   Unselected prefixes are dropped from the update; their tokens are counted in ``pair/prefix_tokens``.
+   Unselected prefixes are dropped from the update. Probe and continuation both go through
+   :meth:`~trl_ext.GRPOTrainer.generate_token_ids`, so every generated token is in ``ext/generated_tokens``.
 5. **Update** (Sec. 4.5, Eq. 13, Appendix C): for the completed vertices of each prompt
 
    .. math:: \tilde A_i = \frac{1}{2M}\sum_{j\ne i} \frac{J_iJ_j}{\rho_{ij}} (r_i - r_j),\quad
              \rho_{ij} = \pi_i\pi_j,\quad M = \binom G2,
 
    in float64 (:func:`~trl_ext.estimators.pair_advantages`), unstandardized. Only completed vertices enter the
-   loss. With ``pair_fixed_normalizer`` (default) the advantages are rescaled so that every generation batch's
-   policy loss is ``(1 / (K L)) sum_prompts sum_i A_i sum_t l_it`` (token-sum losses ``dapo``/``cispo``/
-   ``vespo``/``dr_grpo``; ``L = max_completion_length``, ``K`` = prompts) or ``(1/K) sum A_i mean_t l_it``
-   (``grpo``/``sapo``/``luspo``): a normalizer that does not depend on the design draw, so the unclipped
-   gradient at ``theta_old`` is design-unbiased for the complete-pair gradient (Theorem 2). TRL's data-dependent
-   normalizers (row or token counts of the *realized* draw) would make it a ratio estimator.
+   loss; a completed vertex whose reward is NaN (unscorable) observes no edge
+   (:func:`~trl_ext.estimators.scorable_selection`). With ``pair_fixed_normalizer`` (default) the strategy's
+   :meth:`~PrefixProbeRollouts.fixed_policy_normalizer` returns the global number of prompts ``K`` and the base
+   trainer makes every generation batch's policy loss ``(1/K) sum_i A_i mean_t l_it`` (``grpo``/``sapo``/``luspo``;
+   ``dr_grpo``: ``(1/(K L)) sum_i A_i sum_t l_it``) or ``(1/(K L)) sum_i A_i sum_t l_it`` (``dapo``/``cispo``/
+   ``vespo``; ``L = max_completion_length``), whatever the number of completed or pad rows: a normalizer that does
+   not depend on the design draw, so the unclipped gradient at ``theta_old`` is design-unbiased for the
+   complete-pair gradient (Theorem 2). TRL's data-dependent normalizers (row or token counts of the *realized*
+   draw) would make it a ratio estimator.
 
 Labelled biased options (Appendix B): ``pair_standardize`` (divide by the std of the completed rewards: breaks
 unbiasedness), ``pair_w_max`` (clip edge weights), ``pair_self_normalize`` (Hajek).
@@ -49,31 +57,35 @@ Evaluation uses TRL's standard full-group path.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from ..estimators.pair import (
+    DesignWarmStart,
     PairAdvantages,
     PairDesign,
     draw_selection,
     pair_advantages,
     pair_design,
 )
+from ..estimators.pair_heads import PrefixHeads, prefix_summary
 from . import _trl_compat as compat
-from .base import ExtGRPOConfig, GRPOTrainer
+from .base import ExtGRPOConfig, GRPOTrainer, validate_ext_config
 from .batch import RolloutBatch
-from .pair_heads import PrefixHeads, prefix_summary
+from .rollouts import RolloutStrategy
 
-__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw"]
+__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "validate_pair_config"]
 
 _FINISHED_COST_FRACTION = 1e-9
 """Finished candidates enter ``pair_design`` with cost ``1e-9 * max(c_hat)`` (the solver needs c > 0); their
 probability is then fixed at 1. The budget is raised by the same negligible amount."""
+
+_SOLVED = ("optimal", "iteration limit")
+"""``PairDesign.reason`` values of a solver answer (the ones the warm start learns from)."""
 
 
 def _default_tau(max_completion_length: int) -> int:
@@ -85,100 +97,115 @@ def _default_tau(max_completion_length: int) -> int:
 class PAIRConfig(ExtGRPOConfig):
     r"""Configuration of :class:`PAIRTrainer` (paper defaults, Appendix C and Table 6).
 
-    ``num_generations`` is the candidate group size ``G`` (default 16, as in the paper; ``per_device_train_batch_size``
-    defaults to 16 accordingly); the sampler's batch semantics are TRL's (``per_device_train_batch_size * steps_per_generation`` candidate rows per rank, which must
-    be a multiple of ``G`` so every prompt's candidates stay on one rank).
-
-    Parameters
-    ----------
-    pair_prefix_tokens : int or None, default None
-        Checkpoint ``tau`` in generated tokens. ``None`` means ``min(256, max(1, max_completion_length // 8))`` (the
-        paper uses 256 with multi-thousand-token completions). Must satisfy
-        ``tau + pair_snap_window < max_completion_length``.
-    pair_snap_window : int, default 0
-        Snap the checkpoint to the first delimiter token within this many tokens after ``tau`` (paper: 32). The
-        probe then generates ``tau + window`` tokens; tokens after the checkpoint are kept for the continuation of
-        selected candidates (the continuation is still an exact policy sample), but the heads only see the prefix
-        up to the checkpoint. 0 disables snapping.
-    pair_snap_delimiters : list of str
-        Token texts that end a checkpoint (a token qualifies when its decoded text ends with one of them).
-    pair_budget_ratio : float in (0, 1], default 0.5
-        Expected suffix budget as a fraction of the predicted full-group suffix cost. Must be >= ``pair_pi_min``
-        (Proposition 2: below ``pi_min * sum c_hat`` no design with the floor exists).
-    pair_pi_min : float in (0, 1], default 0.08
-        Probability floor (positivity; caps inverse weights at ``1/pi_min^2``).
-    pair_solver_max_iter : int, default 50
-    pair_solver_tol : float, default 1e-6
-        SLSQP stopping rule (relative objective change), Appendix C.
-    pair_edge_proxy : {"disagreement"}, default "disagreement"
-        Eq. 8 (the paper's parameter-free default).
-    pair_anchor_pair : bool, default False
-        Appendix B anchor pair: two uniformly drawn vertices are always continued (every draw then observes an edge);
-        conditional probabilities are logged and used, so the estimator stays unbiased. Raises the expected cost.
-    pair_w_max : float or None, default None
-        **Biased** option: clip edge weights at ``w_max`` (paper ablation: 10, 20, 50).
-    pair_self_normalize : bool, default False
-        **Biased** option: Hajek self-normalization of the edge weights.
-    pair_standardize : bool, default False
-        **Biased** option: divide each prompt's advantages by the std of its completed rewards (plus 1e-4), as
-        standardized GRPO does. Numerator and denominator share the rewards, so the expectation is no longer the
-        complete-pair gradient (Appendix B, "Reward standardization").
-    pair_fixed_normalizer : bool, default True
-        Rescale advantages so the policy loss is normalized by a design-independent constant (number of prompts,
-        and ``max_completion_length`` for token-sum losses) instead of TRL's realized row/token counts. Not
-        available for ``loss_type="bnpo"`` (local token mean).
-    pair_head_hidden, pair_head_lr, pair_replay_size, pair_head_min_labels, pair_head_fit_steps,
-    pair_head_batch_size : heads (width 256, AdamW lr 1e-3, 2048-label window, warm-up until 64 labels, 50
-        minibatch steps of 256 per refresh).
-    pair_summary_last_k : int, default 16
-        Prefix summary = mean of the last ``k`` hidden states (prompt + prefix up to the checkpoint).
-    pair_lagged_heads : bool, default False
-        Design with the heads from before the latest refresh (lagged-predictor variant, Sec. 4.2).
-    pair_head_seed : int or None
-        Head initialization/minibatch seed (default: ``seed``).
+    Every PAIR option is declared once, below, as a dataclass field whose ``help`` metadata documents it (the text
+    ``HfArgumentParser`` shows on the command line); ``docs/pair.md`` tabulates them. ``num_generations`` is the
+    candidate group size ``G``; the sampler's batch semantics are TRL's (``per_device_train_batch_size *
+    steps_per_generation`` candidate rows per rank, which must be a multiple of ``G`` so every prompt's candidates
+    stay on one rank). A plain ``trl.GRPOConfig`` (or ``ExtGRPOConfig``) given to :class:`PAIRTrainer` is upgraded
+    with these defaults and validated by :meth:`validate_method_options`. PAIR computes its own advantages (Eq. 13),
+    so ``advantage_estimator`` must stay at its default (it then only applies to evaluation batches).
     """
+
+    uses_advantage_estimator: ClassVar[bool] = False
 
     num_generations: int | None = field(
         default=16, metadata={"help": "PAIR candidate group size G (prefixes probed per prompt); paper default 16."}
     )
     per_device_train_batch_size: int = field(
-        default=16, metadata={"help": "Candidate rows per device and micro-step (a multiple of G when "
-                                      "steps_per_generation = 1); 16 = one prompt's group of 16 candidates."}
+        default=16, metadata={"help": "Candidate rows per device and micro-step; per_device_train_batch_size * "
+                                      "steps_per_generation must be a multiple of G (16 = one prompt's group)."}
     )
     pair_prefix_tokens: int | None = field(
-        default=None, metadata={"help": "Prefix checkpoint tau in tokens (None: min(256, max_completion_length//8))."}
+        default=None,
+        metadata={"help": "Prefix checkpoint tau in generated tokens (paper: 128/256/512 with multi-thousand-token "
+                          "completions). None: min(256, max(1, max_completion_length // 8)). tau + pair_snap_window "
+                          "must be < max_completion_length."},
     )
-    pair_snap_window: int = field(default=0, metadata={"help": "Snap the checkpoint to a delimiter within this many "
-                                                                "tokens after tau (paper 32; 0 = off)."})
+    pair_snap_window: int = field(
+        default=0,
+        metadata={"help": "Snap the checkpoint to the first delimiter token within this many tokens after tau "
+                          "(paper: 32; 0 = off). The probe then generates tau + window tokens; tokens after the "
+                          "checkpoint are kept for the continuation but the heads only see the prefix up to it."},
+    )
     pair_snap_delimiters: list[str] = field(
-        default_factory=lambda: ["\n", ".", "!", "?"], metadata={"help": "Delimiter token texts for snapping."}
+        default_factory=lambda: ["\n", ".", "!", "?"],
+        metadata={"help": "Token texts that end a checkpoint (a token qualifies when its decoded text ends with one)."},
     )
     pair_budget_ratio: float = field(
-        default=0.5, metadata={"help": "Expected suffix budget / predicted full-group suffix cost (paper 0.5)."}
+        default=0.5,
+        metadata={"help": "Expected suffix budget C as a fraction of the predicted full-group suffix cost, in (0, 1] "
+                          "and >= pair_pi_min (Proposition 2). Paper: 0.5."},
     )
-    pair_pi_min: float = field(default=0.08, metadata={"help": "Continuation probability floor (paper 0.08)."})
-    pair_solver_max_iter: int = field(default=50, metadata={"help": "SLSQP iteration cap (paper 50)."})
-    pair_solver_tol: float = field(default=1e-6, metadata={"help": "SLSQP relative objective tolerance (1e-6)."})
-    pair_edge_proxy: str = field(default="disagreement", metadata={"help": "Edge proxy (Eq. 8)."})
-    pair_anchor_pair: bool = field(default=False, metadata={"help": "Appendix B anchor pair (unbiased)."})
-    pair_w_max: float | None = field(default=None, metadata={"help": "BIASED: clip edge weights at w_max."})
-    pair_self_normalize: bool = field(default=False, metadata={"help": "BIASED: Hajek self-normalization."})
-    pair_standardize: bool = field(default=False, metadata={"help": "BIASED: divide by the group reward std."})
+    pair_pi_min: float = field(
+        default=0.08,
+        metadata={"help": "Continuation probability floor in (0, 1] (positivity; caps inverse weights at "
+                          "1/pi_min^2). Paper: 0.08."},
+    )
+    pair_solver_max_iter: int = field(default=50, metadata={"help": "SLSQP iteration cap (Appendix C: 50)."})
+    pair_solver_tol: float = field(
+        default=1e-6, metadata={"help": "SLSQP stopping rule: relative objective change (Appendix C: 1e-6)."}
+    )
+    pair_solver_warm_start: bool = field(
+        default=True,
+        metadata={"help": "Warm-start the design solver from the previous step's probabilities (Appendix C), carried "
+                          "over by rank of the first-order allocation priority (trl_ext.estimators.DesignWarmStart); "
+                          "checkpointed. Changes only where SLSQP starts, not the optimum."},
+    )
+    pair_edge_proxy: str = field(
+        default="disagreement", metadata={"help": "Edge proxy a_ij: 'disagreement' (Eq. 8, the paper's default)."}
+    )
+    pair_anchor_pair: bool = field(
+        default=False,
+        metadata={"help": "Appendix B anchor pair: two uniformly drawn vertices are always continued (every draw "
+                          "observes an edge); conditional probabilities are logged and used (unbiased; raises the "
+                          "expected cost)."},
+    )
+    pair_w_max: float | None = field(
+        default=None, metadata={"help": "BIASED (Appendix B): clip edge weights at w_max >= 1 (paper: 10/20/50)."}
+    )
+    pair_self_normalize: bool = field(
+        default=False, metadata={"help": "BIASED (Appendix B): Hajek self-normalization of the edge weights."}
+    )
+    pair_standardize: bool = field(
+        default=False,
+        metadata={"help": "BIASED (Appendix B): divide each prompt's advantages by the std of its completed, "
+                          "scorable rewards (+1e-4), as standardized GRPO does."},
+    )
     pair_fixed_normalizer: bool = field(
-        default=True, metadata={"help": "Design-independent loss normalizer (keeps Eq. 13 unbiased)."}
+        default=True,
+        metadata={"help": "Normalize the policy loss by the number of prompts K (and max_completion_length for "
+                          "token-level losses) instead of the realized row/token counts, so Eq. 13 stays "
+                          "design-unbiased. Not available with loss_type='bnpo'."},
     )
-    pair_head_hidden: int = field(default=256, metadata={"help": "Head MLP width (paper 256)."})
-    pair_head_lr: float = field(default=1e-3, metadata={"help": "Head AdamW learning rate."})
-    pair_replay_size: int = field(default=2048, metadata={"help": "Replay window in labels (paper 2048)."})
-    pair_head_min_labels: int = field(default=64, metadata={"help": "Labels before the heads drive the design."})
-    pair_head_fit_steps: int = field(default=50, metadata={"help": "Head minibatch steps per refresh."})
+    pair_head_hidden: int = field(default=256, metadata={"help": "Head MLP width (Appendix C: 256)."})
+    pair_head_lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate of both heads."})
+    pair_replay_size: int = field(
+        default=2048, metadata={"help": "Replay window in labels (Appendix C: 2048); >= 4 and >= pair_head_min_labels."}
+    )
+    pair_head_min_labels: int = field(
+        default=64, metadata={"help": "Warm-up: labels in the window before the heads drive the design (uniform "
+                                      "design until then)."}
+    )
+    pair_head_fit_steps: int = field(default=50, metadata={"help": "Head minibatch steps per refresh (>= 0)."})
     pair_head_batch_size: int = field(default=256, metadata={"help": "Head minibatch size."})
-    pair_summary_last_k: int = field(default=16, metadata={"help": "Mean of the last k prefix hidden states."})
-    pair_lagged_heads: bool = field(default=False, metadata={"help": "Design with the previous refresh's heads."})
-    pair_head_seed: int | None = field(default=None, metadata={"help": "Head seed (default: seed)."})
+    pair_summary_last_k: int = field(
+        default=16, metadata={"help": "Prefix summary = mean of the last k final hidden states (Appendix C: 16)."}
+    )
+    pair_lagged_heads: bool = field(
+        default=False, metadata={"help": "Design with the heads from before the latest refresh (lagged predictor, "
+                                         "Sec. 4.2)."}
+    )
+    pair_head_seed: int | None = field(
+        default=None, metadata={"help": "Seed of head initialization and minibatches (None: seed)."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
+        validate_pair_config(self)
+
+    def validate_method_options(self) -> None:
+        """Validation :func:`trl_ext.trainers.base.as_config` runs when it upgrades another config to this class."""
+        validate_ext_config(self)
         validate_pair_config(self)
 
     @property
@@ -231,7 +258,9 @@ def validate_pair_config(args) -> None:
     if int(args.pair_replay_size) < max(4, int(args.pair_head_min_labels)):
         raise ValueError(f"pair_replay_size ({args.pair_replay_size}) must be >= 4 and >= pair_head_min_labels "
                          f"({args.pair_head_min_labels}), or the heads never leave warm-up.")
-    G = int(args.num_generations)
+    G = args.num_generations
+    if not isinstance(G, int) or isinstance(G, bool) or G < 2:
+        raise ValueError(f"PAIR needs num_generations (the candidate group size G) >= 2, got {G!r}.")
     local_rows = int(args.per_device_train_batch_size) * int(args.steps_per_generation)
     if local_rows % G:
         raise ValueError(
@@ -245,6 +274,14 @@ def validate_pair_config(args) -> None:
     if getattr(args, "tie_break_scorer_index", None) is not None:
         raise ValueError("The tie-break blend is not supported by PAIRTrainer (its rewards are not binary); unset "
                          "tie_break_scorer_index.")
+    if getattr(args, "dynamic_sampling", False):
+        raise ValueError("dynamic_sampling is not available in PAIRTrainer (its rollout strategy is the prefix probe; "
+                         "dropping groups after their rewards are known would break the design); set "
+                         "dynamic_sampling=False.")
+    if getattr(args, "keyed_sampling", False):
+        raise ValueError("keyed_sampling is not supported by PAIRTrainer: a PAIR rollout is generated in two calls "
+                         "(probe, then continuation from prompt + prefix), which the keyed noise and trl-ext replay do "
+                         "not model; set keyed_sampling=False.")
     if args.pair_fixed_normalizer and args.loss_type not in (compat.SEQUENCE_LEVEL_LOSSES +
                                                              compat.GLOBAL_TOKEN_LEVEL_LOSSES):
         raise ValueError(f"pair_fixed_normalizer supports loss_type in "
@@ -276,6 +313,12 @@ class GroupDraw:
         :class:`~trl_ext.estimators.PairDesign` reason.
     fell_back, degenerate : bool
     n_iter : int
+        SLSQP iterations (0 when the solver did not run).
+    warm_started : bool
+        The solver started from the warm-start point (:class:`~trl_ext.estimators.DesignWarmStart`).
+    solution : ndarray (G,) or None
+        The solver's ``x = -log(pi)`` over all ``G`` vertices when it answered (``reason`` "optimal" or "iteration
+        limit"); what the warm start of the next step learns from.
     """
 
     pi: np.ndarray
@@ -290,31 +333,244 @@ class GroupDraw:
     fell_back: bool = False
     degenerate: bool = False
     n_iter: int = 0
+    warm_started: bool = False
+    solution: np.ndarray | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------- strategy
+class PrefixProbeRollouts(RolloutStrategy):
+    """PAIR's rollout allocation: probe every candidate to a prefix, design, draw, continue the selected ones.
+
+    Train mode only (evaluation uses TRL's full groups). One call of :meth:`generate_and_score` per generation batch
+    on every rank: refresh the heads (labels of the previous batch), probe (one
+    :meth:`~trl_ext.GRPOTrainer.generate_token_ids` call capped at ``tau + snap_window`` tokens), prefix features
+    and head predictions, per-prompt design and draw (:meth:`PAIRTrainer.pair_design_and_draw`, logged in
+    :attr:`design_log` before anything else is generated), continuation (a second ``generate_token_ids`` call), and
+    :meth:`~trl_ext.GRPOTrainer.finish_rollouts` with the completed vertices. The base's one counter
+    ``ext/generated_tokens`` therefore holds every probe and continuation token (unselected prefixes and equalizing
+    dummy rows included); ``pair/prefix_tokens`` and ``pair/realized_suffix_tokens`` are its breakdown.
+
+    Attributes
+    ----------
+    generation_index : int
+        Generation batches produced so far (keys the design randomness; checkpointed).
+    warm_start : DesignWarmStart
+        Profiles of the previous step's solutions (checkpointed).
+    design_log : list of dict
+        Per prompt of the latest generation batch on this rank (see :attr:`PAIRTrainer.pair_design_log`).
+    num_prompts : int
+        Global number of prompts ``K`` of the current generation batch (the fixed normalizer).
+    pending : dict or None
+        Per-prompt records of the draw, handed to :meth:`PAIRTrainer.compute_advantages` during
+        :meth:`~trl_ext.GRPOTrainer.finish_rollouts`.
+    totals : dict
+        Cumulative ``prefix_tokens``, ``suffix_tokens``, ``groups``, ``zero_edge_groups``, ``solver_fallbacks``
+        (train mode; checkpointed).
+    """
+
+    name = "pair_prefix_probe"
+
+    def __init__(self, delimiter_ids: set[int] | None = None):
+        self.delimiter_ids = set(delimiter_ids or ())
+        self.generation_index = 0
+        self.warm_start = DesignWarmStart()
+        self.design_log: list[dict] = []
+        self.num_prompts = 0
+        self.pending: dict | None = None
+        self.totals = {"prefix_tokens": 0, "suffix_tokens": 0, "zero_edge_groups": 0, "solver_fallbacks": 0,
+                       "groups": 0}
+
+    # ------------------------------------------------------------------------------------------------ interface
+    def describe(self, trainer) -> str:
+        a = trainer.args
+        snap = f" (+ up to {a.pair_snap_window} to a delimiter)" if a.pair_snap_window else ""
+        return (f"rollout strategy {self.name} (PAIR): {int(a.num_generations)} candidates per prompt probed to "
+                f"tau = {a.pair_tau} tokens{snap}, then a design-chosen subset continued (expected suffix budget "
+                f"{a.pair_budget_ratio} x predicted, floor pi_min = {a.pair_pi_min})")
+
+    def fixed_policy_normalizer(self, trainer, batch) -> float | None:
+        """The global number of prompts ``K`` of the generation batch when ``pair_fixed_normalizer`` is on.
+
+        ``K`` counts every prompt whose candidates were probed, also those that completed no vertex: it is fixed
+        before the design draw, so the policy loss ``(1/K) sum ...`` is design-unbiased (module docstring)."""
+        if not trainer.args.pair_fixed_normalizer:
+            return None
+        return float(max(self.num_prompts, 1))
+
+    def state_dict(self) -> dict:
+        return {"generation_index": int(self.generation_index), "totals": dict(self.totals),
+                "warm_start": self.warm_start.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generation_index = int(state.get("generation_index", 0))
+        self.totals.update({k: int(v) for k, v in state.get("totals", {}).items()})
+        self.warm_start.load_state_dict(state.get("warm_start", {}))
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def probe_len(trainer) -> int:
+        """Tokens generated by the probe: ``tau + pair_snap_window``."""
+        return int(trainer.args.pair_tau) + int(trainer.args.pair_snap_window)
+
+    @staticmethod
+    def is_finished(trainer, completion: list[int], probe_len: int) -> bool:
+        """Whether a probed candidate ended inside the probe (EOS, or fewer tokens than the cap)."""
+        return len(completion) < probe_len or (len(completion) > 0 and completion[-1] in trainer.eos_token_ids)
+
+    def checkpoint(self, trainer, completion: list[int], finished: bool) -> int:
+        """Checkpoint position inside the probe tokens (snapping, Appendix C)."""
+        if finished or not self.delimiter_ids:
+            return len(completion)
+        for pos in range(int(trainer.args.pair_tau) - 1, len(completion)):
+            if completion[pos] in self.delimiter_ids:
+                return pos + 1
+        return len(completion)
+
+    def design_rng(self, trainer, row_idx: int) -> np.random.Generator:
+        """Fresh design randomness keyed by (seed, generation index, dataset row): never by an outcome, identical
+        across process layouts."""
+        return np.random.default_rng([int(trainer.args.seed) & 0xFFFFFFFF, 0x9A1, self.generation_index,
+                                      int(row_idx) & 0xFFFFFFFF])
+
+    def probe(self, trainer, rows: list[dict]) -> dict:
+        """Steps 1-2 for local candidate rows: prompt ids, probe tokens (and vLLM log-probs), finished flags,
+        checkpoints and prefix features."""
+        prompt_ids = compat.tokenize_prompts(trainer, [x["prompt"] for x in rows])
+        n_probe = self.probe_len(trainer)
+        probe_ids, probe_lps = trainer.generate_token_ids(prompt_ids, max_new_tokens=n_probe)
+        finished = [self.is_finished(trainer, c, n_probe) for c in probe_ids]
+        ckpt = [self.checkpoint(trainer, c, f) for c, f in zip(probe_ids, finished)]
+        feats = trainer.pair_features([list(p) + list(c[:t]) for p, c, t in zip(prompt_ids, probe_ids, ckpt)])
+        return {"prompt_ids": prompt_ids, "probe_ids": probe_ids, "probe_lps": probe_lps, "finished": finished,
+                "features": feats}
+
+    # ------------------------------------------------------------------------------------------------ main
+    def generate_and_score(self, trainer, inputs):
+        tr = trainer
+        tr.pair_refresh_heads()
+        G = int(tr.num_generations)
+        rows = list(inputs)
+        if len(rows) % G:
+            raise RuntimeError(f"PAIR: {len(rows)} local rows are not a multiple of G = {G}.")
+        K = len(rows) // G
+        col = compat.ROW_IDX_COLUMN
+        for k in range(K):
+            keys = {rows[k * G + i].get(col, None) for i in range(G)}
+            if len(keys) != 1:
+                raise RuntimeError("PAIR: a candidate group spans several dataset rows; rows of a prompt must be "
+                                   "contiguous in blocks of G (TRL's RepeatSampler with per-rank rows % G == 0).")
+        device = tr.accelerator.device
+        self.num_prompts = int(compat.gather(torch.tensor([K], device=device)).sum().item())
+        # 1-2. prefix probe, features, frozen heads
+        pr = self.probe(tr, rows)
+        prompt_ids, probe_ids, probe_lps, finished = pr["prompt_ids"], pr["probe_ids"], pr["probe_lps"], pr["finished"]
+        n_probe = self.probe_len(tr)
+        warmup = not tr.pair_heads.ready
+        pred = tr.pair_design_heads().predict(pr["features"])
+        p_hat = pred.p_hat.numpy()
+        c_hat = pred.cost_hat.numpy()
+        # 3. design + draw per prompt, logged before any continuation or reward
+        warm = self.warm_start if tr.args.pair_solver_warm_start else None
+        draws: list[GroupDraw] = []
+        self.design_log = []
+        for k in range(K):
+            sl = slice(k * G, (k + 1) * G)
+            row_idx = int(rows[k * G].get(col, k))
+            draw = tr.pair_design_and_draw(p_hat[sl], c_hat[sl], finished[sl], self.design_rng(tr, row_idx),
+                                           warmup=warmup, warm_start=warm)
+            draws.append(draw)
+            self.design_log.append({
+                "generation": self.generation_index, "row_idx": row_idx, "pi": draw.pi.tolist(),
+                "pi_design": draw.pi_design.tolist(), "selected": draw.selected.tolist(),
+                "finished": draw.finished.tolist(), "p_hat": p_hat[sl].tolist(), "cost_hat": c_hat[sl].tolist(),
+                "anchor": draw.anchor, "reason": draw.reason, "n_iter": draw.n_iter,
+                "warm_started": draw.warm_started, "expected_cost": draw.expected_cost, "budget": draw.budget,
+            })
+        # 4. continuation of selected unfinished prefixes from prompt + prefix
+        cont_idx = [k * G + i for k, d in enumerate(draws) for i in range(G) if d.selected[i] and not d.finished[i]]
+        max_new = int(tr.args.max_completion_length) - n_probe
+        cont_ids, cont_lps = tr.generate_token_ids([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
+                                                   max_new_tokens=max_new)
+        full_ids = [list(c) for c in probe_ids]
+        full_lps = None if probe_lps is None else [list(lp) for lp in probe_lps]
+        suffix_len = [0] * len(rows)
+        for n_c, (j, c) in enumerate(zip(cont_idx, cont_ids)):
+            full_ids[j] = full_ids[j] + list(c)
+            suffix_len[j] = len(c)
+            if full_lps is not None:  # vLLM: concatenate both phases' sampling log-probs (TRL's IS correction)
+                if cont_lps is None:
+                    raise RuntimeError("PAIR: the probe returned sampling log-probs but the continuation did not.")
+                full_lps[j] = full_lps[j] + list(cont_lps[n_c])
+        for k, entry in enumerate(self.design_log):  # realized costs, appended after the design was logged
+            entry["realized_suffix_tokens"] = suffix_len[k * G:(k + 1) * G]
+        # 5. completed vertices -> the base's tail (one finish_rollouts call per rank)
+        out_rows, out_ids, out_gids, out_lps, records = [], [], [], [], []
+        for k, d in enumerate(draws):
+            done = [i for i in range(G) if d.selected[i]]
+            for i in done:
+                out_rows.append(rows[k * G + i])
+                out_ids.append(full_ids[k * G + i])
+                out_gids.append(k)
+                if full_lps is not None:
+                    out_lps.append(full_lps[k * G + i])
+            records.append({
+                "G": G, "row_idx": self.design_log[k]["row_idx"], "pi": d.pi.tolist(),
+                "pi_design": d.pi_design.tolist(), "selected": d.selected.tolist(), "finished": d.finished.tolist(),
+                "anchor": d.anchor, "completed": done, "features": pr["features"][k * G:(k + 1) * G][done].clone(),
+                "suffix_len": [suffix_len[k * G + i] for i in done],
+                "probe_len": [len(probe_ids[k * G + i]) for i in range(G)],
+                "p_hat": p_hat[k * G:(k + 1) * G].tolist(), "c_hat": c_hat[k * G:(k + 1) * G].tolist(),
+                "expected_cost": d.expected_cost, "budget": d.budget, "full_cost": d.full_cost, "reason": d.reason,
+                "fell_back": d.fell_back, "degenerate": d.degenerate, "warmup": warmup, "n_iter": d.n_iter,
+                "warm_started": d.warm_started,
+                "solution": None if d.solution is None else [float(v) for v in d.solution],
+                "nonfinite": int(pred.n_nonfinite) if k == 0 else 0,
+            })
+        is_pad = None
+        if not out_rows:  # no completed vertex on this rank: one pad row keeps the collectives aligned
+            out_rows, out_ids, out_gids, is_pad = [rows[0]], [full_ids[0]], [0], [True]
+            out_lps = [full_lps[0]] if full_lps is not None else []
+        self.pending = {"records": records}
+        try:
+            out = tr.finish_rollouts(out_rows, out_ids, group_ids=out_gids,
+                                     logprobs=out_lps if full_lps is not None else None, is_pad=is_pad)
+        finally:
+            self.pending = None
+        self.generation_index += 1
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------- trainer
 class PAIRTrainer(GRPOTrainer):
     """GRPO with PAIR prefix probing, continuation design and pair-inclusion reweighting (see module docstring).
 
-    Same constructor as :class:`trl_ext.GRPOTrainer`; ``args`` must be a :class:`PAIRConfig`.
+    Same constructor as :class:`trl_ext.GRPOTrainer`; ``args`` is a :class:`PAIRConfig` (a plain
+    ``trl.GRPOConfig`` is upgraded with PAIR's defaults, see :func:`trl_ext.trainers.base.as_config`).
 
     Attributes
     ----------
+    rollout_strategy : PrefixProbeRollouts
+        Probe, design, draw and continuation (generation index, warm start and token totals are its checkpointed
+        state).
     pair_heads : PrefixHeads
         Success/remaining-cost heads, optimizer and replay window (saved in every checkpoint).
+    pair_needs_refresh : bool
+        New labels arrived since the last refresh; the heads are refit at the start of the next generation
+        (:meth:`pair_refresh_heads`; checkpointed).
     pair_design_log : list of dict
         Per prompt of the latest generation batch on this rank: ``generation``, ``row_idx``, ``pi``,
         ``pi_design``, ``selected``, ``finished``, ``p_hat``, ``cost_hat``, ``anchor``, ``reason``, ``n_iter``,
-        ``expected_cost``, ``budget``. Written after the design and draw, before any continuation or reward;
-        ``realized_suffix_tokens`` is added after the continuation.
+        ``warm_started``, ``expected_cost``, ``budget``. Written after the design and draw, before any continuation
+        or reward; ``realized_suffix_tokens`` is added after the continuation.
     last_pair_stats : dict
         Global diagnostics of the latest generation batch (the ``pair/*`` metrics).
     """
 
+    config_class: ClassVar[type] = PAIRConfig
+
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
-        if not isinstance(args, PAIRConfig):
-            raise TypeError(f"PAIRTrainer needs a PAIRConfig, got {type(args).__name__}.")
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
+        args = self.args
         cfg = getattr(self.model, "config", None)
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         hidden = getattr(text_cfg, "hidden_size", None)
@@ -326,27 +582,26 @@ class PAIRTrainer(GRPOTrainer):
             min_labels=args.pair_head_min_labels, seed=int(seed),
         )
         self._pair_lagged: PrefixHeads | None = None
-        self._pair_needs_refresh = False
-        self._pair_generation = 0
-        self._pair_pending: dict | None = None
-        self._pair_totals = {"prefix_tokens": 0, "suffix_tokens": 0, "zero_edge_groups": 0, "solver_fallbacks": 0,
-                             "groups": 0}
+        self.pair_needs_refresh = False
         self._pair_last_refresh: dict = {}
-        self.pair_design_log: list[dict] = []
         self.last_pair_stats: dict = {}
-        self._pair_delimiters = self._pair_delimiter_ids() if args.pair_snap_window > 0 else set()
 
-    # ------------------------------------------------------------------------------------------------ helpers
+    def create_rollout_strategy(self) -> PrefixProbeRollouts:
+        """PAIR's probe-then-continue allocation (:class:`PrefixProbeRollouts`)."""
+        delims = self._pair_delimiter_ids() if self.args.pair_snap_window > 0 else set()
+        return PrefixProbeRollouts(delims)
+
+    @property
+    def pair_design_log(self) -> list[dict]:
+        """The rollout strategy's design log of the latest generation batch on this rank."""
+        return self.rollout_strategy.design_log
+
     @property
     def pair_tau(self) -> int:
         return self.args.pair_tau
 
-    @property
-    def _pair_probe_len(self) -> int:
-        return self.pair_tau + int(self.args.pair_snap_window)
-
     def _pair_delimiter_ids(self) -> set[int]:
-        tok = self._tokenizer
+        tok = compat.tokenizer(self)
         delims = tuple(self.args.pair_snap_delimiters)
         ids = set()
         for i in range(len(tok)):
@@ -355,73 +610,8 @@ class PAIRTrainer(GRPOTrainer):
                 ids.add(i)
         return ids
 
-    def _pair_design_rng(self, row_idx: int) -> np.random.Generator:
-        """Fresh design randomness keyed by (seed, generation index, dataset row): never by an outcome, identical
-        across process layouts."""
-        return np.random.default_rng([int(self.args.seed) & 0xFFFFFFFF, 0x9A1, self._pair_generation,
-                                      int(row_idx) & 0xFFFFFFFF])
-
-    @contextlib.contextmanager
-    def _pair_max_new_tokens(self, n: int):
-        """Temporarily cap generation at ``n`` new tokens (transformers: generation_config; vLLM: notes section C)."""
-        saved = []
-        if getattr(self, "use_vllm", False):
-            vg = self.vllm_generation
-            saved.append((vg, "max_completion_length", vg.max_completion_length))
-            vg.max_completion_length = int(n)
-        else:
-            gc = self.generation_config
-            saved.append((gc, "max_new_tokens", gc.max_new_tokens))
-            gc.max_new_tokens = int(n)
-            gk = getattr(self, "generation_kwargs", None)
-            if isinstance(gk, dict) and "max_new_tokens" in gk:
-                saved.append((gk, "__item__", gk["max_new_tokens"]))
-                gk["max_new_tokens"] = int(n)
-        try:
-            yield
-        finally:
-            for obj, attr, value in reversed(saved):
-                if attr == "__item__":
-                    obj["max_new_tokens"] = value
-                else:
-                    setattr(obj, attr, value)
-
-    def _pair_needs_equal_calls(self) -> bool:
-        """Whether generation is a collective (every rank must call with equal-length lists): vLLM server mode,
-        vLLM colocate with tensor parallelism, ZeRO-3 or FSDP (notes B.5, B.6, C)."""
-        if self.accelerator.num_processes <= 1:
-            return False
-        if getattr(self, "use_vllm", False):
-            vg = self.vllm_generation
-            return getattr(vg, "mode", "server") == "server" or getattr(vg, "tensor_parallel_size", 1) > 1
-        return bool(getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False))
-
-    def _pair_generate(self, seqs: list[list[int]], max_new: int) -> tuple[list[list[int]], list | None]:
-        """One sampled continuation per token sequence through TRL's backend, capped at ``max_new`` tokens.
-
-        Pads the call to the same length on every rank when generation is collective (dummy rows are discarded).
-        """
-        n = len(seqs)
-        n_call = n
-        if self._pair_needs_equal_calls():
-            n_call = max(1, int(compat.gather(torch.tensor([n], device=self.accelerator.device)).max().item()))
-        if n_call == 0:
-            return [], None
-        call = [list(s) for s in seqs]
-        if n_call > n:
-            dummy = list(seqs[0]) if seqs else [self._tokenizer.eos_token_id]
-            call += [dummy] * (n_call - n)
-        with self._pair_max_new_tokens(max_new):
-            c_ids, lps = self._generate_single_turn(call, None, {}, 1)
-        c_ids = [list(c) for c in c_ids[:n]]
-        lps = None if lps is None else [list(lp) for lp in lps[:n]]
-        return c_ids, lps
-
-    def _pair_is_finished(self, c: list[int], probe_len: int) -> bool:
-        return len(c) < probe_len or (len(c) > 0 and c[-1] in self.eos_token_ids)
-
     @torch.no_grad()
-    def _pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
+    def pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
         """Stop-gradient prefix summaries: mean of the last ``k`` final-layer hidden states (Appendix C).
 
         The forward runs inside TRL's ``unwrap_model_for_generation`` (and FSDP's full-parameter context), like
@@ -432,7 +622,8 @@ class PAIRTrainer(GRPOTrainer):
 
         device = self.accelerator.device
         width = max(len(s) for s in seqs)
-        pad_id = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        tok = compat.tokenizer(self)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -443,7 +634,7 @@ class PAIRTrainer(GRPOTrainer):
         with (
             unwrap_model_for_generation(self.model_wrapped, self.accelerator,
                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model,
-            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+            compat.summon_full_params(self),
         ):
             was_training = model.training
             model.eval()  # no dropout in the summary
@@ -454,18 +645,9 @@ class PAIRTrainer(GRPOTrainer):
                 model.train(was_training)
         return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(self.args.pair_summary_last_k)).cpu()
 
-    def _pair_checkpoint(self, c: list[int], finished: bool) -> int:
-        """Checkpoint position inside the probe tokens (snapping, Appendix C)."""
-        if finished or not self._pair_delimiters:
-            return len(c)
-        for pos in range(self.pair_tau - 1, len(c)):
-            if c[pos] in self._pair_delimiters:
-                return pos + 1
-        return len(c)
-
     # ------------------------------------------------------------------------------------------------ design
     def pair_design_and_draw(self, p_hat, cost_hat, finished, rng: np.random.Generator, *,
-                             warmup: bool = False) -> GroupDraw:
+                             warmup: bool = False, warm_start: DesignWarmStart | None = None) -> GroupDraw:
         r"""Design and continuation draw for one candidate group (Algorithm 1, "contrast-graph allocation").
 
         Parameters
@@ -480,6 +662,8 @@ class PAIRTrainer(GRPOTrainer):
             Fresh randomness for the anchor and the Bernoulli draw (never derived from outcomes).
         warmup : bool
             Use the uniform design ``pi = max(budget_ratio, pi_min)`` (heads not ready yet).
+        warm_start : DesignWarmStart, optional
+            Start SLSQP from ``warm_start.initial_point(...)`` (Appendix C) when it has a profile for ``G``.
 
         Returns
         -------
@@ -503,6 +687,7 @@ class PAIRTrainer(GRPOTrainer):
         unf = ~fin
         ratio, pi_min = float(a.pair_budget_ratio), float(a.pair_pi_min)
         anchor = None
+        solution, warm_started = None, False
         if not unf.any():
             pi = np.ones(G)
             reason, fell_back, degenerate, n_iter = "all finished in prefix", False, False, 0
@@ -521,13 +706,21 @@ class PAIRTrainer(GRPOTrainer):
             else:
                 eps = _FINISHED_COST_FRACTION * float(c_unf[unf].max())
                 c_design = np.where(unf, c_unf, eps)
+                p_design = np.clip(p, 0.0, 1.0)
+                budget_design = budget + eps * float(fin.sum())
+                x0 = None
+                if warm_start is not None:
+                    x0 = warm_start.initial_point(p_design, c_design, budget_design, pi_min, kind=a.pair_edge_proxy)
                 design: PairDesign = pair_design(
-                    np.clip(p, 0.0, 1.0), c_design, budget + eps * float(fin.sum()), pi_min,
+                    p_design, c_design, budget_design, pi_min, x0=x0,
                     max_iter=int(a.pair_solver_max_iter), tol=float(a.pair_solver_tol), kind=a.pair_edge_proxy,
                 )
                 pi = np.where(unf, np.clip(design.pi, pi_min, 1.0), 1.0)
                 reason, fell_back, n_iter = design.reason, bool(design.fell_back), int(design.n_iter)
                 degenerate = design.reason.startswith("degenerate")
+                warm_started = bool(design.warm_started)
+                if design.reason in _SOLVED:
+                    solution = np.asarray(design.x, dtype=np.float64).copy()
             expected = float((c_unf * pi)[unf].sum())
         pi_design = pi.copy()
         if a.pair_anchor_pair:
@@ -539,7 +732,7 @@ class PAIRTrainer(GRPOTrainer):
         selected |= fin
         return GroupDraw(pi=pi, pi_design=pi_design, selected=selected, finished=fin, anchor=anchor,
                          expected_cost=expected, budget=budget, full_cost=full, reason=reason, fell_back=fell_back,
-                         degenerate=degenerate, n_iter=n_iter)
+                         degenerate=degenerate, n_iter=n_iter, warm_started=warm_started, solution=solution)
 
     def pair_group_advantages(self, rewards, draw: GroupDraw) -> tuple[np.ndarray, PairAdvantages]:
         r"""Eq. 13 advantages of one group from its draw (float64); the configured biased variants apply.
@@ -548,23 +741,26 @@ class PAIRTrainer(GRPOTrainer):
         ----------
         rewards : array_like (G,)
             Rewards of the completed vertices (entries of unselected candidates are ignored). A NaN reward on a
-            completed vertex is treated as 0 (a failed rollout, Appendix D.1).
+            completed vertex marks it unscorable: PAIR's one NaN rule
+            (:func:`~trl_ext.estimators.scorable_selection`) -- it observes no edge and gets advantage 0, every
+            other weight stays as logged; counted in ``result.n_unscorable`` (``pair/nan_rewards``).
         draw : GroupDraw
 
         Returns
         -------
         advantages : ndarray (G,), float64
-            0 on unselected candidates; all 0 when fewer than two vertices were completed (unbiased, Appendix B).
+            0 on unselected and unscorable candidates; all 0 when fewer than two scorable vertices were completed
+            (unbiased, Appendix B).
         result : PairAdvantages
         """
         a = self.args
-        r = np.asarray(rewards, dtype=np.float64).reshape(-1).copy()
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
         sel = np.asarray(draw.selected, dtype=bool)
-        r[sel & ~np.isfinite(r)] = 0.0
         res = pair_advantages(r, sel, draw.pi, w_max=a.pair_w_max, self_normalize=bool(a.pair_self_normalize))
         adv = res.advantages.astype(np.float64)
-        if a.pair_standardize and sel.sum() >= 2:
-            adv = adv / (float(np.std(r[sel], ddof=1)) + 1e-4)
+        ok = sel & np.isfinite(r)
+        if a.pair_standardize and ok.sum() >= 2:
+            adv = adv / (float(np.std(r[ok], ddof=1)) + 1e-4)
         return adv, res
 
     def pair_simulate_group(self, p_hat, cost_hat, finished, rewards, rng: np.random.Generator, *,
@@ -578,15 +774,18 @@ class PAIRTrainer(GRPOTrainer):
         return adv, draw, res
 
     # ------------------------------------------------------------------------------------------------ heads
-    def _pair_design_heads(self) -> PrefixHeads:
+    def pair_design_heads(self) -> PrefixHeads:
+        """The heads that drive the design: the lagged copy with ``pair_lagged_heads``, else the current ones."""
         return self._pair_lagged if (self.args.pair_lagged_heads and self._pair_lagged is not None) else \
             self.pair_heads
 
-    def _pair_refresh_heads(self) -> None:
-        """Refresh after the RL update on the labels gathered so far (Eq. 6-7 fit + temperature, Appendix C)."""
-        if not self._pair_needs_refresh:
+    def pair_refresh_heads(self) -> None:
+        """Refresh after the RL update on the labels gathered so far (Eq. 6-7 fit + temperature, Appendix C).
+
+        A no-op unless new labels arrived since the last refresh (:attr:`pair_needs_refresh`)."""
+        if not self.pair_needs_refresh:
             return
-        self._pair_needs_refresh = False
+        self.pair_needs_refresh = False
         if self.args.pair_lagged_heads:
             self._pair_lagged = self.pair_heads.lagged_copy()
         out = self.pair_heads.refresh(steps=int(self.args.pair_head_fit_steps),
@@ -610,130 +809,25 @@ class PAIRTrainer(GRPOTrainer):
         torch.distributed.broadcast(t, src=0)
         self.pair_heads.temperature = float(t.item())
 
-    # ------------------------------------------------------------------------------------------------ rollouts
-    def _generate_and_score_completions(self, inputs):
-        if not self.model.training:
-            return super()._generate_and_score_completions(inputs)
-        self._pair_refresh_heads()
-        G = int(self.num_generations)
-        rows = list(inputs)
-        if len(rows) % G:
-            raise RuntimeError(f"PAIR: {len(rows)} local rows are not a multiple of G = {G}.")
-        K = len(rows) // G
-        col = compat.ROW_IDX_COLUMN
-        for k in range(K):
-            keys = {rows[k * G + i].get(col, None) for i in range(G)}
-            if len(keys) != 1:
-                raise RuntimeError("PAIR: a candidate group spans several dataset rows; rows of a prompt must be "
-                                   "contiguous in blocks of G (TRL's RepeatSampler with per-rank rows % G == 0).")
-        prompt_ids, _, _ = self._tokenize_prompts([x["prompt"] for x in rows])
-        probe_len = self._pair_probe_len
-        # 1. prefix probe: one independent sample per candidate row
-        probe_ids, probe_lps = self._pair_generate(prompt_ids, probe_len)
-        finished = [self._pair_is_finished(c, probe_len) for c in probe_ids]
-        ckpt = [self._pair_checkpoint(c, f) for c, f in zip(probe_ids, finished)]
-        feats = self._pair_features([list(p) + list(c[:t]) for p, c, t in zip(prompt_ids, probe_ids, ckpt)])
-        # 2. frozen heads
-        heads = self._pair_design_heads()
-        warmup = not self.pair_heads.ready
-        pred = heads.predict(feats)
-        p_hat = pred.p_hat.numpy()
-        c_hat = pred.cost_hat.numpy()
-        # 3. design + draw per prompt, logged before any continuation or reward
-        draws: list[GroupDraw] = []
-        self.pair_design_log = []
-        for k in range(K):
-            sl = slice(k * G, (k + 1) * G)
-            row_idx = int(rows[k * G].get(col, k))
-            draw = self.pair_design_and_draw(p_hat[sl], c_hat[sl], finished[sl], self._pair_design_rng(row_idx),
-                                             warmup=warmup)
-            draws.append(draw)
-            self.pair_design_log.append({
-                "generation": self._pair_generation, "row_idx": row_idx, "pi": draw.pi.tolist(),
-                "pi_design": draw.pi_design.tolist(), "selected": draw.selected.tolist(),
-                "finished": draw.finished.tolist(), "p_hat": p_hat[sl].tolist(), "cost_hat": c_hat[sl].tolist(),
-                "anchor": draw.anchor, "reason": draw.reason, "n_iter": draw.n_iter,
-                "expected_cost": draw.expected_cost, "budget": draw.budget,
-            })
-        # 4. continuation of selected unfinished prefixes from prompt + prefix
-        cont_idx = [k * G + i for k, d in enumerate(draws) for i in range(G) if d.selected[i] and not d.finished[i]]
-        max_new = int(self.args.max_completion_length) - probe_len
-        cont_ids, cont_lps = self._pair_generate([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
-                                                 max_new)
-        full_ids = [list(c) for c in probe_ids]
-        full_lps = None if probe_lps is None else [list(lp) for lp in probe_lps]
-        suffix_len = [0] * len(rows)
-        for n_c, (j, c) in enumerate(zip(cont_idx, cont_ids)):
-            full_ids[j] = full_ids[j] + list(c)
-            suffix_len[j] = len(c)
-            if full_lps is not None:  # vLLM: concatenate both phases' sampling log-probs (TRL's IS correction)
-                if cont_lps is None:
-                    raise RuntimeError("PAIR: the probe returned sampling log-probs but the continuation did not.")
-                full_lps[j] = full_lps[j] + list(cont_lps[n_c])
-        for k, entry in enumerate(self.pair_design_log):  # realized costs, appended after the design was logged
-            entry["realized_suffix_tokens"] = suffix_len[k * G:(k + 1) * G]
-        # 5. completed vertices -> TRL's tail
-        out_rows, out_ids, out_gids, out_lps, records = [], [], [], [], []
-        for k, d in enumerate(draws):
-            done = [i for i in range(G) if d.selected[i]]
-            for i in done:
-                out_rows.append(rows[k * G + i])
-                out_ids.append(full_ids[k * G + i])
-                out_gids.append(k)
-                if full_lps is not None:
-                    out_lps.append(full_lps[k * G + i])
-            records.append({
-                "G": G, "pi": d.pi.tolist(), "pi_design": d.pi_design.tolist(), "selected": d.selected.tolist(),
-                "finished": d.finished.tolist(), "anchor": d.anchor, "completed": done,
-                "features": feats[k * G:(k + 1) * G][done].clone(),
-                "suffix_len": [suffix_len[k * G + i] for i in done],
-                "probe_len": [len(probe_ids[k * G + i]) for i in range(G)],
-                "p_hat": p_hat[k * G:(k + 1) * G].tolist(), "c_hat": c_hat[k * G:(k + 1) * G].tolist(),
-                "expected_cost": d.expected_cost, "budget": d.budget, "full_cost": d.full_cost, "reason": d.reason,
-                "fell_back": d.fell_back, "degenerate": d.degenerate, "warmup": warmup,
-                "nonfinite": int(pred.n_nonfinite) if k == 0 else 0, "dummy": False,
-            })
-        dummy = not out_rows
-        if dummy:  # every draw on this rank completed nothing: one masked dummy row keeps the collectives aligned
-            out_rows, out_ids, out_gids = [rows[0]], [full_ids[0]], [0]
-            out_lps = [full_lps[0]] if full_lps is not None else []
-            records.append({"dummy": True, "G": G, "completed": [0]})
-        self._pair_pending = {"records": records}
-        n_groups_global = int(compat.gather(torch.tensor([K], device=self.accelerator.device)).sum().item())
-        try:
-            out = self._finish_rollouts(out_rows, out_ids, group_ids=out_gids,
-                                        logprobs=out_lps if full_lps is not None else None)
-        finally:
-            self._pair_pending = None
-        if dummy:
-            mask = out["completion_mask"].clone()
-            mask[0] = 0
-            out["completion_mask"] = mask
-            loss_mask = mask if "tool_mask" not in out else mask * out["tool_mask"]
-            out["num_items_in_batch"] = compat.gather(loss_mask.sum()).sum()
-        out["pair_num_groups"] = torch.tensor(float(n_groups_global), device=self.accelerator.device)
-        self._pair_generation += 1
-        return out
-
     # ------------------------------------------------------------------------------------------------ advantages
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
         """Eq. 13 advantages for the completed vertices of every prompt (global, identical on every rank).
 
         Also adds the delayed labels to the heads' replay window (the heads are refit only at the next
-        generation, after this batch's RL update) and logs the ``pair/*`` diagnostics.
+        generation, after this batch's RL update), updates the solver's warm start with this batch's solutions, and
+        logs the ``pair/*`` diagnostics.
         """
-        pending = self._pair_pending
-        if pending is None or batch.mode != "train":
+        pending = self.rollout_strategy.pending if batch.mode == "train" else None
+        if pending is None:
             return super().compute_advantages(batch)
         records = compat.gather_object(pending["records"])
         real = ~batch.is_pad
         gid = batch.group_ids
         adv = torch.zeros(batch.num_rows, dtype=torch.float64)
         row_groups = [rec for rec in records if rec["completed"]]
-        n_batch_groups = batch.num_groups
-        if len(row_groups) != n_batch_groups:
+        if len(row_groups) != batch.num_groups:
             raise RuntimeError(f"PAIR internal: {len(row_groups)} groups with completed vertices but the batch has "
-                               f"{n_batch_groups} groups.")
+                               f"{batch.num_groups} groups.")
         stats = _Stats()
         labels_f, labels_r, labels_c, labels_pi = [], [], [], []
         for g, rec in enumerate(row_groups):
@@ -741,41 +835,40 @@ class PAIRTrainer(GRPOTrainer):
             if idx.numel() != len(rec["completed"]):
                 raise RuntimeError(f"PAIR internal: group {g} has {idx.numel()} rows, expected "
                                    f"{len(rec['completed'])}.")
-            if rec.get("dummy"):
-                continue
             G = rec["G"]
+            done = rec["completed"]
             r_rows = batch.rewards[idx].double().numpy()
-            stats.nan_rewards += int((~np.isfinite(r_rows)).sum())
             r_full = np.full(G, np.nan)
-            r_full[rec["completed"]] = r_rows
+            r_full[done] = r_rows
             draw = GroupDraw(pi=np.asarray(rec["pi"]), pi_design=np.asarray(rec["pi_design"]),
                              selected=np.asarray(rec["selected"], dtype=bool),
                              finished=np.asarray(rec["finished"], dtype=bool), anchor=rec["anchor"],
                              expected_cost=rec["expected_cost"], budget=rec["budget"], full_cost=rec["full_cost"],
                              reason=rec["reason"])
             a_full, res = self.pair_group_advantages(r_full, draw)
-            adv[idx] = torch.as_tensor(a_full[rec["completed"]], dtype=torch.float64)
+            adv[idx] = torch.as_tensor(a_full[done], dtype=torch.float64)
             stats.add_result(res)
-            # delayed labels (completed vertices only); marginal inclusion for the IPW losses
+            # delayed labels (completed, scorable vertices only); marginal inclusion for the IPW losses
             pi_marg = np.asarray(rec["pi_design"], dtype=np.float64)
             if rec["anchor"] is not None:
                 pi_marg = pi_marg + (1.0 - pi_marg) * 2.0 / G
-            done = rec["completed"]
-            r_lab = np.where(np.isfinite(r_rows), r_rows, 0.0)
-            ok = (r_lab >= 0) & (r_lab <= 1)
-            stats.unlabeled += int((~ok).sum())
+            ok = np.isfinite(r_rows) & (r_rows >= 0) & (r_rows <= 1)
+            stats.unlabeled += int((np.isfinite(r_rows) & ~ok).sum())
             if ok.any():
                 labels_f.append(rec["features"][torch.as_tensor(ok)])
-                labels_r.append(torch.as_tensor(r_lab[ok]))
+                labels_r.append(torch.as_tensor(r_rows[ok]))
                 labels_c.append(torch.as_tensor(np.asarray(rec["suffix_len"], dtype=np.float64)[ok]))
                 labels_pi.append(torch.as_tensor(pi_marg[done][ok]))
         for rec in records:
-            if not rec.get("dummy"):
-                stats.add_design(rec)
+            stats.add_design(rec)
         if labels_r:
             self.pair_heads.add_labels(torch.cat(labels_f), torch.cat(labels_r), torch.cat(labels_c),
                                        torch.cat(labels_pi))
-            self._pair_needs_refresh = True
+            self.pair_needs_refresh = True
+        # warm start of the next step: this step's solver answers, in a layout-independent order
+        solved = sorted((rec["row_idx"], rec["solution"]) for rec in records if rec["solution"] is not None)
+        if solved:
+            self.rollout_strategy.warm_start.update([x for _, x in solved])
         self._pair_log(stats, batch.mode)
         return adv.float()
 
@@ -796,16 +889,18 @@ class PAIRTrainer(GRPOTrainer):
             "pair/all_finished_groups": s.all_finished,
             "pair/solver_fallbacks": s.fallbacks,
             "pair/degenerate_groups": s.degenerate,
+            "pair/solver_iterations": s.solver_iters / s.solved if s.solved else float("nan"),
+            "pair/warm_started_groups": s.warm_started,
             "pair/warmup": float(s.warmup),
             "pair/head_nonfinite": s.nonfinite,
             "pair/nan_rewards": s.nan_rewards,
+            "pair/unlabeled_rewards": s.unlabeled,
             "pair/budget": s.budget,
             "pair/predicted_full_suffix_cost": s.full_cost,
             "pair/predicted_suffix_cost": s.expected_cost,
             "pair/predicted_cost_selected": s.pred_selected,
             "pair/realized_suffix_tokens": s.suffix_tokens,
             "pair/prefix_tokens": s.prefix_tokens,
-            "pair/generated_tokens": s.prefix_tokens + s.suffix_tokens,
             "pair/tokens_saved_vs_full_group": s.saved_est,
             "pair/head_labels": self.pair_heads.n_labels,
         }
@@ -815,29 +910,13 @@ class PAIRTrainer(GRPOTrainer):
         for name, value in m.items():
             self.log_ext_metric(name, float(value), mode)
         if mode == "train":
-            self._pair_totals["prefix_tokens"] += int(s.prefix_tokens)
-            self._pair_totals["suffix_tokens"] += int(s.suffix_tokens)
-            self._pair_totals["zero_edge_groups"] += int(s.zero_edge)
-            self._pair_totals["solver_fallbacks"] += int(s.fallbacks)
-            self._pair_totals["groups"] += int(s.groups)
-            self.log_ext_metric("pair/generated_tokens_total",
-                                self._pair_totals["prefix_tokens"] + self._pair_totals["suffix_tokens"], mode)
+            totals = self.rollout_strategy.totals
+            totals["prefix_tokens"] += int(s.prefix_tokens)
+            totals["suffix_tokens"] += int(s.suffix_tokens)
+            totals["zero_edge_groups"] += int(s.zero_edge)
+            totals["solver_fallbacks"] += int(s.fallbacks)
+            totals["groups"] += int(s.groups)
         self.last_pair_stats = m
-
-    # ------------------------------------------------------------------------------------------------ loss
-    def _compute_loss(self, model, inputs):
-        if self.model.training and self.args.pair_fixed_normalizer and "pair_num_groups" in inputs:
-            adv = inputs["advantages"]
-            k = inputs["pair_num_groups"].clamp(min=1).to(adv.dtype)
-            if self.loss_type in compat.SEQUENCE_LEVEL_LOSSES:
-                # TRL: mean over B local rows / GA, DDP mean -> 1/(B P spg) per generation batch; we want 1/K.
-                total = adv.shape[0] * self.accelerator.num_processes * self.args.steps_per_generation
-                scale = total / k  # (dr_grpo additionally divides by max_completion_length: 1/(K L) per token sum)
-            else:  # global token-level: sum / num_items_in_batch -> sum / (K L)
-                scale = inputs["num_items_in_batch"].clamp(min=1).to(adv.dtype) / (
-                    k * float(self.args.max_completion_length))
-            inputs = {**inputs, "advantages": adv * scale}
-        return super()._compute_loss(model, inputs)
 
     # ------------------------------------------------------------------------------------------------ state
     def ext_state_dict(self) -> dict:
@@ -845,9 +924,7 @@ class PAIRTrainer(GRPOTrainer):
         state["pair"] = {
             "heads": self.pair_heads.state_dict(),
             "lagged_heads": None if self._pair_lagged is None else self._pair_lagged.state_dict(),
-            "needs_refresh": bool(self._pair_needs_refresh),
-            "generation": int(self._pair_generation),
-            "totals": dict(self._pair_totals),
+            "needs_refresh": bool(self.pair_needs_refresh),
         }
         return state
 
@@ -861,9 +938,10 @@ class PAIRTrainer(GRPOTrainer):
         if pair.get("lagged_heads") is not None:
             self._pair_lagged = self.pair_heads.lagged_copy()
             self._pair_lagged.load_state_dict(pair["lagged_heads"])
-        self._pair_needs_refresh = bool(pair["needs_refresh"])
-        self._pair_generation = int(pair["generation"])
-        self._pair_totals.update({k: int(v) for k, v in pair["totals"].items()})
+        self.pair_needs_refresh = bool(pair["needs_refresh"])
+        if "rollout_strategy" not in state and "generation" in pair:  # written before the strategy refactor
+            self.rollout_strategy.load_state_dict({"generation_index": pair["generation"],
+                                                   "totals": pair.get("totals", {})})
 
 
 class _Stats:
@@ -873,6 +951,7 @@ class _Stats:
         self.groups = self.completed = self.continued = self.finished = self.edges = 0
         self.groups_with_edges = self.zero_edge = self.all_finished = self.fallbacks = self.degenerate = 0
         self.nonfinite = self.nan_rewards = self.unlabeled = 0
+        self.solved = self.solver_iters = self.warm_started = 0
         self.ess = self.max_weight = 0.0
         self.pi_min, self.pi_sum, self.pi_count = 1.0, 0.0, 0
         self.budget = self.full_cost = self.expected_cost = self.pred_selected = self.saved_est = 0.0
@@ -881,6 +960,7 @@ class _Stats:
 
     def add_result(self, res: PairAdvantages) -> None:
         self.edges += res.n_edges
+        self.nan_rewards += int(res.n_unscorable)
         if res.n_edges:
             self.groups_with_edges += 1
             self.ess += res.ess
@@ -901,6 +981,10 @@ class _Stats:
             self.all_finished += 1
         self.fallbacks += int(rec["fell_back"])
         self.degenerate += int(rec["degenerate"])
+        if rec["solution"] is not None:
+            self.solved += 1
+            self.solver_iters += int(rec["n_iter"])
+        self.warm_started += int(rec["warm_started"])
         self.nonfinite += int(rec["nonfinite"])
         self.warmup = self.warmup or bool(rec["warmup"])
         if (~fin).any():

@@ -120,7 +120,7 @@ def _mask_probabilities(masks: np.ndarray, pi: np.ndarray) -> np.ndarray:
     return np.prod(np.where(masks > 0, pi, 1.0 - pi), axis=1)
 
 
-def _evaluate(pop, pi, kind, masks, target, prob, w_max: float = 5.0) -> dict:
+def _evaluate_design(pop, pi, kind, masks, target, prob, w_max: float = 5.0) -> dict:
     r, s, cost = pop["rewards"], pop["scores"], pop["cost"]
     G = r.shape[0]
     M = G * (G - 1) / 2.0
@@ -221,7 +221,7 @@ def run_audit(seed: int = 0, quick: bool = False, *, w_max: float = 5.0) -> dict
             key = pi.tobytes()
             if key not in probs:
                 probs[key] = _mask_probabilities(masks, pi)
-            m = _evaluate(pop, pi, kind, masks, target, probs[key], w_max)
+            m = _evaluate_design(pop, pi, kind, masks, target, probs[key], w_max)
             m["rel_bias"] = m["bias_norm"] / np.sqrt(norm2) if norm2 > 0 else 0.0
             m["rel_mse"] = m["mse"] / norm2 if norm2 > 0 else 0.0
             row[name] = m

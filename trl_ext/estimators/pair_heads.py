@@ -1,7 +1,10 @@
 r"""PAIR prefix heads: success and remaining-cost predictors with IPW losses, a replay window and temperature
-calibration (``pair_prefix_inclusion_reweighting.txt``, Section 4.2, Eq. 5-7, Appendix C).
+calibration ("Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR", arXiv:2608.11368,
+Section 4.2, Eq. 5-7, Appendix C).
 
-Pure torch (no TRL import). A trainer feeds a stop-gradient summary of each prefix's hidden states
+Pure torch (no TRL import; moved here from ``trl_ext.trainers`` so any RL stack can use it). Not re-exported by
+:mod:`trl_ext.estimators` (which stays numpy-only at import); import it as ``trl_ext.estimators.pair_heads``.
+A trainer feeds a stop-gradient summary of each prefix's hidden states
 (:func:`prefix_summary`, default the mean of the last 16 positions) to
 
 .. math::
