@@ -51,10 +51,12 @@ def results(tmp_path_factory):
     def load(d, name):
         return torch.load(os.path.join(d, name), weights_only=False)
 
-    return {
+    out = {
         sc: (load(two, f"{sc}_rank0.pt"), load(two, f"{sc}_rank1.pt"), load(one, f"{sc}_rank0.pt"))
         for sc in SCENARIOS
     }
+    out["rank1_none"] = (load(two, "rank1_none_rank0.pt"), load(two, "rank1_none_rank1.pt"), None)
+    return out
 
 
 KEYS = ("rewards", "row_idx", "group_ids", "completion_lengths", "advantages")
@@ -124,3 +126,12 @@ def test_dynamic_sampling_keeps_only_informative_groups(results):
         assert log["ext/generated_tokens"] > log["ext/trained_tokens"]
     for key in ("dapo/filtered_groups", "dapo/kept_groups", "dapo/rounds", "ext/generated_tokens"):
         assert r0["log"][key] == ref["log"][key], key
+
+
+def test_one_rank_unscorable_is_counted_on_every_rank(results):
+    """Rank 1's reward returns None for all its rollouts: half the global batch is unscorable. Both ranks log the
+    global count (not a silent drop), and rank 0's rows still train."""
+    r0, r1, _ = results["rank1_none"]
+    for r in (r0, r1):
+        assert r["log"]["ext/unscorable_rows"] == 8 and r["log"]["ext/rollouts"] == 16
+    assert torch.equal(r0["delta"], r1["delta"]) and r0["delta"].abs().max() > 0

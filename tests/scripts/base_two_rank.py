@@ -14,6 +14,7 @@ global generation batch is identical with 1 and 2 processes:
 * ``rloo``, ``dr_grpo``, ``reinforce_pp``: estimators selected by ``advantage_estimator`` only (REINFORCE++ with
   ``num_generations=1``).
 * ``dynamic_sampling``: DAPO dynamic sampling (zero-variance groups dropped and refilled).
+* ``rank1_none`` (two processes only): rank 1's reward function returns None for all its rollouts.
 
 Each rank writes ``{out}/{scenario}_rank{r}.pt`` with the gathered RolloutBatch fields (pad rows dropped), the
 global advantages, this rank's local advantages and the parameter update.
@@ -31,12 +32,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 G = 4
 ESTIMATOR_SCENARIOS = {"rloo": ("rloo", G), "dr_grpo": ("dr_grpo", G), "reinforce_pp": ("reinforce_pp", 1)}
-ALL_SCENARIOS = ("fixed", "fixed_dapo", "variable", *ESTIMATOR_SCENARIOS, "dynamic_sampling")
+ALL_SCENARIOS = ("fixed", "fixed_dapo", "variable", *ESTIMATOR_SCENARIOS, "dynamic_sampling", "rank1_none")
 
 
 def pattern_reward(prompts, completions, trl_ext_row_idx=None, **kwargs):
     """Even rows: constant 1 (dead group); odd rows: 0,1,0,1 by local position (groups are rank-local)."""
     return [1.0 if ri % 2 == 0 else float(i % 2) for i, ri in enumerate(trl_ext_row_idx)]
+
+
+def rank1_none_reward(prompts, completions, trl_ext_row_idx=None, **kwargs):
+    """0, 1, 0, 1, ... on rank 0; None (unscorable) for every rollout scored on rank 1."""
+    if int(os.environ.get("RANK", "0")) == 1:
+        return [None] * len(completions)
+    return [float(i % 2) for i in range(len(completions))]
 
 
 def scripted_ids(tok, key: int, j: int) -> list[int]:
@@ -115,12 +123,17 @@ def run(scenario: str, out_dir: str, world: int) -> None:
         args = make_config(os.path.join(out_dir, scenario), per_device_train_batch_size=4 * G // world,
                            num_generations=G, dynamic_sampling=True, dynamic_sampling_max_rounds=2,
                            loss_type="grpo", **common)
+    elif scenario == "rank1_none":
+        # only one rank's reward function returns None: the unscorable rows are counted over both ranks
+        cls = fixed_trainer_cls()
+        args = make_config(os.path.join(out_dir, scenario), per_device_train_batch_size=4 * G // world,
+                           num_generations=G, loss_type="grpo", **common)
     else:
         cls = variable_trainer_cls()
         args = make_config(os.path.join(out_dir, scenario), per_device_train_batch_size=8 // world,
                            num_generations=2, loss_type="grpo", **common)
-    tr = cls(model=model, reward_funcs=[pattern_reward], args=args, train_dataset=tiny_dataset(16),
-             processing_class=tok)
+    reward = rank1_none_reward if scenario == "rank1_none" else pattern_reward
+    tr = cls(model=model, reward_funcs=[reward], args=args, train_dataset=tiny_dataset(16), processing_class=tok)
     locals_seen = []
     orig = tr._ext_finalize
 

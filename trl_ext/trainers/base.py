@@ -344,6 +344,104 @@ def _add_row_index(dataset):
     return dataset  # torch Dataset or other: groups fall back to TRL's contiguous blocks
 
 
+def _last_complete_checkpoint(output_dir: str) -> str:
+    """The newest ``checkpoint-N`` folder of ``output_dir`` that holds ``trainer_state.json`` (written last by
+    Trainer's save); newer incomplete folders are reported and skipped."""
+    import re
+
+    prefix = compat.checkpoint_prefix()
+    pattern = re.compile(rf"^{prefix}-(\d+)$")
+    found = []
+    if os.path.isdir(output_dir):
+        for name in os.listdir(output_dir):
+            m = pattern.match(name)
+            if m and os.path.isdir(os.path.join(output_dir, name)):
+                found.append((int(m.group(1)), os.path.join(output_dir, name)))
+    skipped = []
+    for _, path in sorted(found, reverse=True):
+        if os.path.exists(os.path.join(path, "trainer_state.json")):
+            if skipped:
+                warnings.warn(f"Skipping incomplete checkpoint folder(s) {skipped} (no trainer_state.json: a save was "
+                              f"interrupted); resuming from {path}. Delete them to silence this warning.", stacklevel=3)
+            return path
+        skipped.append(path)
+    raise ValueError(f"No complete checkpoint (a {prefix}-N folder with trainer_state.json) found in {output_dir}"
+                     + (f"; incomplete: {skipped}" if skipped else "") + ".")
+
+
+def _check_dataset(dataset, name: str) -> None:
+    """Clear early errors for a dataset TRL would fail on deep inside (or train zero steps on)."""
+    if dataset is None:
+        return
+    if isinstance(dataset, dict):
+        for key, value in dataset.items():
+            _check_dataset(value, f"{name}[{key!r}]")
+        return
+    columns = getattr(dataset, "column_names", None)
+    if columns is not None and "prompt" not in columns:
+        raise ValueError(
+            f"{name} has no 'prompt' column (columns: {list(columns)}). TRL's GRPO reads the prompt from a column named "
+            "'prompt': rename yours, e.g. dataset = dataset.rename_column('question', 'prompt')."
+        )
+    if hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise ValueError(f"{name} is empty: there is nothing to train or evaluate on.")
+
+
+def _check_process_layout(num_processes: int) -> None:
+    """Fail when a launcher started several processes but the trainer sees one (each would train alone)."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and num_processes == 1:
+        raise RuntimeError(
+            f"The launcher started {world} processes (WORLD_SIZE={world}) but this trainer sees 1: every process would "
+            "train alone and write the same output_dir. On a machine without GPUs set use_cpu=True in the config (or "
+            "launch with `accelerate launch --cpu --multi_gpu --num_processes N` or "
+            "examples/accelerate_configs/cpu_two_processes.yaml); on GPUs check that CUDA is visible to every process."
+        )
+
+
+def _validated_reward_func(func):
+    """Wrap a plain reward function so a wrong return fails with the function's name (TRL would fail deep inside).
+
+    A reward function must return one value per completion: a real number, or ``None`` / NaN (unscorable). An
+    infinite value stops training with an error: the step in progress is not trained on, earlier checkpoints are
+    kept. Reward models (``nn.Module``), model ids (``str``) and async functions are passed through unchanged.
+    """
+    import functools
+    import inspect
+
+    if isinstance(func, str | torch.nn.Module) or inspect.iscoroutinefunction(func) or not callable(func) \
+            or getattr(func, "_trl_ext_validated", False):
+        return func
+    name = getattr(func, "__name__", type(func).__name__)
+
+    @functools.wraps(func)
+    def validated(*args, **kwargs):
+        values = func(*args, **kwargs)
+        completions = kwargs.get("completions")
+        try:
+            items = list(values)
+        except TypeError:
+            raise TypeError(f"reward function {name!r} returned {type(values).__name__}; it must return a list with "
+                            "one float (or None for unscorable) per completion.") from None
+        if completions is not None and len(items) != len(completions):
+            raise ValueError(f"reward function {name!r} returned {len(items)} values for {len(completions)} "
+                             "completions; return one float (or None) per completion.")
+        for i, v in enumerate(items):
+            if v is None:
+                continue
+            if not isinstance(v, int | float | np.number) and not (torch.is_tensor(v) and v.numel() == 1):
+                raise TypeError(f"reward function {name!r} returned {v!r} ({type(v).__name__}) for completion {i}; "
+                                "rewards must be real numbers, or None for an unscorable completion.")
+            if math.isinf(float(v)):
+                raise ValueError(f"reward function {name!r} returned {float(v)} for completion {i}: rewards must not "
+                                 "be infinite (return None to mark a completion unscorable). Training stops here; the "
+                                 "current step is not trained on and the last checkpoint is intact.")
+        return values
+
+    validated._trl_ext_validated = True
+    return validated
+
+
 _KEYED_VARIANTS: dict[type, type] = {}
 
 
@@ -403,9 +501,13 @@ class GRPOTrainer(compat.TRLGlue):
             name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
             args = self.config_class(f"{str(name).split('/')[-1] or 'model'}-GRPO")
         args = as_config(args, self.config_class, type(self).__name__)
+        _check_dataset(train_dataset, "train_dataset")
+        _check_dataset(eval_dataset, "eval_dataset")
         train_dataset = _add_row_index(train_dataset)
         eval_dataset = _add_row_index(eval_dataset)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
+        _check_process_layout(self.accelerator.num_processes)
+        self.reward_funcs = [_validated_reward_func(f) for f in self.reward_funcs]
         n_funcs = len(self.reward_funcs)
         if self.args.tie_break_scorer_index is not None:
             if n_funcs < 2:
@@ -424,7 +526,8 @@ class GRPOTrainer(compat.TRLGlue):
         self._ext_replay: dict | None = None
         self._ext_pending: RolloutBatch | None = None
         self._ext_warned: set[str] = set()
-        self._ext_totals = {"generated_tokens_total": 0, "generation_batches": 0, "tie_break_groups_opened_total": 0}
+        self._ext_totals = {"generated_tokens_total": 0, "generation_batches": 0, "tie_break_groups_opened_total": 0,
+                            "unscorable_rows_total": 0}
         self.last_rollout_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
         self.last_estimator_result = None
@@ -521,7 +624,8 @@ class GRPOTrainer(compat.TRLGlue):
         and lists/tuples/dicts of those (convert numpy arrays to tensors or lists). The state must be identical on
         every rank (only the main process writes it; every rank reads it back).
         """
-        return {"trl_ext_version": _EXT_STATE_VERSION, "trainer_class": type(self).__name__, **self._ext_totals,
+        return {"trl_ext_version": _EXT_STATE_VERSION, "trainer_class": type(self).__name__,
+                "global_step": int(self.state.global_step), **self._ext_totals,
                 "rollout_strategy": {"name": self.rollout_strategy.name, "state": self.rollout_strategy.state_dict()}}
 
     def load_ext_state_dict(self, state: dict) -> None:
@@ -935,8 +1039,13 @@ class GRPOTrainer(compat.TRLGlue):
         return None
 
     def ext_before_save_checkpoint(self, checkpoint_dir: str) -> None:
+        # Written before TRL's save (which pushes the folder to the Hub from inside), atomically (temp file + rename):
+        # a crash leaves either no state file or a whole one. A folder a crash left with only this file has no
+        # trainer_state.json and is skipped by train(resume_from_checkpoint=True).
         os.makedirs(checkpoint_dir, exist_ok=True)
-        torch.save(self.ext_state_dict(), os.path.join(checkpoint_dir, EXT_STATE_FILE))
+        path = os.path.join(checkpoint_dir, EXT_STATE_FILE)
+        torch.save(self.ext_state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
 
     def ext_after_load_checkpoint(self, checkpoint_dir: str) -> None:
         path = os.path.join(checkpoint_dir, EXT_STATE_FILE)
@@ -946,7 +1055,30 @@ class GRPOTrainer(compat.TRLGlue):
                 f"{', estimator state' if type(self) is not GRPOTrainer else ''}) starts fresh.", stacklevel=2,
             )
             return
-        self.load_ext_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        saved_step = state.get("global_step") if isinstance(state, dict) else None
+        if saved_step is not None and int(saved_step) != int(self.state.global_step):
+            raise ValueError(
+                f"{path} was written at global step {saved_step} but the checkpoint is at step "
+                f"{self.state.global_step}: it is stale (copied from another checkpoint?) and would rewind the trainer "
+                f"state. Replace it with the {EXT_STATE_FILE} of checkpoint-{self.state.global_step}, or delete it to "
+                "start the trl_ext state fresh."
+            )
+        self.load_ext_state_dict(state)
+        if self.keyed_sampling_enabled and getattr(self.args, "keyed_sampling_log", True):
+            dropped = self.keyed_drop_records_from_step(int(self.state.global_step))
+            if dropped:
+                logger.warning("keyed_sampling: removed %d logged rollouts of steps >= %d from %s; the resumed run "
+                               "generates them again.", dropped, self.state.global_step,
+                               self.keyed_rollout_log_path())
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """:meth:`transformers.Trainer.train`; ``resume_from_checkpoint=True`` resumes from the latest **complete**
+        checkpoint (one holding ``trainer_state.json``), skipping with a warning any newer folder a crash left
+        incomplete."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = _last_complete_checkpoint(self.args.output_dir)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------ internals
     def _ext_warn_once(self, key: str, msg: str) -> None:
@@ -1235,6 +1367,20 @@ class GRPOTrainer(compat.TRLGlue):
         m["ext/generated_tokens"].append(float(gen_tokens))
         m["ext/trained_tokens"].append(float(batch.completion_lengths[real].sum()))
         m["ext/rollouts"].append(float(n_real))
+        # unscorable rollouts (every reward function returned None / NaN), counted over all ranks: they get advantage
+        # 0 and no say in any baseline; a whole unscorable batch is a zero-gradient step
+        n_unscorable = int((batch.unscorable & real).sum())
+        m["ext/unscorable_rows"].append(float(n_unscorable))
+        if n_unscorable and mode == "train":
+            self._ext_totals["unscorable_rows_total"] += n_unscorable
+            if n_unscorable == n_real:
+                warnings.warn(f"Every one of the {n_real} rollouts of this generation batch is unscorable (all reward "
+                              "functions returned None or NaN): the step trains on nothing.", stacklevel=2)
+            else:
+                self._ext_warn_once("unscorable_rows", f"{n_unscorable} of {n_real} rollouts of a generation batch are "
+                                    "unscorable (every reward function returned None or NaN, on any rank): they get "
+                                    "advantage 0 and are counted in ext/unscorable_rows (and the checkpointed "
+                                    "unscorable_rows_total).")
         if mode == "train":
             self._ext_totals["generated_tokens_total"] += gen_tokens
             self._ext_totals["generation_batches"] += 1

@@ -644,3 +644,31 @@ class KeyedSamplingMixin:
                     **{k: v for k, v in r.meta.items() if k not in ("key", "sample_index")},
                 }
                 f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+
+    def keyed_drop_records_from_step(self, step: int) -> int:
+        """Remove this rank's logged rollouts of steps ``>= step`` (after a resume they are generated again, with the
+        same keys and the same tokens); returns how many were removed. The log is rewritten atomically."""
+        path = self.keyed_rollout_log_path()
+        if not os.path.exists(path):
+            return 0
+        kept, dropped = [], 0
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    rec_step = int(json.loads(line).get("step", -1))
+                except (json.JSONDecodeError, TypeError, ValueError):
+                    rec_step = -1  # a line torn by the crash: dropped too
+                    dropped += 1
+                    continue
+                if rec_step >= step:
+                    dropped += 1
+                else:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        if dropped:
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(tmp, path)
+        return dropped
