@@ -13,7 +13,8 @@ Steps (see ``docs/basis.md``):
 4. train with :class:`trl_ext.trainers.basis.BASISTrainer` (``--use_peft`` trains LoRA adapters through PEFT;
    ``--push_to_hub``/``--hub_model_id`` are passed through to the config);
 5. evaluate again and write ``summary.json`` (accuracy before/after, generated training tokens, the beta
-   trajectory) plus ``trainer_state.json`` and the model to ``--output_dir``.
+   trajectory) plus ``trainer_state.json``, the model and its model card (``README.md``: BASIS, its paper, and the
+   value table's content hash and reference model) to ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def main(argv=None) -> int:
     train_time = time.time() - t_train
     trainer.save_state()
     trainer.save_model(args.output_dir)
+    trainer.create_model_card()  # README.md: "trained with BASIS", the paper, tags, the value table's hash
 
     if is_main:
         after = evaluate(trainer.model, tok, test_ds, args, max_new)

@@ -16,6 +16,11 @@ Generated tokens: both trainers report the base trainer's one counter ``ext/gene
 generation call produced: for PAIR every probed prefix, also the unselected ones, plus every generated suffix; for
 GRPO every completion token). PAIR's split into prefix and suffix tokens comes from ``pair/prefix_tokens`` and
 ``pair/realized_suffix_tokens``.
+
+``PAIRConfig`` keeps TRL's arguments and defaults (``num_generations`` is TRL's 8); this example passes the paper's
+``G = 16`` explicitly (``--num_generations``). With the testbed's 3-5-token answers the default probe is 1 token and
+``PAIRTrainer`` warns that PAIR should not be used there (``PAIRShortProbeWarning``): this example reproduces that
+negative result. ``README.md`` in ``--output_dir`` is the model card (``trainer.create_model_card()``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--learning_rate", type=_common.positive_float, default=None,
                    help="default 2e-4 for pair (its unstandardized Eq. 13 advantages are about half the size of "
                         "standardized GRPO's), 1e-4 for grpo")
-    p.add_argument("--num_generations", type=int, default=16, help="candidate group size G (default 16)")
+    p.add_argument("--num_generations", type=int, default=16,
+                   help="candidate group size G (default 16, the paper's G; passed explicitly: PAIRConfig keeps "
+                        "TRL's default num_generations=8)")
     p.add_argument("--prompts_per_step", type=int, default=8, help="prompts per step, all ranks (default 8)")
     p.add_argument("--prefix_tokens", type=int, default=None, help="PAIR checkpoint tau (default: config default)")
     p.add_argument("--budget_ratio", type=float, default=0.5, help="PAIR expected suffix budget ratio (0.5)")
@@ -130,6 +137,7 @@ def main(argv=None) -> int:
     train_time = time.time() - t_train
     trainer.save_state()
     trainer.save_model(args.output_dir)
+    trainer.create_model_card()  # README.md: "trained with PAIR", the paper, tags, the probe/design/head settings
     if args.push_to_hub and state.is_main_process:
         trainer.push_to_hub()
 

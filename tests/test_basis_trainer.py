@@ -429,6 +429,62 @@ def test_table_bad_input(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------ resume
+def test_trls_default_num_generations_is_refused_with_the_fix(tmp_path):
+    """TRL's default G (8) cannot silently become BASIS's G = 1: BASISConfig and a plain TRL config (upgraded by
+    the trainer) both raise the error that says what to set."""
+    import trl
+
+    with pytest.raises(ValueError, match=r"num_generations must be 1 \(BASIS uses one rollout per prompt\), got 8\. "
+                                         r"Set num_generations=1"):
+        basis_config(tmp_path, num_generations=8)
+    plain = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, use_cpu=True, bf16=False,
+                           report_to="none")
+    assert plain.num_generations == 8  # TRL's default
+    model, tok = tiny_model_and_tokenizer(0)
+    ds = tiny_dataset(16)
+    with pytest.raises(ValueError, match="num_generations must be 1 .*got 8"):
+        BASISTrainer(model=model, reward_funcs=[binary_reward], args=plain, train_dataset=ds, processing_class=tok,
+                     value_table=make_table(ds["prompt"]))
+
+
+def test_rollouts_and_tokens_per_step_equal_trls_with_the_same_batch(tmp_path):
+    """Drop-in compute: with the same TRL arguments (per_device_train_batch_size 8, completions fixed at L tokens
+    with ``generation_kwargs={"min_new_tokens": L}``) and num_generations=1, BASIS generates generation_batch_size
+    rollouts per step (one per prompt) -- as many rollouts and tokens as TRL's GRPO (``trl_ext.GRPOTrainer`` with a
+    default ``ExtGRPOConfig``: one prompt x TRL's default G = 8). Factor 1."""
+    import warnings
+
+    from trl_ext.trainers.base import ExtGRPOConfig, GRPOTrainer
+
+    L, steps = 6, 2
+    trl_args = dict(per_device_train_batch_size=8, max_completion_length=L, generation_kwargs={"min_new_tokens": L},
+                    max_steps=steps, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
+                    save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    ds = tiny_dataset(16)
+    model, tok = tiny_model_and_tokenizer(0)
+    grpo = GRPOTrainer(model=model, reward_funcs=[binary_reward], args=ExtGRPOConfig(output_dir=str(tmp_path / "g"),
+                       **trl_args), train_dataset=ds, processing_class=tok)
+    model, tok = tiny_model_and_tokenizer(0)
+    basis = BASISTrainer(model=model, reward_funcs=[binary_reward], args=BASISConfig(
+        output_dir=str(tmp_path / "b"), **trl_args), train_dataset=ds, processing_class=tok,
+        value_table=make_table(ds["prompt"]))
+    assert grpo.args.num_generations == 8 and basis.args.num_generations == 1
+    assert basis.args.generation_batch_size == grpo.args.generation_batch_size == 8
+    assert "8 rollouts per generation batch (1 per prompt)" in basis.rollout_strategy.describe(basis)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grpo.train()
+        basis.train()
+
+    def per_step(tr, name):
+        return [h[name] for h in tr.state.log_history if name in h]
+
+    assert per_step(basis, "ext/rollouts") == per_step(grpo, "ext/rollouts") == [8.0] * steps
+    assert per_step(basis, "ext/generated_tokens") == per_step(grpo, "ext/generated_tokens") == [8.0 * L] * steps
+    assert len(set(map(str, basis.last_rollout_batch.prompts))) == 8  # 8 prompts x 1 rollout
+    assert len(set(map(str, grpo.last_rollout_batch.prompts))) == 1  # 1 prompt x 8 rollouts
+
+
 def test_resume_restores_beta_history(tmp_path):
     trainer = make_basis(tmp_path, save_strategy="steps", save_steps=1, max_steps=2)
     trainer.train()

@@ -195,3 +195,35 @@ def test_cli_bad_input(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _run(["--scorer", "my_scorer:score", "--items", items, "--filler", filler, "--output", out]) == 2
     assert "non-finite score nan for item 4" in capsys.readouterr().err
+
+
+def test_cli_scorer_file_form_and_current_directory(tmp_path, capsys, monkeypatch):
+    """The same reference forms as every trl-ext command: path/to/file.py:function (this used to crash) and
+    package.module:function importable from the current directory without touching sys.path."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    items = _jsonl(tmp_path / "items.jsonl", ITEMS[:8])
+    filler = _jsonl(tmp_path / "filler.jsonl", FILLER)
+    (tmp_path / "scorers").mkdir()
+    (tmp_path / "scorers" / "toy.py").write_text(
+        "from trl_ext.measurement.noise_floor import batch_sensitive_toy_scorer\n"
+        "def score(texts):\n    return batch_sensitive_toy_scorer(texts)\n"
+    )
+    (tmp_path / "nf_cwd_scorer_xyz.py").write_text("def score(texts):\n    return [float(len(t)) for t in texts]\n")
+    monkeypatch.chdir(tmp_path)
+    reports = {}
+    for ref in ("scorers/toy.py:score", "./scorers/toy.py:score", f"{tmp_path}/scorers/toy.py:score",
+                "trl_ext.measurement.noise_floor:batch_sensitive_toy_scorer", "nf_cwd_scorer_xyz:score"):
+        out = tmp_path / "floor.json"
+        assert _run(["--scorer", ref, "--items", items, "--filler", filler, "--output", str(out)]) == 0, ref
+        reports[ref] = json.loads(out.read_text())
+    capsys.readouterr()
+    floors = {ref: rep["floor"] for ref, rep in reports.items()}
+    assert len({floors[r] for r in list(floors)[:4]}) == 1 and floors["scorers/toy.py:score"] > 0
+    assert floors["nf_cwd_scorer_xyz:score"] == 0.0
+    # a missing file names the accepted forms instead of crashing
+    assert _run(["--scorer", "scorers/missing.py:score", "--items", items, "--filler", filler, "--output",
+                 str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and "'package.module:function'" in err and "'path/to/file.py:function'" in err

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -37,6 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "pair_two_rank.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
 import pair_two_rank as two_rank  # noqa: E402  (stand-in generator and loss recorder shared with the 2-rank script)
+
+pytestmark = pytest.mark.filterwarnings("ignore::trl_ext.trainers.pair.PAIRShortProbeWarning")
+"""The CPU tests use 5-token completions and a 2-token probe; the warning itself is tested below."""
 
 LOSS_TYPES = ("grpo", "sapo", "luspo", "dr_grpo", "dapo", "cispo", "vespo")
 """Every loss type TRL 1.16 accepts that PAIR's fixed normalizer supports (``bnpo`` is rejected)."""
@@ -597,14 +601,21 @@ def test_config_validation(tmp_path, over, match):
 
 
 def test_config_defaults_and_upgrade_of_a_plain_trl_config(tmp_path):
+    from trl import GRPOConfig
+
     cfg = PAIRConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
-    assert cfg.num_generations == 16 and cfg.pair_budget_ratio == 0.5 and cfg.pair_pi_min == 0.08
+    trl_cfg = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    # drop-in: TRL's arguments keep TRL's defaults (G = 8; the paper's G = 16 is set explicitly)
+    assert cfg.num_generations == trl_cfg.num_generations == 8
+    assert cfg.per_device_train_batch_size == trl_cfg.per_device_train_batch_size
+    assert cfg.generation_batch_size == trl_cfg.generation_batch_size
+    assert PAIRConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=16,
+                      per_device_train_batch_size=16).num_generations == 16
+    assert cfg.pair_budget_ratio == 0.5 and cfg.pair_pi_min == 0.08
     assert cfg.pair_tau == min(256, cfg.max_completion_length // 8)
     assert not (cfg.pair_standardize or cfg.pair_self_normalize or cfg.pair_anchor_pair) and cfg.pair_w_max is None
     assert cfg.pair_replay_size == 2048 and cfg.pair_head_hidden == 256 and cfg.pair_summary_last_k == 16
     assert cfg.pair_solver_warm_start and cfg.pair_fixed_normalizer
-    from trl import GRPOConfig
-
     from trl_ext.trainers.base import as_config
 
     assert PAIRTrainer.config_class is PAIRConfig
@@ -625,7 +636,8 @@ def test_every_option_is_declared_once_with_help_and_documented():
     """Options declared once: each PAIR field has its help metadata, no other class mirrors them, and
     ``docs/pair.md`` lists every one."""
     own = [f for f in dataclasses.fields(PAIRConfig) if f.name in PAIRConfig.__annotations__]
-    assert {f.name for f in own} >= {"pair_budget_ratio", "pair_solver_warm_start", "num_generations"}
+    assert {f.name for f in own} >= {"pair_budget_ratio", "pair_solver_warm_start"}
+    assert not {f.name for f in own} & {"num_generations", "per_device_train_batch_size"}  # TRL's, not redeclared
     for f in own:
         assert len(f.metadata.get("help", "")) > 10, f.name
     doc = open(os.path.join(ROOT, "docs", "pair.md")).read()
@@ -633,6 +645,88 @@ def test_every_option_is_declared_once_with_help_and_documented():
     assert not missing, f"docs/pair.md does not document {missing}"
     src = open(pair_mod.__file__).read()
     assert len(re.findall(r"^\s+pair_budget_ratio\b", src, flags=re.M)) == 1  # one declaration, no mirror class
+
+
+@pytest.mark.parametrize("over, probe", [
+    (dict(max_completion_length=8, pair_prefix_tokens=None), 1),  # default tau = L // 8 = 1
+    (dict(max_completion_length=16, pair_prefix_tokens=None), 2),  # default tau = 2
+    (dict(max_completion_length=5, pair_prefix_tokens=1, pair_snap_window=1), 2),
+    (dict(max_completion_length=24, pair_prefix_tokens=None), 3),  # default tau = 3: no warning
+    (dict(max_completion_length=5, pair_prefix_tokens=2, pair_snap_window=1), 3),
+])
+def test_a_one_or_two_token_probe_warns_at_construction(tmp_path, over, probe):
+    """A 1-2-token probe: the heads see almost nothing, and the benchmark on 5-token answers showed PAIR losing; the
+    trainer says so when it is built (whatever the config class), and only then."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr = make_trainer(tmp_path, **over)
+    assert pair_mod.PrefixProbeRollouts.probe_len(tr) == probe
+    msgs = [str(w.message) for w in caught if issubclass(w.category, pair_mod.PAIRShortProbeWarning)]
+    if probe > pair_mod.SHORT_PROBE_TOKENS:
+        assert not msgs and pair_mod.short_probe_message(tr.args) is None
+        return
+    assert len(msgs) == 1
+    msg = msgs[0]
+    assert f"only {probe} token(s)" in msg and "see almost nothing" in msg
+    assert "5-token answers" in msg and "PAIR lost" in msg and "trl_ext.GRPOTrainer" in msg
+    assert ("max_completion_length // 8" in msg) == (over["pair_prefix_tokens"] is None)
+
+
+def test_generated_tokens_with_trls_own_arguments_within_the_documented_factor(tmp_path):
+    """Drop-in compute: the same TRL arguments (TRL's defaults: G = 8, per_device_train_batch_size 8, loss dapo;
+    completions fixed at L tokens with ``generation_kwargs={"min_new_tokens": L}``) given to TRL's GRPO
+    (``trl_ext.GRPOTrainer`` + default ``ExtGRPOConfig``) and to PAIR. Per step GRPO generates G x L tokens per
+    prompt; PAIR generates G probes of tau + w tokens plus the continued suffixes -- never more than GRPO -- and the
+    design's expected tokens equal the factor ``describe()`` logs (``tau/L + ratio x (1 - tau/L)``, at most
+    ``tau/L + ratio``); the realized total is within binomial noise of it."""
+    import warnings
+
+    from trl_ext.testbed import build_tiny_model, build_tokenizer, make_dataset
+    from trl_ext.trainers.base import ExtGRPOConfig, GRPOTrainer
+
+    L, steps = 24, 6
+    trl_args = dict(max_completion_length=L, generation_kwargs={"min_new_tokens": L}, max_steps=steps,
+                    learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
+                    save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
+
+    def run(cls, config_cls, name):
+        torch.set_num_threads(1)
+        tok = build_tokenizer()
+        tr = cls(model=build_tiny_model(tok, seed=0), reward_funcs=[parity_reward],
+                 args=config_cls(output_dir=str(tmp_path / name), **trl_args),
+                 train_dataset=make_dataset("addition", 32, seed=0), processing_class=tok)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # min_new_tokens > the probe's cap: transformers' length warning
+            tr.train()
+        return tr
+
+    grpo, pair = run(GRPOTrainer, ExtGRPOConfig, "grpo"), run(PAIRTrainer, PAIRConfig, "pair")
+    G, K = pair.args.num_generations, pair.args.per_device_train_batch_size // pair.args.num_generations
+    assert G == grpo.args.num_generations == 8 and K == 1  # TRL's defaults on both sides
+    n_probe = pair.rollout_strategy.probe_len(pair)
+    ratio = pair.args.pair_budget_ratio
+    factor = pair.rollout_strategy.expected_token_factor(pair)
+    assert n_probe == 3 and factor == pytest.approx(n_probe / L + ratio * (1 - n_probe / L))
+    assert factor <= n_probe / L + ratio and factor <= 1.0
+    assert f"= {factor:.3g}x TRL's generated tokens (<= 1x" in pair.rollout_strategy.describe(pair)
+    trl_tokens = metric(grpo, "ext/generated_tokens")
+    assert trl_tokens == [float(K * G * L)] * steps  # fixed-length completions: TRL's count is exact
+    pair_tokens = metric(pair, "ext/generated_tokens")
+    continued, finished = metric(pair, "pair/continued_from_prefix"), metric(pair, "pair/finished_in_prefix")
+    pi_mean, warmup = metric(pair, "pair/pi_mean"), metric(pair, "pair/warmup")
+    assert len(pair_tokens) == steps and set(finished) == {0.0} and set(warmup) == {1.0}
+    for tok_s, cont, pi, trl_s in zip(pair_tokens, continued, pi_mean, trl_tokens):
+        assert tok_s == K * G * n_probe + cont * (L - n_probe)  # every probe + every continued suffix, counted once
+        assert tok_s <= trl_s  # never more than TRL's GRPO
+        expected = K * G * n_probe + pi * K * G * (L - n_probe)  # the design's expectation (logged pi, pre-outcome)
+        assert expected / trl_s == pytest.approx(factor, abs=1e-9)
+    realized = sum(pair_tokens) / sum(trl_tokens)
+    n = steps * K * G
+    slack = 3 * math.sqrt(ratio * (1 - ratio) / n) * (1 - n_probe / L)
+    assert abs(realized - factor) <= slack, (realized, factor, slack)
+    assert realized <= n_probe / L + ratio + slack
 
 
 def test_pair_module_uses_no_trl_private_names():

@@ -261,3 +261,148 @@ def test_measurement_package_exports_resolve():
 
     for name in m.__all__:
         assert getattr(m, name) is not None
+
+
+# ----------------------------------------------------------------------------------------------- gate on user data
+_USER_REWARD = (
+    "import zlib\n"
+    "def parity(prompts, completions, answer, **kwargs):\n"
+    "    assert len(answer) == len(completions)  # dataset columns arrive repeated per rollout, as in TRL\n"
+    "    return [float(zlib.crc32(c.encode()) % 2) for c in completions]\n"
+    "def zero(prompts, completions, **kwargs):\n"
+    "    return [0.0] * len(completions)\n"
+)
+
+
+def _user_rows(n=12):
+    from trl_ext.testbed import make_dataset
+
+    return [{"prompt": r["prompt"], "answer": r["answer"], "uid": f"u{i}"}
+            for i, r in enumerate(make_dataset("addition", n, seed=5))]
+
+
+def _write_dataset(tmp_path, kind, rows):
+    if kind == "jsonl":
+        p = tmp_path / "data.jsonl"
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif kind == "json":
+        p = tmp_path / "data.json"
+        p.write_text(json.dumps(rows))
+    elif kind == "csv":
+        import csv
+
+        p = tmp_path / "data.csv"
+        with open(p, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    elif kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        p = tmp_path / "data.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), p)
+    else:
+        from datasets import Dataset
+
+        p = tmp_path / "data_dir"
+        Dataset.from_list(rows).save_to_disk(str(p))
+    return str(p)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json", "csv", "parquet", "save_to_disk"])
+def test_gate_cli_on_a_user_dataset_and_reward(tiny_dir, tmp_path, monkeypatch, capsys, kind):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    rows = _user_rows()
+    data = _write_dataset(tmp_path, kind, rows)
+    (tmp_path / "gate_user_rewards_xyz.py").write_text(_USER_REWARD)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "gate.json"
+    # two reward functions, in the two reference forms, weighted like TRL's reward_weights
+    cli, args = _parse(["--model", tiny_dir, "--dataset", data, "--reward", "gate_user_rewards_xyz:parity",
+                        "--reward", "./gate_user_rewards_xyz.py:zero", "--reward_weights", "2", "1",
+                        "--num_prompts", "5", "--num_generations", "3", "--max_new_tokens", "4", "--seed", "1",
+                        "--output", str(out)])
+    assert cli.main(args) == 0
+    assert f"on {data}: 5 prompts x 3 rollouts" in capsys.readouterr().out
+    payload = json.loads(out.read_text())
+    recs = payload["per_prompt"]
+    assert len(recs) == 5 and len({r["row_index"] for r in recs}) == 5
+    for r in recs:
+        assert r["prompt"] == rows[r["row_index"]]["prompt"]
+        assert r["rewards"] == [2.0 * (zlib.crc32(c.encode()) % 2) for c in r["completions"]]
+    flat = [v for r in recs for v in r["rewards"]]
+    assert payload["stats"]["num_rollouts"] == 15
+    assert payload["stats"]["tied_share"] == shut_gate_stats(flat, np.repeat(np.arange(5), 3)).tied_share
+    # fewer rows than --num_prompts: all of them, in dataset order
+    cli, args = _parse(["--model", tiny_dir, "--dataset", data, "--reward", "gate_user_rewards_xyz.py:zero",
+                        "--num_prompts", "100", "--num_generations", "2", "--max_new_tokens", "2", "--output",
+                        str(out)])
+    assert cli.main(args) == 0
+    assert [r["row_index"] for r in json.loads(out.read_text())["per_prompt"]] == list(range(len(rows)))
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--prompt_column", "question"], "has no 'question' column (columns: ['answer', 'prompt', 'uid']); name "
+                                          "the prompt column with --prompt_column"),
+        (["--reward", "no_such_reward_module_xyz:f"], "cannot import module 'no_such_reward_module_xyz'"),
+        (["--reward", "missing_rewards.py:f"], "'package.module:function' (importable; the current directory is on "
+                                               "the path) or 'path/to/file.py:function'"),
+        (["--reward", "rw.py:nope"], "has no attribute 'nope'"),
+        (["--reward", "rewards_without_colon"], "must look like"),
+        (["--task", "addition"], "--dataset and --task are alternatives"),
+        (["--reward_weights", "1", "2"], "--reward_weights has 2 values for 1 --reward"),
+    ],
+)
+def test_gate_cli_user_dataset_bad_input(tiny_dir, tmp_path, monkeypatch, capsys, extra, match):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    data = _write_dataset(tmp_path, "jsonl", _user_rows(3))
+    (tmp_path / "rw.py").write_text(_USER_REWARD)
+    monkeypatch.chdir(tmp_path)
+    reward = [] if any(a == "--reward" for a in extra) else ["--reward", "rw.py:zero"]
+    cli, args = _parse(["--model", tiny_dir, "--dataset", data, *reward, *extra])
+    assert cli.main(args) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_gate_cli_dataset_needs_a_reward_and_must_exist(tiny_dir, tmp_path, capsys):
+    data = _write_dataset(tmp_path, "jsonl", _user_rows(3))
+    cli, args = _parse(["--model", tiny_dir, "--dataset", data])
+    assert cli.main(args) == 2
+    assert "--dataset needs at least one --reward" in capsys.readouterr().err
+    cli, args = _parse(["--model", tiny_dir, "--dataset", str(tmp_path / "nope.jsonl"), "--reward",
+                        "trl_ext.testbed.tasks:addition_reward"])
+    assert cli.main(args) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_measure_gate_conversational_prompts_and_trl_call(tiny_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_ext.measurement.gate_cli import measure_gate
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    calls = []
+
+    def reward(prompts, completions, completion_ids, trainer_state, answer, **kw):
+        calls.append((prompts, completions, completion_ids, answer))
+        return [1.0 if c[0]["content"].startswith("1") else 0.0 for c in completions]
+
+    rows = [{"q": [{"role": "user", "content": f"{a}+{a}="}], "answer": str(2 * a)} for a in (3, 7)]
+    stats, records = measure_gate(model, tok, rows, [reward], num_generations=3, max_new_tokens=3,
+                                  prompt_column="q", seed=2)
+    prompts, completions, ids, answer = calls[0]
+    assert prompts[0] == rows[0]["q"] and answer == ["6"] * 3 + ["14"] * 3
+    assert all(c[0]["role"] == "assistant" for c in completions)
+    assert tok.batch_decode(ids, skip_special_tokens=True) == [c[0]["content"] for c in completions]
+    assert [r["completions"] for r in records] == [[c[0]["content"] for c in completions[:3]],
+                                                   [c[0]["content"] for c in completions[3:]]]
+    assert stats.num_rollouts == 6
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        measure_gate(model, tok, rows, [reward], num_generations=2)

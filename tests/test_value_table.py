@@ -234,7 +234,9 @@ def test_resume_after_exception_equals_uninterrupted(tmp_path, model, tok, ds):
     part = tmp_path / "part.jsonl"
     with pytest.raises(KeyboardInterrupt):
         build(model, tok, ds, part, funcs=[Recorder(fail_on_call=2)], batch_size=12, metadata={"created": "x"})
-    assert len(load_value_table(part)) == 2  # the first chunk (2 prompts) was written, the failing one not
+    with pytest.raises(ValueError, match="incomplete: its build has not finished.*re-run `trl-ext build-value-table`"):
+        load_value_table(part)  # an interrupted build is not a table a trainer may read
+    assert len(load_value_table(part, allow_incomplete=True)) == 2  # the first chunk (2 prompts) was written
     # resuming with a different batch size (different batch composition) still gives the same file
     table = build(model, tok, ds, part, funcs=[Recorder()], batch_size=6, metadata={"created": "x"})
     assert table.metadata["build_stats"]["n_already_done"] == 2
@@ -263,6 +265,115 @@ def test_resume_max_prompts_and_truncated_tail(tmp_path, model, tok, ds):
     assert t4.metadata["build_stats"]["n_written"] == 0 and part.read_bytes() == ref.read_bytes()
 
 
+# ------------------------------------------------------------------------------------------------ integrity
+def _lines(path):
+    return path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def test_finished_table_records_count_and_hash_and_loads_cleanly(tmp_path, model, tok, ds):
+    import warnings
+
+    path = tmp_path / "t.jsonl"
+    table = build(model, tok, ds, path)
+    integ = json.loads(_lines(path)[0])["integrity"]
+    assert integ["status"] == "complete" and integ["n_rows"] == len(ds) == len(table)
+    assert integ["sha256"] == table.content_hash and len(table.content_hash) == 64
+    assert table.metadata["build_stats"]["complete"] is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no legacy / truncation warning for a finished table
+        loaded = load_value_table(path)
+    assert loaded.content_hash == integ["sha256"] and loaded.integrity == integ
+    # the hash is the rows' identity: independent of row order and header metadata, changed by any reward
+    from trl_ext.priors.table_format import ValueTable, ValueTableRow
+
+    rows = list(loaded)
+    assert ValueTable(rows[::-1], {"other": 1}).content_hash == loaded.content_hash
+    edited = ValueTableRow.from_rewards(rows[0].prompt, [1.0 - rows[0].rewards[0], *rows[0].rewards[1:]],
+                                        (0.0, 1.0), key=rows[0].prompt_key, question_id=rows[0].question_id)
+    assert ValueTable([edited, *rows[1:]]).content_hash != loaded.content_hash
+    # TablePrior reads it and exposes the hash
+    prior = TablePrior(os.fspath(path))
+    assert len(prior.table) == len(ds) and prior.content_hash == integ["sha256"]
+    assert TablePrior({"a": 0.5}).content_hash is None
+
+
+def test_table_cut_on_a_row_boundary_is_refused_and_a_rerun_restores_it(tmp_path, model, tok, ds):
+    path = tmp_path / "t.jsonl"
+    build(model, tok, ds, path, metadata={"created": "x"})
+    full = path.read_bytes()
+    lines = _lines(path)
+    path.write_text("".join(lines[:-2]), encoding="utf-8")  # cut after a complete line: every line parses
+    with pytest.raises(ValueError, match=r"truncated: its header records 5 rows but the file holds 3.*"
+                                         r"re-run `trl-ext build-value-table` with the same arguments"):
+        load_value_table(path)
+    with pytest.raises(ValueError, match="truncated"):
+        TablePrior(os.fspath(path))  # the trainers' loaders refuse it too
+    with pytest.raises(ValueError, match="truncated"):
+        load_value_table(path, allow_truncated_tail=True)  # a whole missing row is not a "truncated tail"
+    assert len(load_value_table(path, allow_incomplete=True)) == 3
+    # re-running the same build resumes and finishes it: the file is the uninterrupted one again
+    t = build(model, tok, ds, path, metadata={"created": "x"})
+    assert t.metadata["build_stats"]["n_written"] == 2 and path.read_bytes() == full
+    # a header-only file (every row lost) is refused as well
+    path.write_text(lines[0], encoding="utf-8")
+    with pytest.raises(ValueError, match="holds 0"):
+        load_value_table(path)
+
+
+def test_modified_or_appended_rows_are_refused(tmp_path, model, tok, ds):
+    path = tmp_path / "t.jsonl"
+    build(model, tok, ds, path)
+    lines = _lines(path)
+    row = json.loads(lines[2])
+    row["rewards"][0] = 1.0 - row["rewards"][0] if row["rewards"][0] in (0.0, 1.0) else 0.0
+    row["mean_reward"] = sum(row["rewards"]) / len(row["rewards"])
+    bad = tmp_path / "modified.jsonl"
+    bad.write_text("".join([lines[0], lines[1], json.dumps(row) + "\n", *lines[3:]]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"corrupted: the SHA-256 of its 5 rows .*a row was modified.*--overwrite"):
+        load_value_table(bad)
+    with pytest.raises(ValueError, match="corrupted"):
+        load_value_table(bad, allow_incomplete=True)  # never loadable
+    with pytest.raises(ValueError, match="corrupted"):
+        build(model, tok, ds, bad)  # and a resume refuses to bless it
+    extra = tmp_path / "extra.jsonl"
+    other = json.loads(lines[1])
+    other["prompt_key"], other["prompt"] = "0123456789abcdef", "not in the dataset"
+    extra.write_text("".join([*lines, json.dumps(other) + "\n"]), encoding="utf-8")
+    with pytest.raises(ValueError, match="records 5 rows but the file holds 6"):
+        load_value_table(extra)
+    # reordering rows does not change the content: still a valid table
+    shuffled = tmp_path / "shuffled.jsonl"
+    shuffled.write_text("".join([lines[0], *lines[1:][::-1]]), encoding="utf-8")
+    assert len(load_value_table(shuffled)) == 5
+
+
+def test_partial_build_is_in_progress_until_finished(tmp_path, model, tok, ds, capsys):
+    path = tmp_path / "t.jsonl"
+    t = build(model, tok, ds, path, max_prompts=2)
+    assert len(t) == 2 and t.metadata["build_stats"]["complete"] is False
+    assert json.loads(_lines(path)[0])["integrity"] == {"status": "in_progress"}
+    with pytest.raises(ValueError, match="incomplete.*2 rows so far"):
+        load_value_table(path)
+    build(model, tok, ds, path)
+    assert len(load_value_table(path)) == 5
+
+
+def test_legacy_table_loads_with_a_warning_and_a_rerun_upgrades_it(tmp_path, model, tok, ds):
+    path = tmp_path / "t.jsonl"
+    build(model, tok, ds, path, metadata={"created": "x"})
+    finished = path.read_bytes()
+    lines = _lines(path)
+    header = json.loads(lines[0])
+    del header["integrity"]  # what trl_ext 0.1 wrote
+    legacy = "".join([json.dumps(header, ensure_ascii=False) + "\n", *lines[1:]])
+    path.write_text(legacy, encoding="utf-8")
+    with pytest.warns(UserWarning, match="no row count or content hash \\(written by trl_ext 0.1\\)"):
+        t = load_value_table(path)
+    assert len(t) == 5 and t.integrity is None
+    t2 = build(model, tok, ds, path)  # nothing to sample: the re-run only records count and hash
+    assert t2.metadata["build_stats"]["n_written"] == 0 and path.read_bytes() == finished
+
+
 def test_resume_refuses_other_settings(tmp_path, model, tok, ds):
     path = tmp_path / "t.jsonl"
     build(model, tok, ds, path, max_prompts=1)
@@ -275,7 +386,7 @@ def test_resume_refuses_other_settings(tmp_path, model, tok, ds):
         build(model, tok, ds, path, funcs=[Recorder()])
     with pytest.raises(FileExistsError):
         build(model, tok, ds, path, resume=False)
-    assert len(load_value_table(path)) == 1  # untouched by the refused attempts
+    assert len(load_value_table(path, allow_incomplete=True)) == 1  # untouched by the refused attempts
 
 
 def test_nan_rewards_are_counted_and_excluded(tmp_path, model, tok, ds):
@@ -369,7 +480,7 @@ def test_bad_inputs(tmp_path, model, tok, ds):
         build("some/path", tok, ds, p, use_vllm=True)
     with pytest.raises(ValueError, match="returned 1 rewards"):
         build(model, tok, ds, p, funcs=[lambda prompts, completions, **k: [0.0]])
-    assert not p.exists() or len(load_value_table(p)) == 0
+    assert not p.exists() or len(load_value_table(p, allow_incomplete=True)) == 0
     # the same prompt with different reward columns cannot have one value
     rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "1+1=", "answer": "3"}]
     with pytest.raises(ValueError, match="same prompt"):
@@ -495,11 +606,16 @@ def test_cli_testbed_end_to_end(tmp_path, capsys):
             "--num_samples", "4", "--output", os.fspath(out), "--seed", "1", "--batch_size", "8",
             "--max_new_tokens", "4", "--no_progress", "--device", "cpu", "--max_prompts", "3"]
     assert main(argv) == 0
-    assert "3 prompts (3 new" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "3 prompts (3 new" in printed and "INCOMPLETE (stopped early" in printed
+    with pytest.raises(ValueError, match="incomplete"):
+        load_value_table(out)
     argv = argv[: argv.index("--max_prompts")]
     assert main(argv) == 0  # resumes
-    assert "4 prompts (1 new, 3 already done" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "4 prompts (1 new, 3 already done" in printed
     table = load_value_table(out)
+    assert f"complete: 4 rows, content sha256 {table.content_hash}" in printed
     ds = make_dataset("addition", 4, seed=0, split="train")
     assert sorted(r.question_id for r in table) == sorted(ds["question_id"])
     assert all(r.n == 4 for r in table)
@@ -516,6 +632,17 @@ def test_cli_testbed_end_to_end(tmp_path, capsys):
                  "trl_ext.testbed.tasks:addition_reward", "--num_samples", "4", "--output", os.fspath(out2),
                  "--seed", "1", "--max_new_tokens", "4", "--no_progress", "--device", "cpu"]) == 0
     assert rows_of(out2) == rows_of(out)
+    # ... and so does a parquet file with the reward given as path/to/file.py:function (one resolver everywhere)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([dict(ex) for ex in ds]), tmp_path / "data.parquet")
+    (tmp_path / "rw.py").write_text("from trl_ext.testbed.tasks import addition_reward\n")
+    out3 = tmp_path / "table3.jsonl"
+    assert main(["build-value-table", "--model", mpath, "--dataset", os.fspath(tmp_path / "data.parquet"),
+                 "--reward", f"{tmp_path}/rw.py:addition_reward", "--num_samples", "4", "--output", os.fspath(out3),
+                 "--seed", "1", "--max_new_tokens", "4", "--no_progress", "--device", "cpu"]) == 0
+    assert load_value_table(out3).content_hash == table.content_hash
     # bad input -> exit 2 with a message
     capsys.readouterr()
     assert main(["build-value-table", "--model", mpath, "--dataset", os.fspath(data), "--reward", "nomodule_xyz:f",
@@ -539,7 +666,7 @@ def test_cli_reward_from_file(tmp_path):
     f.write_text("def score(prompts, completions, **kw):\n    return [0.5] * len(prompts)\nNOT_CALLABLE = 3\n")
     assert load_reward(f"{f}:score")(["a"], ["b"]) == [0.5]
     for spec, match in ((f"{f}:missing", "no attribute"), (f"{f}:NOT_CALLABLE", "not callable"),
-                        ("nocolon", "MODULE:FUNCTION"), (f"{tmp_path}/nope.py:f", "not found")):
+                        ("nocolon", "must look like 'package.module:function'"), (f"{tmp_path}/nope.py:f", "not found")):
         with pytest.raises(ValueError, match=match):
             load_reward(spec)
 

@@ -22,6 +22,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-value-table": ("trl_ext.priors.value_table_cli", "Build an offline reference-policy value table (BASIS / table prior)."),
 }
 
+# Kept in sync with trl_ext._refs (not imported here: --help must stay light).
+EPILOG = """\
+function references (gate --reward, build-value-table --reward, noise-floor --scorer), one form everywhere:
+  package.module:function      an importable module; the current directory is importable
+  path/to/file.py:function     a Python file, loaded by path
+datasets (gate --dataset, build-value-table --dataset): a .jsonl/.json/.csv/.parquet file or a datasets
+save_to_disk folder; nothing is downloaded."""
+
 
 def _available(module: str) -> bool:
     try:
@@ -34,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-ext",
         description="trl_ext: rollout-efficient RLVR trainers for TRL, and tools to measure them honestly.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="store_true", help="Print the trl_ext version and exit.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -4,8 +4,9 @@ Usage::
 
     trl-ext noise-floor --scorer my_pkg.rm:score_batch --items items.jsonl --filler filler.jsonl --output floor.json
 
-``--scorer`` is an importable ``module:function`` taking a list of texts and returning one float per text. Items and
-filler are JSONL files with a ``text`` field per line (an ``id`` field, if present, is carried into the output).
+``--scorer`` is ``package.module:function`` (the current directory is importable) or ``path/to/file.py:function``,
+a function taking a list of texts and returning one float per text. Items and filler are JSONL files with a ``text``
+field per line (an ``id`` field, if present, is carried into the output).
 Built-in demo scorers: ``trl_ext.measurement.noise_floor:deterministic_toy_scorer`` (floor 0) and
 ``trl_ext.measurement.noise_floor:batch_sensitive_toy_scorer`` (nonzero floor). See ``docs/measurement.md``.
 """
@@ -19,8 +20,9 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scorer", required=True, metavar="MODULE:FUNCTION",
-                        help="Importable batch scorer: f(list[str]) -> list[float].")
+    parser.add_argument("--scorer", required=True, metavar="REF",
+                        help="Batch scorer f(list[str]) -> list[float]: 'package.module:function' or "
+                             "'path/to/file.py:function'.")
     parser.add_argument("--items", required=True, metavar="JSONL", help="Items to track (one {'text': ...} per line).")
     parser.add_argument("--filler", required=True, metavar="JSONL", help="Unrelated filler texts (JSONL, 'text').")
     parser.add_argument("--output", required=True, metavar="JSON", help="Where to write the floor and every score.")
@@ -35,24 +37,14 @@ class _InputError(ValueError):
 
 
 def load_scorer(spec: str):
-    """Resolve ``module:function`` to a callable, with errors that say what to fix."""
-    from importlib import import_module
+    """Resolve ``package.module:function`` or ``path/to/file.py:function`` (:func:`trl_ext._refs.resolve_callable`,
+    the resolver every ``trl-ext`` command uses); errors say what to fix and name the accepted forms."""
+    from trl_ext._refs import RefError, resolve_callable
 
-    if spec.count(":") != 1 or not all(spec.split(":")):
-        raise _InputError(f"--scorer must look like 'package.module:function'; got {spec!r}")
-    mod_name, fn_name = spec.split(":")
     try:
-        mod = import_module(mod_name)
-    except ImportError as exc:
-        raise _InputError(f"--scorer: cannot import module {mod_name!r} ({exc})") from None
-    fn = mod
-    for part in fn_name.split("."):
-        if not hasattr(fn, part):
-            raise _InputError(f"--scorer: module {mod_name!r} has no attribute {fn_name!r}")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise _InputError(f"--scorer: {spec!r} is not callable")
-    return fn
+        return resolve_callable(spec, option="--scorer")
+    except RefError as exc:
+        raise _InputError(str(exc)) from None
 
 
 def read_text_jsonl(path: str) -> tuple[list[str], list]:

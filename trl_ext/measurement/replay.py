@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -38,6 +39,7 @@ from trl_ext.measurement.keyed_sampling import (
 
 __all__ = [
     "CheckpointDiff",
+    "check_model_matches_log",
     "diff_checkpoints",
     "load_rollout_log",
     "regenerate",
@@ -148,6 +150,144 @@ def select_records(records: Sequence[dict], key=None, sample_index: int | None =
         idx = sorted({r["sample_index"] for r in same_key})
         raise KeyError(f"key {k} has no sample_index={sample_index}; logged sample indices for it: {idx}")
     return out
+
+
+def _path_parts(name: str) -> list[str]:
+    return [p for p in os.path.normpath(name.strip()).replace("\\", "/").split("/") if p not in ("", ".")]
+
+
+def _same_model(logged: str, candidates: Sequence[str]) -> bool:
+    """Whether the logged model name/path plausibly names one of ``candidates`` (the --model path, the loaded
+    model's ``config._name_or_path``): equal after normalisation, the same directory on disk, one path (of two or
+    more parts) a trailing part of the other (``out/checkpoint-20`` vs ``/abs/out/checkpoint-20``), or a hub id
+    ``org/name`` vs a local folder named ``name`` (not for ``checkpoint-<n>`` folders, which every run has)."""
+    lp = _path_parts(logged)
+    for cand in candidates:
+        if not cand:
+            continue
+        cp = _path_parts(cand)
+        if not lp or not cp:
+            continue
+        if lp == cp:
+            return True
+        if os.path.exists(logged) and os.path.exists(cand):
+            try:
+                if os.path.samefile(logged, cand):
+                    return True
+            except OSError:
+                pass
+        short, long_ = (lp, cp) if len(lp) <= len(cp) else (cp, lp)
+        if len(short) >= 2 and long_[-len(short):] == short:
+            return True
+        hub_like = (len(lp) == 2 and not os.path.isabs(logged) and not logged.startswith(".")
+                    and not os.path.exists(logged) and not re.fullmatch(r"checkpoint-\d+", lp[-1]))
+        if hub_like and cp[-1] == lp[-1]:
+            return True
+    return False
+
+
+def _vocab_width(model) -> int | None:
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return int(emb.weight.shape[0])
+    v = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(v) if isinstance(v, int) else None
+
+
+def _model_eos_ids(model) -> set[int]:
+    out: set[int] = set()
+    for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        e = getattr(cfg, "eos_token_id", None)
+        out.update([int(e)] if isinstance(e, int) else [int(x) for x in (e or []) if isinstance(x, int)])
+    return out
+
+
+def check_model_matches_log(records: Sequence[dict], model, model_path: str | os.PathLike | None = None) -> list[str]:
+    """Check that ``model`` is plausibly the checkpoint that generated ``records`` before replaying them.
+
+    What a keyed rollout log stores about its model (``KeyedSamplingMixin``): ``checkpoint`` -- the weights that
+    generated the rollout (``<output_dir>/checkpoint-<step>``, or at step 0 the start model's ``_name_or_path``) --
+    and ``model`` (the start model's ``_name_or_path``), plus the token ids and the sampler's pad/EOS ids. No weight
+    fingerprint is logged, so the checks are:
+
+    1. **vocabulary** (an error): a logged token id the model's output layer cannot produce means another model
+       family; replaying would fail inside the embedding lookup.
+    2. **name** (a warning): ``record["checkpoint"]`` (else ``record["model"]``) against ``model_path`` and
+       ``model.config._name_or_path`` (see :func:`_same_model`). A log that names no model (an in-memory model
+       without ``_name_or_path``) cannot be checked; that is said too. Records from several checkpoints (several
+       steps) cannot all be replayed by one model: also a warning.
+    3. **special tokens** (a warning): none of the model's EOS ids is among the logged sampler's EOS ids.
+
+    A name mismatch is only a warning: a copied or renamed checkpoint is the same model. Replay mode itself is the
+    decisive check (byte-identical or not).
+
+    Parameters
+    ----------
+    records : sequence of dict
+        Rollout records (:func:`load_rollout_log`, :func:`select_records`).
+    model : transformers.PreTrainedModel
+    model_path : str or PathLike, optional
+        The path or id the model was loaded from (what the user passed).
+
+    Returns
+    -------
+    list of str
+        Warnings (empty when everything matches).
+
+    Raises
+    ------
+    ValueError
+        If a logged token id is outside the model's vocabulary.
+    """
+    warnings_: list[str] = []
+    width = _vocab_width(model)
+    if width is not None:
+        top = max((max(r["prompt_ids"] + list(r["completion_ids"]) or [0]) for r in records), default=0)
+        if top >= width:
+            raise ValueError(
+                f"the log holds token id {top} but this model's vocabulary has {width} entries: it was written by "
+                "another model (family); pass the checkpoint that generated it (the records' 'checkpoint' field)."
+            )
+    given = os.fspath(model_path) if model_path is not None else None
+    name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    candidates = [c for c in (given, name) if c]
+    logged = {}
+    for r in records:
+        who = r.get("checkpoint") or r.get("model")
+        logged.setdefault(who, []).append(r.get("step"))
+    named = {k: v for k, v in logged.items() if k}
+    if None in logged:
+        warnings_.append(
+            f"{len(logged[None])} selected record(s) name no model (their 'checkpoint' and 'model' fields are null: the "
+            "trainer's model had no config._name_or_path), so trl-ext cannot check that --model is the checkpoint "
+            "that generated them."
+        )
+    if len(named) > 1:
+        desc = "; ".join(f"{k!r} (step {sorted(set(v))[0]}{'...' if len(set(v)) > 1 else ''})" for k, v in named.items())
+        warnings_.append(
+            f"the selected records were generated by {len(named)} different checkpoints ({desc}); one --model can "
+            "reproduce only one of them. Select one step with --step."
+        )
+    shown = given or name or "the given model"
+    for who, steps in named.items():
+        if candidates and _same_model(who, candidates):
+            continue
+        where = "" if os.path.exists(who) else " (that path does not exist here; a checkpoint directory exists only if the trainer saved at that step)"
+        warnings_.append(
+            f"the log says {len(steps)} selected record(s) (step {sorted(set(steps))}) were generated by {who!r}"
+            f"{where}, but --model is {shown!r}"
+            + (f" (config._name_or_path {name!r})" if name and name != given else "")
+            + ": a different model will not reproduce them. Pass the logged checkpoint (ignore this if it is a copy "
+            "of the same weights)."
+        )
+    logged_eos = {int(e) for r in records for e in (r.get("sampler") or {}).get("eos_token_ids") or []}
+    model_eos = _model_eos_ids(model)
+    if logged_eos and model_eos and not (logged_eos & model_eos):
+        warnings_.append(
+            f"the log's sampler stopped at EOS ids {sorted(logged_eos)} but this model's EOS ids are {sorted(model_eos)}: "
+            "probably another model or tokenizer."
+        )
+    return warnings_
 
 
 def _settings(rec: dict) -> SamplerSettings:

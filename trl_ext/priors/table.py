@@ -29,7 +29,9 @@ class TablePrior(ValuePrior):
     Parameters
     ----------
     table : ValueTable, str/PathLike, or Mapping
-        A loaded table, a path to a value-table JSONL file, or a plain mapping ``{prompt or prompt_key: p}`` with
+        A loaded table, a path to a value-table JSONL file (read with
+        :func:`~trl_ext.priors.table_format.load_value_table`, which refuses an unfinished, truncated or edited
+        table), or a plain mapping ``{prompt or prompt_key: p}`` with
         probabilities in ``[0, 1]`` (string keys that are not 16-hex-char keys are treated as prompt text).
     missing : {"error", "default"}
         What to do for a prompt not in the table: raise ``KeyError`` (default; a wrong table is a user error), or
@@ -83,6 +85,12 @@ class TablePrior(ValuePrior):
         self.last_n_missing = 0
         n = len(self.table) if self.table is not None else len(self._probs)
         self.name = f"TablePrior({n} prompts)"
+
+    @property
+    def content_hash(self) -> str | None:
+        """:attr:`~trl_ext.priors.table_format.ValueTable.content_hash` of the table (None for a plain mapping):
+        the identity of the values this prior serves, for a model card or a run log."""
+        return None if self.table is None else self.table.content_hash
 
     def _lookup(self, prompt) -> float | None:
         if self.table is not None:

@@ -26,6 +26,25 @@ Every following line is one prompt::
   (must equal the mean of ``rewards`` when both are present), ``reward_range`` ``[low, high]`` with
   ``low < high`` and every reward inside it. ``question_id`` (any JSON scalar) and ``extra`` (a dict) are optional.
 
+Integrity
+---------
+The header also carries an ``"integrity"`` record (outside ``metadata``)::
+
+    "integrity": {"status": "complete", "n_rows": 512, "sha256": "9f2c..."}   # a finished table
+    "integrity": {"status": "in_progress"}                                     # a build that has not finished
+
+``sha256`` is :attr:`ValueTable.content_hash`: the SHA-256 of the rows' canonical JSON (``ValueTableRow.to_json()``
+with sorted keys, no whitespace, UTF-8, one row per ``\n``-terminated line), rows ordered by ``prompt_key``; it
+covers the rows only, not the header metadata, and does not depend on the row order in the file.
+:func:`save_value_table` writes a complete table at once. :class:`ValueTableWriter` (the resumable builder) writes
+``in_progress`` first and rewrites the header line as ``complete`` when it is closed at the end of a build.
+
+:func:`load_value_table` refuses (``ValueError``, saying to re-run ``trl-ext build-value-table`` with the same
+arguments, which resumes and finishes the table) a table that is ``in_progress`` or holds fewer rows than its header
+records (a file cut on a row boundary), and refuses a complete table whose rows no longer match the hash or count (an
+edited or appended file: rebuild it). ``allow_incomplete=True`` loads an unfinished or cut table on purpose. A
+header without the record (tables written by trl_ext 0.1) loads with a ``UserWarning``: nothing can be checked.
+
 Writers append one line per prompt and flush, so an interrupted build leaves at most one truncated last line;
 :func:`load_value_table` refuses it unless ``allow_truncated_tail=True`` and :class:`ValueTableWriter` repairs it
 on resume.
@@ -39,6 +58,7 @@ import json
 import math
 import numbers
 import os
+import shutil
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +80,8 @@ __all__ = [
 TABLE_FORMAT = "trl_ext.value_table"
 TABLE_VERSION = 1
 _MEAN_TOL = 1e-6
+_COMPLETE, _IN_PROGRESS = "complete", "in_progress"
+_REBUILD_HINT = "re-run `trl-ext build-value-table` with the same arguments (it resumes the build and finishes the table)"
 
 
 def _canonical_prompt(prompt: Any) -> str:
@@ -258,6 +280,9 @@ class ValueTable:
 
     def __init__(self, rows: Iterable[ValueTableRow] = (), metadata: Mapping[str, Any] | None = None):
         self.metadata: dict[str, Any] = dict(metadata or {})
+        #: The header's integrity record as loaded (``{"status": "complete", "n_rows": ..., "sha256": ...}`` or
+        #: ``{"status": "in_progress"}``); None for an in-memory table or a trl_ext 0.1 file without one.
+        self.integrity: dict[str, Any] | None = None
         self._rows: dict[str, ValueTableRow] = {}
         for row in rows:
             self.add(row)
@@ -301,6 +326,16 @@ class ValueTable:
                 f"one looked up ({str(prompt)[:60]!r}); the table was built for other prompts or with another key_fn."
             )
         return row
+
+    @property
+    def content_hash(self) -> str:
+        """SHA-256 (hex) of the rows: their canonical JSON, one line per row, ordered by ``prompt_key``.
+
+        The value a finished table records in its header (``integrity.sha256``) and the identity to quote for a
+        table (e.g. in a model card): two tables with the same rows have the same hash whatever their row order,
+        header metadata or file formatting. Computed from the rows on every access.
+        """
+        return _content_hash((k, _canonical_line(r)) for k, r in self._rows.items())
 
     @property
     def is_binary(self) -> bool | None:
@@ -350,13 +385,35 @@ class ValueTable:
         return problems
 
 
-def _header(metadata: Mapping[str, Any]) -> dict:
+def _canonical_line(row: ValueTableRow) -> str:
+    """A row's canonical JSON line (sorted keys, no whitespace, non-ASCII kept, ``\n``-terminated)."""
+    return json.dumps(row.to_json(), sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def _content_hash(items: Iterable[tuple[str, str]]) -> str:
+    """SHA-256 over ``(prompt_key, canonical line)`` pairs taken in ``prompt_key`` order (keys are unique), so the
+    hash does not depend on the order the rows were written."""
+    h = hashlib.sha256()
+    for _, line in sorted(items):
+        h.update(line.encode("utf-8"))
+    return h.hexdigest()
+
+
+def _header(metadata: Mapping[str, Any], integrity: Mapping[str, Any] | None = None) -> dict:
     md = dict(metadata)
     md.setdefault("created", _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    return {"format": TABLE_FORMAT, "version": TABLE_VERSION, "metadata": md}
+    h: dict[str, Any] = {"format": TABLE_FORMAT, "version": TABLE_VERSION, "metadata": md}
+    if integrity is not None:
+        h["integrity"] = dict(integrity)
+    return h
 
 
-def _parse_header(line: str, path: str) -> dict:
+def _header_line(header: Mapping[str, Any]) -> str:
+    return json.dumps(dict(header), ensure_ascii=False) + "\n"
+
+
+def _parse_header(line: str, path: str) -> tuple[dict, dict | None]:
+    """Header metadata and integrity record (None for a trl_ext 0.1 table without one)."""
     try:
         h = json.loads(line)
     except json.JSONDecodeError as e:
@@ -368,11 +425,68 @@ def _parse_header(line: str, path: str) -> dict:
     md = h.get("metadata", {})
     if not isinstance(md, dict):
         raise ValueError(f"{path}: header metadata must be a JSON object.")
-    return md
+    integ = h.get("integrity")
+    if integ is None:
+        return md, None
+    ok = isinstance(integ, dict) and integ.get("status") in (_COMPLETE, _IN_PROGRESS)
+    if ok and integ["status"] == _COMPLETE:
+        n, sha = integ.get("n_rows"), integ.get("sha256")
+        ok = (isinstance(n, int) and not isinstance(n, bool) and n >= 0 and isinstance(sha, str) and len(sha) == 64
+              and all(c in "0123456789abcdef" for c in sha))
+    if not ok:
+        raise ValueError(f"{path}: malformed header integrity record {integ!r} (expected {{'status': 'complete', "
+                         "'n_rows': int, 'sha256': hex} or {'status': 'in_progress'}): the header was edited. "
+                         "Rebuild the table: re-run `trl-ext build-value-table` with the same arguments and --overwrite.")
+    return md, dict(integ)
 
 
-def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = False) -> ValueTable:
-    """Read a value table written by :func:`save_value_table` or :class:`ValueTableWriter`.
+def _check_integrity(table: ValueTable, integ: dict | None, path: str, *, allow_incomplete: bool,
+                     warn_legacy: bool) -> None:
+    n = len(table)
+    if integ is None:
+        if warn_legacy:
+            warnings.warn(
+                f"{path}: this value table records no row count or content hash (written by trl_ext 0.1), so a table "
+                f"cut short or edited cannot be detected ({n} rows read). To check and upgrade it, {_REBUILD_HINT}; "
+                "a table you saved yourself: save_value_table(path, load_value_table(path)).",
+                UserWarning, stacklevel=3,
+            )
+        return
+    if integ["status"] == _IN_PROGRESS:
+        if not allow_incomplete:
+            raise ValueError(
+                f"{path}: this value table is incomplete: its build has not finished (still running, interrupted, or "
+                f"stopped early by --max_prompts / max_prompts=), {n} rows so far. To finish it, {_REBUILD_HINT}. "
+                "(load_value_table(..., allow_incomplete=True) reads the partial table on purpose.)"
+            )
+        return
+    want = integ["n_rows"]
+    if n < want:
+        if not allow_incomplete:
+            raise ValueError(
+                f"{path}: this value table is truncated: its header records {want} rows but the file holds {n} (the "
+                f"file was cut, e.g. by an interrupted copy or a full disk). To restore it, {_REBUILD_HINT}, or copy "
+                "the complete file again."
+            )
+        return
+    if n > want:
+        raise ValueError(
+            f"{path}: this value table is corrupted: its header records {want} rows but the file holds {n} (rows were "
+            "appended after the build finished). Rebuild it: re-run `trl-ext build-value-table` with the same "
+            "arguments and --overwrite."
+        )
+    have = table.content_hash
+    if have != integ["sha256"]:
+        raise ValueError(
+            f"{path}: this value table is corrupted: the SHA-256 of its {n} rows is {have[:16]}... but its header "
+            f"records {integ['sha256'][:16]}... (a row was modified after the build finished). Rebuild it: re-run "
+            "`trl-ext build-value-table` with the same arguments and --overwrite."
+        )
+
+
+def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = False,
+                     allow_incomplete: bool = False) -> ValueTable:
+    """Read a value table written by :func:`save_value_table` or :class:`ValueTableWriter`, checking its integrity.
 
     Parameters
     ----------
@@ -380,19 +494,36 @@ def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = Fa
     allow_truncated_tail : bool
         If True, an unparsable *last* line without a trailing newline (an interrupted write) is skipped with a
         ``UserWarning`` and counted in ``table.metadata["n_truncated_lines"]``. Corruption anywhere else is an error.
+    allow_incomplete : bool
+        If True, load a table whose build has not finished (header ``in_progress``) or that holds fewer rows than
+        its header records, instead of refusing it. A complete table whose rows do not match its hash is refused
+        either way.
 
     Returns
     -------
     ValueTable
+        With :attr:`ValueTable.integrity` set to the header's integrity record.
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        On an empty file, a bad header, an unparsable or invalid row (the message gives the line number), or a
-        duplicate key.
+        On an empty file, a bad header, an unparsable or invalid row (the message gives the line number), a
+        duplicate key; an unfinished or truncated table (unless ``allow_incomplete``); a finished table whose rows
+        no longer match its recorded count and SHA-256. The message says what to do (re-run ``trl-ext
+        build-value-table`` with the same arguments to resume and finish it, or rebuild an edited one).
+
+    Warns
+    -----
+    UserWarning
+        A table without an integrity record (written by trl_ext 0.1): it loads, unchecked.
     """
+    return _load(path, allow_truncated_tail=allow_truncated_tail, allow_incomplete=allow_incomplete,
+                 warn_legacy=True)
+
+
+def _load(path, *, allow_truncated_tail: bool, allow_incomplete: bool, warn_legacy: bool) -> ValueTable:
     path = os.fspath(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -402,7 +533,7 @@ def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = Fa
     ends_with_newline = text.endswith("\n")
     if ends_with_newline:
         lines = lines[:-1]
-    md = _parse_header(lines[0], path)
+    md, integ = _parse_header(lines[0], path)
     table = ValueTable(metadata=md)
     n_truncated = 0
     for i, line in enumerate(lines[1:], start=2):
@@ -414,7 +545,7 @@ def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = Fa
         except json.JSONDecodeError as e:
             if is_last and not ends_with_newline and allow_truncated_tail:
                 warnings.warn(f"{path}: skipping truncated last line {i} (interrupted write).", UserWarning,
-                              stacklevel=2)
+                              stacklevel=3)
                 n_truncated += 1
                 continue
             hint = " (an interrupted write? pass allow_truncated_tail=True to skip it)" if is_last else ""
@@ -423,6 +554,8 @@ def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = Fa
             table.add(ValueTableRow.from_json(d))
         except ValueError as e:
             raise ValueError(f"{path}: line {i}: {e}") from e
+    _check_integrity(table, integ, path, allow_incomplete=allow_incomplete, warn_legacy=warn_legacy)
+    table.integrity = integ
     if n_truncated:
         table.metadata["n_truncated_lines"] = n_truncated
     return table
@@ -431,6 +564,7 @@ def load_value_table(path: str | os.PathLike, *, allow_truncated_tail: bool = Fa
 def save_value_table(path: str | os.PathLike, table: ValueTable) -> None:
     """Write ``table`` to ``path`` (header line, then one row per line), atomically (temp file + rename).
 
+    The header records the table as complete, with its row count and :attr:`ValueTable.content_hash`.
     ``metadata["created"]`` is filled with the current UTC time if absent.
 
     Raises
@@ -441,10 +575,12 @@ def save_value_table(path: str | os.PathLike, table: ValueTable) -> None:
     if not isinstance(table, ValueTable):
         raise TypeError(f"save_value_table expects a ValueTable, got {type(table).__name__}.")
     path = os.fspath(path)
+    rows = list(table)
+    integrity = {"status": _COMPLETE, "n_rows": len(rows), "sha256": table.content_hash}
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(_header(table.metadata), ensure_ascii=False) + "\n")
-        for row in table:
+        f.write(_header_line(_header(table.metadata, integrity)))
+        for row in rows:
             f.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
     os.replace(tmp, path)
 
@@ -452,9 +588,17 @@ def save_value_table(path: str | os.PathLike, table: ValueTable) -> None:
 class ValueTableWriter:
     """Append rows to a value table one at a time (resumable builds).
 
-    On open, a new file gets the header. An existing file (``resume=True``) is read: its finished keys are in
-    :attr:`done_keys`, its metadata must agree with ``metadata`` on ``model``, ``reward_funcs`` and ``seed`` (else
-    ``ValueError``), and a truncated last line from an interrupted run is cut off (with a ``UserWarning``).
+    On open, a new file gets a header marked ``in_progress``. An existing file (``resume=True``) is read: its
+    finished keys are in :attr:`done_keys`, its metadata must agree with ``metadata`` on ``model``, ``reward_funcs``
+    and ``seed`` (else ``ValueError``), a truncated last line from an interrupted run is cut off (with a
+    ``UserWarning``), and a table cut short on a row boundary is resumed. A finished table whose rows no longer match
+    its recorded hash is refused (``ValueError``: rebuild it). Writing to a finished (or trl_ext 0.1) table marks it
+    ``in_progress`` again first.
+
+    :meth:`close` (and leaving a ``with`` block normally) marks the table complete: the header line is rewritten,
+    atomically, with the row count and :attr:`ValueTable.content_hash`. ``close(complete=False)`` -- and leaving a
+    ``with`` block by an exception -- leaves an unfinished table ``in_progress``, which :func:`load_value_table`
+    refuses until a later writer finishes it.
 
     Parameters
     ----------
@@ -474,11 +618,14 @@ class ValueTableWriter:
     def __init__(self, path: str | os.PathLike, metadata: Mapping[str, Any], *, resume: bool = True):
         self.path = os.fspath(path)
         self.done_keys: set[str] = set()
+        self._lines: dict[str, str] = {}  # prompt_key -> canonical line, for the content hash
+        self._f = None
+        self._closed = False
         if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
             if not resume:
                 raise FileExistsError(f"{self.path} exists; pass resume=True to continue it or remove it.")
             self._repair_tail()
-            existing = load_value_table(self.path)
+            existing = _load(self.path, allow_truncated_tail=False, allow_incomplete=True, warn_legacy=False)
             for name in ("model", "reward_funcs", "seed"):
                 if name in metadata and existing.metadata.get(name) != metadata[name]:
                     raise ValueError(
@@ -487,13 +634,35 @@ class ValueTableWriter:
                     )
             self.metadata = existing.metadata
             self.done_keys = set(existing.keys())
-            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self._lines = {r.prompt_key: _canonical_line(r) for r in existing}
+            self._status = (existing.integrity or {}).get("status")  # None: a trl_ext 0.1 table
         else:
             self.metadata = _header(metadata)["metadata"]
+            self._status = _IN_PROGRESS
             self._f = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
-            self._f.write(json.dumps({"format": TABLE_FORMAT, "version": TABLE_VERSION, "metadata": self.metadata},
-                                     ensure_ascii=False) + "\n")
+            self._f.write(_header_line(self._header_for(_IN_PROGRESS)))
             self._f.flush()
+
+    def _header_for(self, status: str) -> dict:
+        if status == _IN_PROGRESS:
+            integrity: dict[str, Any] = {"status": _IN_PROGRESS}
+        else:
+            integrity = {"status": _COMPLETE, "n_rows": len(self._lines), "sha256": _content_hash(self._lines.items())}
+        return {"format": TABLE_FORMAT, "version": TABLE_VERSION, "metadata": self.metadata, "integrity": integrity}
+
+    def _rewrite_header(self, header: Mapping[str, Any]) -> None:
+        """Replace line 1 (temp file + fsync + rename: a crash leaves the old or the new file, never a mix)."""
+        new = _header_line(header).encode("utf-8")
+        with open(self.path, "rb") as src:
+            if src.readline() == new:
+                return
+            tmp = f"{self.path}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as dst:
+                dst.write(new)
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+        os.replace(tmp, self.path)
 
     def _repair_tail(self) -> None:
         with open(self.path, "rb") as f:
@@ -510,20 +679,46 @@ class ValueTableWriter:
 
     def write(self, row: ValueTableRow) -> None:
         """Append one row and flush. Raises ``ValueError`` if its key was already written."""
+        if self._closed:
+            raise ValueError(f"{self.path}: the writer is closed.")
         if not isinstance(row, ValueTableRow):
             raise TypeError(f"ValueTableWriter.write expects a ValueTableRow, got {type(row).__name__}.")
         if row.prompt_key in self.done_keys:
             raise ValueError(f"{self.path}: prompt_key {row.prompt_key!r} is already in the table.")
+        if self._status != _IN_PROGRESS:  # reopening a finished (or 0.1) table: unfinished until closed again
+            self._rewrite_header(self._header_for(_IN_PROGRESS))
+            self._status = _IN_PROGRESS
+        if self._f is None:
+            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._f.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
         self._f.flush()
         self.done_keys.add(row.prompt_key)
+        self._lines[row.prompt_key] = _canonical_line(row)
 
-    def close(self) -> None:
-        if not self._f.closed:
+    @property
+    def content_hash(self) -> str:
+        """:attr:`ValueTable.content_hash` of the rows written so far (earlier runs' included)."""
+        return _content_hash(self._lines.items())
+
+    def close(self, complete: bool = True) -> None:
+        """Close the file; with ``complete=True`` (default) record the table as finished (row count + SHA-256).
+
+        Pass ``complete=False`` when the build did not cover every prompt (an error, an interruption, a partial
+        build): the table then stays ``in_progress`` (or as it was, if nothing was written).
+        """
+        if self._closed:
+            return
+        if self._f is not None and not self._f.closed:
+            self._f.flush()
+            os.fsync(self._f.fileno())
             self._f.close()
+        self._closed = True
+        if complete:
+            self._rewrite_header(self._header_for(_COMPLETE))
+            self._status = _COMPLETE
 
     def __enter__(self) -> ValueTableWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(complete=exc_type is None)

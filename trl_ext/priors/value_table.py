@@ -548,7 +548,10 @@ def build_value_table(
     ValueTable
         The whole table re-read from ``output_path`` (rows of earlier runs included). In-memory
         ``metadata["build_stats"]`` (not written) counts ``n_written``, ``n_already_done``, ``n_duplicate_prompts``,
-        ``n_nan_samples`` and ``stopped_early``.
+        ``n_nan_samples``, ``stopped_early`` and ``complete``. Only a build that covered every prompt marks the file
+        complete (its header then records the row count and :attr:`~trl_ext.priors.table_format.ValueTable.content_hash`);
+        after an error, an interruption or ``max_prompts`` it stays ``in_progress``, which
+        :func:`~trl_ext.priors.table_format.load_value_table` refuses until the same call is run again.
 
     Raises
     ------
@@ -680,6 +683,7 @@ def build_value_table(
     writer = ValueTableWriter(output_path, md, resume=resume)
     stats = {"n_written": 0, "n_already_done": 0, "n_duplicate_prompts": n_dup, "n_nan_samples": 0,
              "stopped_early": False}
+    finished = False  # every prompt of the dataset is in the table: only then is it marked complete
     try:
         mismatched = [f"{k}: table has {writer.metadata[k]!r}, this build uses {md[k]!r}"
                       for k in _RESUME_KEYS if k in writer.metadata and writer.metadata[k] != md[k]]
@@ -770,14 +774,18 @@ def build_value_table(
                 bar.update(len(new_rows))
         finally:
             bar.close()
+        finished = not stats["stopped_early"]
     finally:
-        writer.close()
+        # An error, an interruption or max_prompts leaves the table "in_progress" (refused by load_value_table until
+        # a re-run finishes it); a finished build records its row count and content hash in the header.
+        writer.close(complete=finished)
         if was_training:
             model.train()
     if stats["n_nan_samples"]:
         warnings.warn(f"{stats['n_nan_samples']} samples got no reward (None/NaN from every reward function); they "
                       "are excluded from the means and counted in the rows' extra['n_nan'].", UserWarning,
                       stacklevel=2)
-    table = load_value_table(output_path)
+    table = load_value_table(output_path, allow_incomplete=not finished)
+    stats["complete"] = finished
     table.metadata["build_stats"] = stats
     return table

@@ -7,14 +7,17 @@ On the offline testbed (the reward is the task's own)::
     trl-ext build-value-table --model out/warm --task addition --split train --num_prompts 512 \\
         --num_samples 32 --output table.jsonl
 
-On your own data (JSON Lines rows with a ``prompt`` column plus whatever the reward needs)::
+On your own data (rows with a ``prompt`` column plus whatever the reward needs; a ``.jsonl`` / ``.json`` / ``.csv`` /
+``.parquet`` file or a ``datasets`` ``save_to_disk`` folder)::
 
     trl-ext build-value-table --model Qwen/Qwen2.5-Math-7B --dataset train.jsonl \\
         --reward my_rewards:accuracy --reward_range 0 1 --num_samples 32 --max_new_tokens 2048 --output table.jsonl
 
-``--reward`` is ``module:function`` (an importable module) or ``path/to/file.py:function`` and may be repeated
-(weights with ``--reward_weights``). Re-running the same command resumes an interrupted build. Exit status: 0 on
-success, 2 on bad input (missing file, bad reward spec, wrong settings, a table built with other settings).
+``--reward`` is ``package.module:function`` (the current directory is importable) or ``path/to/file.py:function``
+and may be repeated (weights with ``--reward_weights``). Re-running the same command resumes an interrupted build;
+the table is marked complete (row count and content hash in its header) only when every prompt is in it, and an
+unfinished table is refused by the loaders. Exit status: 0 on success, 2 on bad input (missing file, bad reward
+spec, wrong settings, a table built with other settings).
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Reference policy: a local path (or an id vLLM can load).")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--task", default=None, help="Testbed task (trl_ext.testbed.make_dataset), e.g. 'addition'.")
-    src.add_argument("--dataset", default=None, help="JSON Lines file of dataset rows (one JSON object per line).")
-    parser.add_argument("--split", default="train", choices=("train", "test"), help="Testbed split (default train).")
+    src.add_argument("--dataset", default=None,
+                     help="Your dataset: a .jsonl/.json/.csv/.parquet file or a datasets save_to_disk folder.")
+    parser.add_argument("--split", default="train",
+                        help="Testbed split (train/test; default train), or the split of a saved DatasetDict.")
     parser.add_argument("--num_prompts", "--num-prompts", dest="num_prompts", type=int, default=None,
                         help="Testbed: number of prompts (required with --task). --dataset: use only the first N rows.")
     parser.add_argument("--dataset_seed", "--dataset-seed", dest="dataset_seed", type=int, default=0,
                         help="Testbed: seed choosing the prompts (use the training run's; default 0).")
-    parser.add_argument("--reward", action="append", default=None, metavar="MODULE:FUNCTION",
-                        help="Reward function (repeatable). Default with --task: the task's reward functions.")
+    parser.add_argument("--reward", action="append", default=None, metavar="REF",
+                        help="Reward function: 'package.module:function' or 'path/to/file.py:function' "
+                             "(repeatable). Default with --task: the task's reward functions.")
     parser.add_argument("--reward_weights", "--reward-weights", dest="reward_weights", type=float, nargs="+",
                         default=None, help="One weight per --reward (default 1 each).")
     parser.add_argument("--reward_range", "--reward-range", dest="reward_range", type=float, nargs=2,
@@ -65,38 +71,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_reward(spec: str):
-    """Import ``module:function`` or ``path/to/file.py:function``.
+    """Resolve ``package.module:function`` or ``path/to/file.py:function`` with the resolver every ``trl-ext``
+    command uses (:func:`trl_ext._refs.resolve_callable`; the current directory is importable).
 
     Raises
     ------
     ValueError
-        On a malformed spec, a missing module/file/attribute, or a non-callable attribute.
+        On a malformed spec, a missing module/file/attribute, or a non-callable attribute; the message names the
+        accepted forms.
     """
-    import importlib
-    import importlib.util
-    import os
+    from trl_ext._refs import resolve_callable
 
-    mod_name, sep, func_name = spec.rpartition(":")
-    if not sep or not mod_name or not func_name:
-        raise ValueError(f"--reward {spec!r}: expected MODULE:FUNCTION or path/to/file.py:FUNCTION.")
-    if mod_name.endswith(".py"):
-        if not os.path.isfile(mod_name):
-            raise ValueError(f"--reward {spec!r}: file {mod_name!r} not found.")
-        name = "_trl_ext_reward_" + os.path.splitext(os.path.basename(mod_name))[0]
-        file_spec = importlib.util.spec_from_file_location(name, mod_name)
-        module = importlib.util.module_from_spec(file_spec)
-        file_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(mod_name)
-        except ImportError as e:
-            raise ValueError(f"--reward {spec!r}: cannot import module {mod_name!r} ({e}).") from e
-    func = getattr(module, func_name, None)
-    if func is None:
-        raise ValueError(f"--reward {spec!r}: module {mod_name!r} has no attribute {func_name!r}.")
-    if not callable(func):
-        raise ValueError(f"--reward {spec!r}: {func_name!r} is not callable.")
-    return func
+    return resolve_callable(spec, option="--reward")
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -139,14 +125,16 @@ def main(args: argparse.Namespace) -> int:
             max_new = args.max_new_tokens or TASKS[args.task].max_answer_chars(**TASKS[args.task].defaults) + 1
             ds_name = f"testbed:{args.task}/{args.split}/n={args.num_prompts}/seed={args.dataset_seed}"
         else:
+            from trl_ext._refs import ACCEPTED_FORMS, load_dataset_rows
+
             if not args.reward:
-                raise ValueError("--dataset needs at least one --reward MODULE:FUNCTION.")
-            dataset = read_jsonl(args.dataset)
+                raise ValueError(f"--dataset needs at least one --reward: {ACCEPTED_FORMS}.")
+            funcs = [load_reward(s) for s in args.reward]
+            dataset = load_dataset_rows(args.dataset, split=args.split if os.path.isdir(args.dataset) else None)
             if args.num_prompts is not None:
                 if args.num_prompts < 1:
                     raise ValueError("--num_prompts must be >= 1.")
                 dataset = dataset[: args.num_prompts]
-            funcs = [load_reward(s) for s in args.reward]
             max_new = args.max_new_tokens or 256
             ds_name = os.path.abspath(args.dataset)
         if args.overwrite and os.path.exists(args.output):
@@ -185,4 +173,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"{prog}: {args.output}: {len(table)} prompts ({st.get('n_written', 0)} new, "
           f"{st.get('n_already_done', 0)} already done{', stopped early' if st.get('stopped_early') else ''}), "
           f"mean reward {overall:.4f}, {st.get('n_nan_samples', 0)} NaN samples, {time.monotonic() - t0:.1f}s")
+    if st.get("complete"):
+        print(f"{prog}: complete: {len(table)} rows, content sha256 {table.content_hash}")
+    else:
+        print(f"{prog}: INCOMPLETE (stopped early by --max_prompts): the table is marked in progress and loaders "
+              "refuse it; re-run this command with the same arguments to continue, until every prompt is in it.")
     return 0

@@ -1039,13 +1039,24 @@ class GRPOTrainer(compat.TRLGlue):
         return None
 
     def ext_before_save_checkpoint(self, checkpoint_dir: str) -> None:
-        # Written before TRL's save (which pushes the folder to the Hub from inside), atomically (temp file + rename):
-        # a crash leaves either no state file or a whole one. A folder a crash left with only this file has no
-        # trainer_state.json and is skipped by train(resume_from_checkpoint=True).
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        path = os.path.join(checkpoint_dir, EXT_STATE_FILE)
+        # Written before TRL's save (which pushes the folder to the Hub from inside). A folder a crash left with only
+        # this file has no trainer_state.json and is skipped by train(resume_from_checkpoint=True).
+        self._ext_write_state(checkpoint_dir)
+
+    def _ext_write_state(self, folder: str) -> None:
+        """``trl_ext_state.pt`` into ``folder``, atomically (temp file + rename): a crash leaves none or a whole one."""
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, EXT_STATE_FILE)
         torch.save(self.ext_state_dict(), path + ".tmp")
         os.replace(path + ".tmp", path)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """:meth:`transformers.Trainer.save_model`, plus ``trl_ext_state.pt`` in the same folder (written first:
+        with ``push_to_hub`` the folder is pushed from inside ``save_model``), so the extension state goes with the
+        final model and with ``push_to_hub()``."""
+        if self.args.should_save:
+            self._ext_write_state(output_dir if output_dir is not None else self.args.output_dir)
+        super().save_model(output_dir, _internal_call)
 
     def ext_after_load_checkpoint(self, checkpoint_dir: str) -> None:
         path = os.path.join(checkpoint_dir, EXT_STATE_FILE)

@@ -23,6 +23,7 @@ See ``docs/basis.md`` for usage and for the TRL settings that reproduce the pape
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import warnings
@@ -40,10 +41,11 @@ from ..estimators.basis import (
     v_beta_from_samples,
 )
 from ..priors.table_format import ValueTable, load_value_table, prompt_key
+from . import _trl_compat as compat
 from .base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
 from .batch import RolloutBatch
 
-__all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS"]
+__all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "file_sha256"]
 
 _VARIANTS = ("unb", "vop", "rvg")
 _OBJECTIVES = ("robust", "paper")
@@ -64,6 +66,22 @@ BASIS_METRICS = (
     "basis/mean_sq_advantage",
 )
 """Metric names :class:`BASISTrainer` logs every generation batch (train and eval)."""
+
+
+BASIS_PAPER = compat.paper_info(
+    title="BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM Reasoning",
+    authors=("Gong", "others"), year=2026, bibtex_key="gong2026basis",
+)
+"""The BASIS paper in TRL's model-card format (no arXiv id known: the card cites it by title)."""
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------- config
@@ -218,6 +236,32 @@ class _Lookup:
         return self.p is None and self.v is None
 
 
+def basis_model_card_details(trainer) -> dict[str, Any]:
+    """What a BASIS run depended on, for the model card: the value table (content hash, file hash, rows, and the
+    reference model, reward functions and sample count from its header), the estimator options and the last beta."""
+    info = trainer.value_table_info()
+    a = trainer.args
+    out = {
+        "value table sha256 (rows)": f"`{info['rows_sha256']}`",
+        "value table": f"{info['source']} ({info['rows']} rows)",
+    }
+    if info["file_sha256"] is not None:
+        out["value table file sha256"] = f"`{info['file_sha256']}`"
+    out["reference model (table header)"] = info["reference_model"] if info["reference_model"] else "not recorded"
+    for key in ("reward_funcs", "n_samples", "seed", "created"):
+        if key in info["metadata"]:
+            out[f"value table {key}"] = info["metadata"][key]
+    out["estimator"] = (f"basis_variant = {a.basis_variant}, basis_objective = {a.basis_objective}, basis_fallback = "
+                        f"{a.basis_fallback}, beta grid of {len(trainer.basis_beta_grid)} points on "
+                        f"[{float(trainer.basis_beta_grid[0]):.4g}, {float(trainer.basis_beta_grid[-1]):.4g}], "
+                        f"basis_scale_advantages = {a.basis_scale_advantages}")
+    if trainer.beta_history:
+        out["beta_t (last training batch)"] = float(trainer.beta_history[-1])
+    return out
+
+
+@compat.model_card_info(name="BASIS", tags=("trl", compat.TRL_EXT_TAG, "basis"), paper=BASIS_PAPER,
+                        details=(basis_model_card_details,))
 class BASISTrainer(GRPOTrainer):
     """GRPO-family trainer with one rollout per prompt and the BASIS baseline (Section 4, Algorithm 1).
 
@@ -255,6 +299,13 @@ class BASISTrainer(GRPOTrainer):
         ``global_step`` at which each ``beta_t`` was selected.
     last_calibration : CalibrationResult or None
         Full calibration of the latest batch (grid losses, masks, counts).
+
+    Notes
+    -----
+    Model card (``create_model_card``, which TRL calls at every checkpoint and ``push_to_hub`` calls): "trained with
+    BASIS", the BASIS paper (:data:`BASIS_PAPER`), tags ``trl``, ``trl-ext``, ``basis``, and a ``trl_ext run
+    details`` section with the value table's content hash, file hash, reference model and reward functions (table
+    header) and the estimator options (:func:`basis_model_card_details`, :meth:`value_table_info`).
     """
 
     config_class = BASISConfig
@@ -265,8 +316,13 @@ class BASISTrainer(GRPOTrainer):
         if args is None:
             raise TypeError("BASISTrainer needs args=BASISConfig(...) (num_generations=1 and the value-table options).")
         args = as_config(args, BASISConfig, "BASISTrainer")
-        table = _resolve_table(value_table if value_table is not None else args.basis_value_table_path)
+        spec = value_table if value_table is not None else args.basis_value_table_path
+        table = _resolve_table(spec)
         self._basis_table = table
+        is_path = isinstance(spec, str | os.PathLike)
+        self._basis_table_source = {"source": os.fspath(spec) if is_path else "in-memory ValueTable",
+                                    "file_sha256": file_sha256(spec) if is_path else None}
+        self._basis_table_rows_sha256: str | None = None
         self._basis_range = _common_reward_range(table)
         self._basis_grid = (np.asarray(args.basis_beta_grid, dtype=np.float64) if args.basis_beta_grid is not None
                             else default_beta_grid())
@@ -289,6 +345,28 @@ class BASISTrainer(GRPOTrainer):
         self._basis_check_coverage(self.train_dataset)
 
     # ----------------------------------------------------------------------------------------------- table
+    @property
+    def basis_beta_grid(self) -> np.ndarray:
+        """The beta grid in use (``basis_beta_grid`` or the paper's 230 points)."""
+        return self._basis_grid
+
+    def value_table_info(self) -> dict[str, Any]:
+        """What identifies the value table this run uses (recorded in the model card).
+
+        Returns
+        -------
+        dict
+            ``rows_sha256`` (``ValueTable.content_hash``: the rows' canonical JSON, whatever the file's row order
+            and header; computed once), ``file_sha256`` (of the file's bytes as read at
+            construction; ``None`` for an in-memory table), ``source`` (path or ``"in-memory ValueTable"``),
+            ``rows``, ``reference_model`` (the header's ``model``, or ``None``) and ``metadata`` (the header).
+        """
+        if self._basis_table_rows_sha256 is None:
+            self._basis_table_rows_sha256 = self._basis_table.content_hash
+        md = dict(self._basis_table.metadata)
+        return {"rows_sha256": self._basis_table_rows_sha256, "rows": len(self._basis_table),
+                "reference_model": md.get("model"), "metadata": md, **self._basis_table_source}
+
     def _basis_check_coverage(self, dataset) -> None:
         from datasets import Dataset
 

@@ -58,6 +58,7 @@ Evaluation uses TRL's standard full-group path.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -78,7 +79,8 @@ from .base import ExtGRPOConfig, GRPOTrainer, validate_ext_config
 from .batch import RolloutBatch
 from .rollouts import RolloutStrategy
 
-__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "validate_pair_config"]
+__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "validate_pair_config",
+           "PAIRShortProbeWarning", "short_probe_message", "PAIR_PAPER", "SHORT_PROBE_TOKENS"]
 
 _FINISHED_COST_FRACTION = 1e-9
 """Finished candidates enter ``pair_design`` with cost ``1e-9 * max(c_hat)`` (the solver needs c > 0); their
@@ -92,29 +94,56 @@ def _default_tau(max_completion_length: int) -> int:
     return int(min(256, max(1, max_completion_length // 8)))
 
 
+PAIR_PAPER = compat.paper_info(
+    title="PAIR: Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR",
+    authors=("Voss", "Hale", "Reyes"), year=2026, arxiv_id="2608.11368", bibtex_key="voss2026pair",
+)
+"""The PAIR paper in TRL's model-card format (name, arXiv id, BibTeX)."""
+
+SHORT_PROBE_TOKENS = 2
+"""A probe (``tau + pair_snap_window``) of at most this many tokens triggers :class:`PAIRShortProbeWarning`."""
+
+
+class PAIRShortProbeWarning(UserWarning):
+    """The prefix probe is too short for the heads to predict anything (PAIRTrainer construction)."""
+
+
+def short_probe_message(args) -> str | None:
+    """Why PAIR should not be used with these arguments when its probe is 1-2 tokens, else ``None``."""
+    L = int(args.max_completion_length)
+    tau, w = int(args.pair_tau), int(args.pair_snap_window)
+    if tau + w > SHORT_PROBE_TOKENS:
+        return None
+    how = "pair_prefix_tokens" if args.pair_prefix_tokens is not None else \
+        f"the default max_completion_length // 8 with max_completion_length={L}"
+    return (
+        f"PAIR's prefix probe is only {tau + w} token(s) (tau={tau} from {how}, + pair_snap_window={w}): the "
+        "success and cost heads see almost nothing of the completion, so the continuation design is close to uniform "
+        "and PAIR trains on a random subset of the candidates for the price of probing all of them. On the project's "
+        "compute-matched benchmark with 5-token answers (1-token probe) PAIR lost to GRPO with G = 4 by 7 points. "
+        "PAIR is meant for long completions (the paper probes 128-512 tokens of multi-thousand-token traces); for "
+        "short answers use trl_ext.GRPOTrainer."
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------- config
 @dataclass
 class PAIRConfig(ExtGRPOConfig):
-    r"""Configuration of :class:`PAIRTrainer` (paper defaults, Appendix C and Table 6).
+    r"""Configuration of :class:`PAIRTrainer` (PAIR options: paper defaults, Appendix C and Table 6).
 
     Every PAIR option is declared once, below, as a dataclass field whose ``help`` metadata documents it (the text
-    ``HfArgumentParser`` shows on the command line); ``docs/pair.md`` tabulates them. ``num_generations`` is the
-    candidate group size ``G``; the sampler's batch semantics are TRL's (``per_device_train_batch_size *
-    steps_per_generation`` candidate rows per rank, which must be a multiple of ``G`` so every prompt's candidates
-    stay on one rank). A plain ``trl.GRPOConfig`` (or ``ExtGRPOConfig``) given to :class:`PAIRTrainer` is upgraded
-    with these defaults and validated by :meth:`validate_method_options`. PAIR computes its own advantages (Eq. 13),
-    so ``advantage_estimator`` must stay at its default (it then only applies to evaluation batches).
+    ``HfArgumentParser`` shows on the command line); ``docs/pair.md`` tabulates them. TRL's own arguments keep TRL's
+    defaults and meaning (a TRL user changes the import and the config class, nothing else): ``num_generations`` is
+    the candidate group size ``G`` with TRL's default (8) -- **the paper uses G = 16: set** ``num_generations=16``
+    -- and the sampler's batch semantics are TRL's (``per_device_train_batch_size * steps_per_generation`` candidate
+    rows per rank, which must be a multiple of ``G`` so every prompt's candidates stay on one rank). A plain
+    ``trl.GRPOConfig`` (or ``ExtGRPOConfig``) given to :class:`PAIRTrainer` is upgraded with these defaults and
+    validated by :meth:`validate_method_options`. PAIR computes its own advantages (Eq. 13), so
+    ``advantage_estimator`` must stay at its default (it then only applies to evaluation batches).
     """
 
     uses_advantage_estimator: ClassVar[bool] = False
 
-    num_generations: int | None = field(
-        default=16, metadata={"help": "PAIR candidate group size G (prefixes probed per prompt); paper default 16."}
-    )
-    per_device_train_batch_size: int = field(
-        default=16, metadata={"help": "Candidate rows per device and micro-step; per_device_train_batch_size * "
-                                      "steps_per_generation must be a multiple of G (16 = one prompt's group)."}
-    )
     pair_prefix_tokens: int | None = field(
         default=None,
         metadata={"help": "Prefix checkpoint tau in generated tokens (paper: 128/256/512 with multi-thousand-token "
@@ -382,11 +411,29 @@ class PrefixProbeRollouts(RolloutStrategy):
 
     # ------------------------------------------------------------------------------------------------ interface
     def describe(self, trainer) -> str:
+        """What each step generates, compared with TRL's GRPO on the same arguments (logged at construction)."""
         a = trainer.args
+        G, L, n_probe = int(a.num_generations), int(a.max_completion_length), self.probe_len(trainer)
         snap = f" (+ up to {a.pair_snap_window} to a delimiter)" if a.pair_snap_window else ""
-        return (f"rollout strategy {self.name} (PAIR): {int(a.num_generations)} candidates per prompt probed to "
+        anchor = "; the anchor pair adds up to 2 continuations per prompt" if a.pair_anchor_pair else ""
+        return (f"rollout strategy {self.name} (PAIR): {G} candidates per prompt probed to "
                 f"tau = {a.pair_tau} tokens{snap}, then a design-chosen subset continued (expected suffix budget "
-                f"{a.pair_budget_ratio} x predicted, floor pi_min = {a.pair_pi_min})")
+                f"{a.pair_budget_ratio} x predicted, floor pi_min = {a.pair_pi_min}). Compute vs TRL's GRPO with the "
+                f"same arguments ({G} completions of up to L = {L} tokens per prompt): each step generates {G} probes "
+                f"of <= {n_probe} tokens per prompt plus continuations with an expected suffix budget of "
+                f"{a.pair_budget_ratio} x the predicted remaining tokens, i.e. about {n_probe}/{L} + "
+                f"{a.pair_budget_ratio} x (1 - {n_probe}/{L}) = {self.expected_token_factor(trainer):.3g}x TRL's "
+                f"generated tokens (<= 1x; ~ tau/L + budget_ratio){anchor}")
+
+    @staticmethod
+    def expected_token_factor(trainer) -> float:
+        """Expected generated tokens per step relative to TRL's GRPO with the same arguments, for full-length
+        completions: ``p + pair_budget_ratio * (1 - p)`` with ``p = (tau + pair_snap_window) / max_completion_length``
+        (every candidate probed, a ``pair_budget_ratio`` share of the remaining tokens continued in expectation;
+        <= 1, and <= ``p + pair_budget_ratio``). Without the anchor pair and with the predicted costs on target."""
+        a = trainer.args
+        p = PrefixProbeRollouts.probe_len(trainer) / float(a.max_completion_length)
+        return float(min(1.0, p + float(a.pair_budget_ratio) * (1.0 - p)))
 
     def fixed_policy_normalizer(self, trainer, batch) -> float | None:
         """The global number of prompts ``K`` of the generation batch when ``pair_fixed_normalizer`` is on.
@@ -541,6 +588,34 @@ class PrefixProbeRollouts(RolloutStrategy):
 
 
 # ---------------------------------------------------------------------------------------------------------- trainer
+def pair_model_card_details(trainer) -> dict[str, Any]:
+    """What a PAIR run depended on, for the model card: the probe, the design and the head settings, and the
+    heads' state when the card is written."""
+    a = trainer.args
+    heads = trainer.pair_heads
+    totals = trainer.rollout_strategy.totals
+    return {
+        "candidate group size G (num_generations)": int(a.num_generations),
+        "probe": f"tau = {a.pair_tau} tokens (pair_prefix_tokens={a.pair_prefix_tokens}), "
+                 f"pair_snap_window = {a.pair_snap_window}, max_completion_length = {a.max_completion_length}",
+        "design": f"pair_budget_ratio = {a.pair_budget_ratio}, pair_pi_min = {a.pair_pi_min}, edge proxy "
+                  f"{a.pair_edge_proxy}, anchor pair {a.pair_anchor_pair}, warm start {a.pair_solver_warm_start}, "
+                  f"fixed normalizer {a.pair_fixed_normalizer}",
+        "biased options (App. B)": f"pair_standardize = {a.pair_standardize}, pair_w_max = {a.pair_w_max}, "
+                                   f"pair_self_normalize = {a.pair_self_normalize}",
+        "prefix heads": f"hidden {a.pair_head_hidden}, lr {a.pair_head_lr}, replay window {a.pair_replay_size}, "
+                        f"warm-up {a.pair_head_min_labels} labels, {a.pair_head_fit_steps} fit steps x batch "
+                        f"{a.pair_head_batch_size}, summary of the last {a.pair_summary_last_k} hidden states, lagged "
+                        f"{a.pair_lagged_heads}, seed {a.seed if a.pair_head_seed is None else a.pair_head_seed}",
+        "heads at card time": f"{heads.n_labels} labels in the replay window, "
+                              f"{'ready' if heads.ready else 'warm-up (uniform design)'}",
+        "training tokens (prefix / suffix)": f"{totals['prefix_tokens']} / {totals['suffix_tokens']} over "
+                                             f"{totals['groups']} prompts",
+    }
+
+
+@compat.model_card_info(name="PAIR", tags=("trl", compat.TRL_EXT_TAG, "pair"), paper=PAIR_PAPER,
+                        details=(pair_model_card_details,))
 class PAIRTrainer(GRPOTrainer):
     """GRPO with PAIR prefix probing, continuation design and pair-inclusion reweighting (see module docstring).
 
@@ -564,6 +639,18 @@ class PAIRTrainer(GRPOTrainer):
         or reward; ``realized_suffix_tokens`` is added after the continuation.
     last_pair_stats : dict
         Global diagnostics of the latest generation batch (the ``pair/*`` metrics).
+
+    Warns
+    -----
+    PAIRShortProbeWarning
+        The probe (``tau + pair_snap_window``) is 1-2 tokens (:func:`short_probe_message` says why PAIR should not
+        be used there).
+
+    Notes
+    -----
+    Model card (``create_model_card``, which TRL calls at every checkpoint and ``push_to_hub`` calls): "trained with
+    PAIR", the PAIR paper (:data:`PAIR_PAPER`), tags ``trl``, ``trl-ext``, ``pair``, and a ``trl_ext run details``
+    section with the probe, design and head settings (:func:`pair_model_card_details`).
     """
 
     config_class: ClassVar[type] = PAIRConfig
@@ -585,6 +672,9 @@ class PAIRTrainer(GRPOTrainer):
         self.pair_needs_refresh = False
         self._pair_last_refresh: dict = {}
         self.last_pair_stats: dict = {}
+        short = short_probe_message(args)
+        if short is not None:
+            warnings.warn(short, PAIRShortProbeWarning, stacklevel=2)
 
     def create_rollout_strategy(self) -> PrefixProbeRollouts:
         """PAIR's probe-then-continue allocation (:class:`PrefixProbeRollouts`)."""
