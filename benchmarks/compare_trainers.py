@@ -157,7 +157,7 @@ METHODS: dict[str, MethodSpec] = {
     "basis": MethodSpec("basis", "BASIS G=1", "trl_ext", group_size=1, config="trl_ext.trainers.basis:BASISConfig",
                         trainer="trl_ext.trainers.basis:BASISTrainer", setup="setup_basis"),
     "v05_osla": MethodSpec("v05_osla", "V0.5 k_init=4 +OSLA", "trl_ext", group_size=4,
-                           config_kwargs={"v05_k_init": 4}, **_V05),
+                           config_kwargs={"v05_k_init": 4, "v05_extra_rollout_budget": float("inf")}, **_V05),
     # fixed k = 4 without OSLA: cost c = 1/16 makes the OSLA cap round(1/sqrt(c)) = 4 = v05_k_init, so no prompt can
     # get a further round; the prior fusion of the advantages is unchanged.
     "v05_fixed4": MethodSpec("v05_fixed4", "V0.5 k=4 fixed", "trl_ext", group_size=4,

@@ -36,13 +36,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model_path", default=None, help="local model dir (default: the warm testbed model)")
     p.add_argument("--dataset", default=None, help="local train set (jsonl/json/save_to_disk dir); default testbed")
     p.add_argument("--prior", choices=PRIORS, default="embedding",
-                   help="value prior: embedding (frozen copy of the starting policy + in-context head, default), "
+                   help="value prior: embedding (frozen starting policy -- the LoRA base weights with --use_peft, else a "
+                        "copy -- + in-context head, default), "
                         "constant (p = 0.5 ablation) or table (needs --prior_table)")
     p.add_argument("--prior_table", default=None, help="value-table JSONL for --prior table")
     p.add_argument("--v05_k_init", type=int, default=4, help="rollouts per prompt before the test (default 4)")
     p.add_argument("--v05_rollout_cost", type=_common.positive_float, default=0.0039,
                    help="c; cap round(1/sqrt(c))")
-    p.add_argument("--prompts_per_step", type=int, default=8, help="unique prompts per step, all ranks (default 8)")
+    p.add_argument("--prompts_per_step", type=int, default=8,
+                   help="unique prompts per step, all ranks (default 8): per_device_train_batch_size = prompts x "
+                        "v05_k_init / processes rollouts, TRL's meaning (round 1 = that many rollouts)")
+    p.add_argument("--v05_extra_rollout_budget", type=float, default=1.0,
+                   help="OSLA rounds generate at most this x round 1's rollouts per step (default 1.0: <= 2x TRL's "
+                        "for the same arguments; 0 = no rounds; inf = the paper's unbounded rounds)")
     p.add_argument("--prompt_weighting", choices=("equal", "rollout"), default="equal",
                    help="equal (paper Eq. 10, default): every prompt weighs the same in the loss whatever its rollout "
                         "count; rollout: every rollout token weighs the same")
@@ -129,8 +135,9 @@ def main(argv=None) -> int:
 
     state = PartialState()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.prompts_per_step % world:
-        raise SystemExit(f"--prompts_per_step {args.prompts_per_step} must be divisible by {world} processes")
+    if (args.prompts_per_step * args.v05_k_init) % world:
+        raise SystemExit(f"--prompts_per_step x --v05_k_init ({args.prompts_per_step * args.v05_k_init} rollouts) "
+                         f"must be divisible by {world} processes")
     model_path = args.model_path
     if model_path is None:
         with state.main_process_first():
@@ -150,8 +157,11 @@ def main(argv=None) -> int:
         _common.log(f"before: {summary['accuracy_before']}")
 
     prior_kwargs = {"table": args.prior_table, "missing": "default"} if args.prior == "table" else {}
+    # TRL's batch arguments: per_device_train_batch_size counts rollouts; round 1 = prompts_per_step x v05_k_init
+    # rollouts (num_generations only sizes evaluation groups and, as in TRL, must divide the generation batch)
     v05_cfg = V05GRPOConfig(**common_config(args, max_new, args.output_dir),
-                            per_device_train_batch_size=args.prompts_per_step // world, num_generations=2,
+                            per_device_train_batch_size=args.prompts_per_step * args.v05_k_init // world,
+                            num_generations=args.v05_k_init, v05_extra_rollout_budget=args.v05_extra_rollout_budget,
                             v05_k_init=args.v05_k_init, v05_rollout_cost=args.v05_rollout_cost,
                             v05_value_prior=args.prior, v05_value_prior_kwargs=prior_kwargs,
                             v05_prompt_weighting=args.prompt_weighting)
@@ -165,7 +175,8 @@ def main(argv=None) -> int:
     hist = trainer.state.log_history
     keys = ["ext/generated_tokens", "ext/trained_tokens", "ext/rollouts", "v05/rollouts_per_prompt_mean",
             "v05/rollouts_per_prompt_max", "v05/rounds", "v05/early_stop", "v05/rejection_rate", "v05/mean_weight",
-            "v05/prior_brier", "v05/baseline_mse_proxy", "v05/discarded_rollouts", "v05/prompt_weight_max", "reward"]
+            "v05/prior_brier", "v05/baseline_mse_proxy", "v05/discarded_rollouts", "v05/prompt_weight_max",
+            "v05/extra_rollouts", "v05/budget_exhausted", "v05/unscorable_rollouts", "reward"]
     summary["v05"] = {"train_s": time.time() - t, "logs": summarize_logs(hist, keys)}
     if state.is_main_process:
         model = trainer.model.merge_and_unload() if args.use_peft else trainer.model

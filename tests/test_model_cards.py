@@ -223,8 +223,6 @@ def test_v05_one_line_card_settings_name_v05_and_record_the_prior(tmp_path):
     assert "**value prior class**: ConstantPrior" in section
 
 
-@pytest.mark.xfail(strict=True, reason="pending: the lead adds compat.set_model_card_info(V05GRPOTrainer, ...) to "
-                                       "trl_ext/trainers/v05.py (see V05_CARD); remove this marker then")
 def test_v05_trainer_card_names_v05(tmp_path):
     card = _card(_v05(tmp_path))
     assert "This model was trained with V0.5" in card and "**args.v05_value_prior**: constant" in card

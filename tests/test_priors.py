@@ -28,6 +28,7 @@ from trl_ext.priors import (
     hf_mean_pool_embedder,
     jeffreys_mean,
     load_value_table,
+    model_footprint,
     prompt_key,
     save_value_table,
     to_probability,
@@ -456,6 +457,7 @@ def test_hf_mean_pool_embedder_on_tiny_model():
     model, tok = _tiny_lm()
     embed = hf_mean_pool_embedder(model, tok, batch_size=2, max_length=8)
     assert all(p.requires_grad for p in model.parameters())  # the original is untouched (a frozen copy is used)
+    assert embed.backbone["copied"] and embed.backbone["bytes"] == model_footprint(model)["bytes"]
     texts = ["1+2=", "12+34=", "5=", "99+1="]
     E = embed(texts)
     hidden = model.config.hidden_size
@@ -478,6 +480,112 @@ def test_hf_mean_pool_embedder_on_tiny_model():
     ctx = ["1+1=", "2+2=", "3+3=", "44+55=", "66+77=", "88+99="]
     p = EmbeddingInContextPrior(embed).predict(["5+5=", "77+88="], ctx, [1, 1, 1, 0, 0, 0])
     assert p.shape == (2,) and np.all((p >= 0) & (p <= 1))
+
+
+def _wider_lm(tok, hidden=128):
+    """A random Llama wide enough for BLAS blocking to matter (the batch-invariance checks)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 32])
+@pytest.mark.parametrize("wide", [False, True])
+def test_embeddings_are_bitwise_batch_invariant(batch_size, wide):
+    """A prompt's embedding does not depend on the batch it is computed in: the same bits whatever the other prompts
+    (lengths, count, order, duplicates) and its position, as when it is embedded alone. This is what makes V0.5
+    bit-identical after a resume (empty cache, other batches) and across process counts."""
+    import torch
+
+    torch.set_num_threads(2)
+    model, tok = _tiny_lm()
+    if wide:
+        model = _wider_lm(tok)
+    texts = ["1+2=", "12+34=", "5=", "99+1=", "123+456=", "7+8=", "31+4159=", "2+71828=", "0=", "66+6="]
+    embed = hf_mean_pool_embedder(model, tok, batch_size=batch_size, max_length=16, pad_to_multiple_of=8)
+    alone = np.stack([embed([t])[0] for t in texts])
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        idx = rng.choice(len(texts), size=int(rng.integers(2, 25)), replace=True)
+        np.testing.assert_array_equal(embed([texts[i] for i in idx]), alone[idx])
+    np.testing.assert_array_equal(embed(texts[::-1]), alone[::-1])
+    # through the prior's cache: a cleared cache re-embeds in other batches and gets the same bits
+    prior = EmbeddingInContextPrior(embed)
+    first = prior.embed(texts[:4])
+    prior.clear_cache()
+    np.testing.assert_array_equal(prior.embed(texts[2:] + texts[:2])[-2:], first[:2])
+
+
+def test_frozen_copy_ignores_forward_patches_that_call_the_original():
+    """A deep copy of a model whose ``forward`` was patched on the instance with a closure over the original's bound
+    forward (TRL 1.16's fused LM head does exactly this) would run the *original* model. The embedder drops such
+    patches from its copy, so the copy stays the frozen starting model while the original trains."""
+    import torch
+
+    torch.set_num_threads(1)
+    model, tok = _tiny_lm()
+    original_forward = model.forward
+
+    def patched(self, *args, fused=False, **kwargs):  # the shape of trl's add_fused_lm_head patch
+        return original_forward(*args, **kwargs)
+
+    model.forward = types.MethodType(patched, model)
+    embed = hf_mean_pool_embedder(model, tok, batch_size=2)
+    copy_ = embed.backbone["model"]
+    assert embed.backbone["copied"] and copy_ is not model and "forward" not in copy_.__dict__
+    assert "forward" in model.__dict__  # the original keeps its patch
+    texts = ["1+2=", "12+34="]
+    before = embed(texts)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    np.testing.assert_array_equal(embed(texts), before)
+    assert embed.backbone["parameters"] == model_footprint(model)["parameters"] > 0
+
+
+def test_embedder_without_copy_leaves_the_model_as_it_was():
+    """``copy=False``: no new weights, parameters keep ``requires_grad``, every module's training flag is restored
+    after each call, and ``context`` is entered around every forward (e.g. a PEFT model's ``disable_adapter``)."""
+    import contextlib
+
+    import torch
+
+    torch.set_num_threads(1)
+    model, tok = _tiny_lm()
+    model.train()
+    model.model.layers[0].eval()  # a submodule in another mode than its parent
+    flags = {n: m.training for n, m in model.named_modules()}
+    entered = []
+
+    @contextlib.contextmanager
+    def ctx():
+        entered.append(model.training)
+        yield
+
+    embed = hf_mean_pool_embedder(model, tok, batch_size=2, copy=False, context=ctx)
+    assert embed.backbone == {"model": model, "copied": False, "parameters": 0, "bytes": 0}
+    E = embed(["1+2=", "12+34=", "5="])  # two widths x chunks of 2 -> 2 forwards
+    assert entered == [False, False]  # eval mode inside the forwards
+    assert {n: m.training for n, m in model.named_modules()} == flags
+    assert all(p.requires_grad for p in model.parameters())
+    copy_embed = hf_mean_pool_embedder(model, tok, batch_size=2)
+    np.testing.assert_array_equal(copy_embed(["1+2=", "12+34=", "5="]), E)
+
+
+def test_model_footprint_counts_shared_storage_once():
+    import torch
+
+    lin = torch.nn.Linear(4, 3)
+    assert model_footprint(lin) == {"parameters": 15, "bytes": 60}
+    shared = torch.nn.ModuleList([lin, torch.nn.Linear(4, 3)])
+    shared[1].weight = lin.weight  # tied: one storage
+    assert model_footprint(shared) == {"parameters": 15 + 3, "bytes": (15 + 3) * 4}
+    bn = torch.nn.BatchNorm1d(2)  # 4 parameters + running stats (2 + 2 floats) + num_batches_tracked (1 int64)
+    assert model_footprint(bn) == {"parameters": 4, "bytes": 4 * 4 + 4 * 4 + 8}
 
 
 # ----------------------------------------------------------------------------------------------- table format

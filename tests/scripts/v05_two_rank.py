@@ -11,6 +11,17 @@ collective mode (``trl_ext.trainers._trl_compat.generation_is_collective`` patch
 With a third argument ``keyed``, generation is left non-collective (a rank whose prompts are all done skips the
 round) and ``keyed_sampling=True``: building keyed requests is a collective every rank must still join.
 
+With a third argument ``embedding``, the run uses V0.5's **default** prior (the batch-invariant embedding prior on a
+frozen copy of the starting policy), keyed sampling (every rollout's noise is a function of its prompt and sample
+index, so both layouts draw the same rollouts) and a reward that depends on the completion; rank 0 also writes
+``OUT_DIR/params.pt`` (the final parameters) and the prior's outputs per step (``prior_p``), for the bitwise
+1-vs-2-process comparison.
+
+Per step the global batch is 8 prompts: ``per_device_train_batch_size = 32 // world`` rollouts (TRL's meaning),
+``v05_k_init = 4``, so round 1 holds 8 prompts x 4 rollouts on any number of processes. With a third argument
+``one_prompt`` the batch is a single prompt (4 rollouts), so with 2 processes rank 1 holds no prompt and contributes a
+masked pad row while still joining every collective (forced collective generation).
+
 Each rank writes ``OUT_DIR/rank{r}.json``: per step the global per-prompt decisions ``{row_idx: k}``, rounds,
 early stop, buffer fingerprint, the number of rows this rank passed to every ``generate_rollouts`` call (``calls``),
 the length of every backend call after the collective padding (``backend_calls``), and its world size.
@@ -19,6 +30,7 @@ the length of every backend call after the collective padding (``backend_calls``
 import json
 import os
 import sys
+import zlib
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,7 +44,7 @@ def truth(row_idx: int) -> float:
 
 
 def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dispatch_multiple: int = 1,
-        keyed: bool = False) -> dict:
+        keyed: bool = False, embedding: bool = False, n_prompts: int = 8) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -46,6 +58,9 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
     index = {ds[i]["prompt"]: i for i in range(len(ds))}
 
     def reward(prompts, completions, trl_ext_row_idx, **kw):
+        if embedding:  # prompts starting with 0-4 always succeed, the others 1 time in 4 (by completion): the
+            # embedding prior has something to learn and the fused advantages depend on the completions
+            return [float(p[0] in "01234" or zlib.crc32(c.encode()) % 4 == 0) for p, c in zip(prompts, completions)]
         return [truth(i) for i in trl_ext_row_idx]
 
     def prior_fn(targets, ctx_prompts, ctx_outcomes):
@@ -58,18 +73,20 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=0)
     cfg = V05GRPOConfig(
-        output_dir=os.path.join(out_dir, "run"), per_device_train_batch_size=8 // world, max_completion_length=4,
-        max_steps=max_steps, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=0, v05_dispatch_multiple=v05_dispatch_multiple,
-        keyed_sampling=keyed,
+        output_dir=os.path.join(out_dir, "run"), per_device_train_batch_size=4 * n_prompts // world, num_generations=2,
+        max_completion_length=4, max_steps=max_steps, learning_rate=1e-2 if embedding else 1e-3, use_cpu=True,
+        bf16=False, report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0,
+        v05_dispatch_multiple=v05_dispatch_multiple, keyed_sampling=keyed or embedding, v05_context_size=8,
     )
 
-    records, calls, backend_calls = [], [], []
+    records, calls, backend_calls, drawn = [], [], [], []
 
     class Recording(V05GRPOTrainer):
         def generate_rollouts(self, rows, **kw):
             calls.append(len(rows))
-            return super().generate_rollouts(rows, **kw)
+            c_ids, lps = super().generate_rollouts(rows, **kw)
+            drawn.extend((int(r["trl_ext_row_idx"]), list(c)) for r, c in zip(rows, c_ids))
+            return c_ids, lps
 
         def generate_token_ids(self, prompt_ids, **kw):
             backend_calls.append(len(prompt_ids))
@@ -78,14 +95,20 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
         def compute_advantages(self, batch):
             adv = super().compute_advantages(batch)
             if batch.mode == "train":
+                everyone = compat.gather_object(list(drawn))
+                drawn.clear()
+                rollouts = zlib.crc32(json.dumps(sorted(everyone)).encode())  # every rollout drawn, all ranks
                 r = self.last_v05
                 records.append({"k": {str(i): int(k) for i, k in zip(r["row_idx"], r["k"])}, "rounds": r["rounds"],
                                 "early_stop": bool(r["early_stop"]), "fingerprint": r["buffer_fingerprint"],
-                                "need_history": r["need_history"]})
+                                "need_history": r["need_history"], "prior_p": [float(x) for x in r["prior_p"]],
+                                "advantages": [float(x) for x in adv[~batch.is_pad].tolist()],
+                                "extra_rollouts": int(r["extra_rollouts"]), "rollouts": rollouts,
+                                "prior_mode": getattr(self.prior, "last_info", {}).get("mode")})
             return adv
 
     tr = Recording(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
-                   prior=CallablePrior(prior_fn))
+                   prior=None if embedding else CallablePrior(prior_fn))
     real_is_collective = compat.generation_is_collective
     if force_collective:
         compat.generation_is_collective = lambda trainer: trainer.accelerator.num_processes > 1
@@ -100,6 +123,10 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    if embedding and rank == 0:
+        unwrapped = tr.accelerator.unwrap_model(tr.model)
+        torch.save({n: p.detach().cpu().clone() for n, p in unwrapped.named_parameters()},
+                   os.path.join(out_dir, "params.pt"))
     return result
 
 
@@ -108,6 +135,10 @@ def main() -> int:
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     if len(sys.argv) > 3 and sys.argv[3] == "keyed":  # keyed sampling, plain (non-collective) generation
         run(out_dir, steps, force_collective=False, keyed=True)
+    elif len(sys.argv) > 3 and sys.argv[3] == "embedding":  # default embedding prior, keyed sampling, DDP generation
+        run(out_dir, steps, force_collective=False, embedding=True)
+    elif len(sys.argv) > 3 and sys.argv[3] == "one_prompt":  # 1 prompt per step on 2 ranks: rank 1 holds none
+        run(out_dir, steps, n_prompts=1)
     else:
         run(out_dir, steps)
     return 0

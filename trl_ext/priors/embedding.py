@@ -22,9 +22,61 @@ from .base import Prompt, ValuePrior, prompt_text
 from .heads import InContextHead, KernelHead, LogisticHead, TabPFNHead, jeffreys_mean
 from .table_format import prompt_key
 
-__all__ = ["EmbeddingInContextPrior", "hf_mean_pool_embedder"]
+__all__ = ["EmbeddingInContextPrior", "hf_mean_pool_embedder", "model_footprint"]
 
 _HEADS = ("kernel", "logistic", "tabpfn")
+
+
+def model_footprint(model: Any) -> dict:
+    """Memory held by ``model``: ``{"parameters": n, "bytes": b}``.
+
+    Counts every distinct parameter storage once (tied weights are one storage) and adds the buffers' bytes; this is
+    what a :func:`copy.deepcopy` of the model allocates.
+    """
+    seen: set[int] = set()
+    n_params = n_bytes = 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        n_params += p.numel()
+        n_bytes += p.numel() * p.element_size()
+    for b in model.buffers():
+        if b.data_ptr() not in seen:
+            seen.add(b.data_ptr())
+            n_bytes += b.numel() * b.element_size()
+    return {"parameters": int(n_params), "bytes": int(n_bytes)}
+
+
+def _detach_forward_patches(copy_: Any, original: Any) -> list[str]:
+    """Drop instance-level ``forward`` patches of ``copy_`` that still call into ``original``.
+
+    :func:`copy.deepcopy` rebinds a patched bound method to the copy but not the closure of its function: TRL 1.16's
+    fused LM head (``trl.trainer.utils.add_fused_lm_head``) stores ``model.forward = MethodType(_fused_forward,
+    model)`` whose closure holds the *original* model's bound ``forward``, so a deep copy of a policy the trainer has
+    patched silently runs the live policy. Such patches (a closure cell holding a method bound to a module of
+    ``original``) are removed from the copy, which falls back to its class's ``forward``. Returns the names of the
+    modules fixed.
+    """
+    import types
+
+    originals = {id(m) for m in original.modules()}
+    fixed = []
+    for name, m in copy_.named_modules():
+        f = m.__dict__.get("forward")
+        if not isinstance(f, types.MethodType):
+            continue
+        cells = f.__func__.__closure__ or ()
+        for cell in cells:
+            try:
+                v = cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+            if isinstance(v, types.MethodType) and id(v.__self__) in originals:
+                del m.__dict__["forward"]
+                fixed.append(name or "<root>")
+                break
+    return fixed
 
 
 def hf_mean_pool_embedder(
@@ -35,12 +87,29 @@ def hf_mean_pool_embedder(
     *,
     device: Any = None,
     copy: bool = True,
+    context: Callable[[], Any] | None = None,
+    pad_to_multiple_of: int = 32,
 ) -> Callable[[list[str]], np.ndarray]:
     """Build ``embed(texts) -> (n, d)`` from a Hugging Face causal LM: mean of the last hidden states over tokens.
 
-    The model is frozen: with ``copy=True`` (default) a deep copy is taken first, so passing the policy that is
-    about to be trained gives a frozen snapshot of the *starting* policy; the copy is put in eval mode with
-    ``requires_grad=False`` and run under ``torch.inference_mode``.
+    **Batch invariance.** A text's embedding depends on the text only, never on the other texts of the call (so a
+    prompt gets bitwise the same vector whatever batch, order, cache state or number of processes it is embedded in;
+    this is what makes V0.5 runs bit-identical after a resume and across process counts). Each text is right-padded
+    to a width that depends on its own token count ``L`` only -- ``ceil(L / pad_to_multiple_of) *
+    pad_to_multiple_of`` -- texts of the same width are grouped, and **every forward pass has exactly
+    ``batch_size`` rows** (a short chunk is filled with copies of one of its rows, whose outputs are discarded). Every
+    forward that computes a given text therefore has the same shape, and a text's row only sees itself (attention
+    mask, right padding, positions ``0..L-1``). ``batch_size=1`` embeds each text alone without any padding.
+
+    The model is frozen: with ``copy=True`` (default) a deep copy is taken first, so passing the policy that is about
+    to be trained gives a frozen snapshot of the *starting* policy (the copy's parameters are set to
+    ``requires_grad=False``, it is put in eval mode, and instance-level ``forward`` patches that would still call the
+    original model -- e.g. TRL's fused LM head -- are dropped from the copy, see :func:`_detach_forward_patches`).
+    The copy costs the model's memory again; its size is in ``embed.backbone["parameters"]`` /
+    ``embed.backbone["bytes"]``. With ``copy=False`` the model is used as is, without changing its parameters:
+    every call runs under ``torch.inference_mode`` with the model (and all its submodules) temporarily in eval mode,
+    their training flags restored afterwards -- for a model that is frozen already, or with ``context`` for one whose
+    frozen part can be selected (a PEFT model's base weights: ``context=peft_model.disable_adapter``).
 
     Parameters
     ----------
@@ -48,43 +117,79 @@ def hf_mean_pool_embedder(
         Anything returning ``hidden_states`` with ``output_hidden_states=True`` (causal LMs, encoders, PEFT models).
     tokenizer : transformers tokenizer
         Used without its padding side or pad token: sequences are padded manually (pad id: ``pad_token_id``, else
-        ``eos_token_id``, else 0; padded positions are masked out, so the id does not matter).
+        ``eos_token_id``, else 0; padded positions are masked out).
     batch_size : int >= 1
+        Rows of every forward pass (see batch invariance above).
     max_length : int >= 1
         Longer prompts are truncated to their first ``max_length`` tokens.
     device : torch.device or str, optional
-        Default: the model's device.
+        Default: the device of the model's first parameter at call time.
     copy : bool
-        Deep-copy the model before freezing it (set False to embed with a model you already froze/own).
+        Deep-copy the model before freezing it (False: embed with ``model`` itself, see above).
+    context : callable, optional
+        Zero-argument callable returning a context manager entered around every forward pass, e.g.
+        ``peft_model.disable_adapter`` to embed with the frozen base weights of a LoRA policy without copying them.
+    pad_to_multiple_of : int >= 1
+        Width granularity of the padding (ignored with ``batch_size=1``).
 
     Returns
     -------
     callable
-        ``embed(texts: list[str]) -> numpy.ndarray`` of shape ``(len(texts), hidden_size)``, float32. Texts are
-        processed in length-sorted batches and returned in input order.
+        ``embed(texts: list[str]) -> numpy.ndarray`` of shape ``(len(texts), hidden_size)``, float32, in input order.
+        Attribute ``embed.backbone``: ``{"model": the module used, "copied": bool, "parameters": int, "bytes": int}``
+        (``parameters`` / ``bytes`` of the copy, 0 when nothing was copied).
 
     Raises
     ------
     ValueError
-        (from ``embed``) if a text tokenizes to zero tokens.
+        Bad ``batch_size`` / ``max_length`` / ``pad_to_multiple_of``; (from ``embed``) a text that tokenizes to zero
+        tokens.
     """
+    import contextlib
+
     import torch
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"hf_mean_pool_embedder: batch_size must be an int >= 1, got {batch_size!r}.")
     if not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"hf_mean_pool_embedder: max_length must be an int >= 1, got {max_length!r}.")
-    frozen = _copy.deepcopy(model) if copy else model
-    frozen.eval()
-    for p in frozen.parameters():
-        p.requires_grad_(False)
-    if device is None:
-        device = next(frozen.parameters()).device
+    if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+        raise ValueError(f"hf_mean_pool_embedder: pad_to_multiple_of must be an int >= 1, got {pad_to_multiple_of!r}.")
+    if context is not None and not callable(context):
+        raise TypeError("hf_mean_pool_embedder: context must be a zero-argument callable returning a context manager.")
+    if copy:
+        frozen = _copy.deepcopy(model)
+        _detach_forward_patches(frozen, model)
+        frozen.eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        if device is not None:
+            frozen.to(device)
+        backbone = {"model": frozen, "copied": True, **model_footprint(frozen)}
     else:
-        frozen.to(device)
+        frozen = model
+        backbone = {"model": frozen, "copied": False, "parameters": 0, "bytes": 0}
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+
+    def width(n: int) -> int:
+        return n if batch_size == 1 else -(-n // pad_to_multiple_of) * pad_to_multiple_of
+
+    def forward_chunk(rows: list[list[int]], w: int, dev) -> np.ndarray:
+        n_real = len(rows)
+        rows = rows + [rows[0]] * (batch_size - n_real) if batch_size > 1 else rows
+        inp = torch.full((len(rows), w), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), w), dtype=torch.long)
+        for r, t in enumerate(rows):
+            inp[r, : len(t)] = torch.tensor(t, dtype=torch.long)
+            mask[r, : len(t)] = 1
+        inp, mask = inp.to(dev), mask.to(dev)
+        ctx = context() if context is not None else contextlib.nullcontext()
+        with ctx:
+            hs = frozen(input_ids=inp, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        m = mask.unsqueeze(-1).to(hs.dtype)
+        return ((hs * m).sum(1) / m.sum(1)).float().cpu().numpy()[:n_real]
 
     def embed(texts: list[str]) -> np.ndarray:
         if isinstance(texts, str):
@@ -96,25 +201,30 @@ def hf_mean_pool_embedder(
         empty = [i for i, t in enumerate(ids) if len(t) == 0]
         if empty:
             raise ValueError(f"embed: texts at positions {empty[:5]} tokenize to zero tokens; give non-empty prompts.")
-        order = np.argsort([len(t) for t in ids], kind="stable")
+        dev = device if device is not None else next(frozen.parameters()).device
+        buckets: dict[int, list[int]] = {}
+        for i, t in enumerate(ids):
+            buckets.setdefault(width(len(t)), []).append(i)
         out: list[np.ndarray | None] = [None] * len(texts)
-        with torch.inference_mode():
-            for s in range(0, len(order), batch_size):
-                idx = order[s : s + batch_size]
-                width = max(len(ids[i]) for i in idx)
-                inp = torch.full((len(idx), width), pad_id, dtype=torch.long)
-                mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for r, i in enumerate(idx):
-                    inp[r, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
-                    mask[r, : len(ids[i])] = 1
-                inp, mask = inp.to(device), mask.to(device)
-                hs = frozen(input_ids=inp, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
-                m = mask.unsqueeze(-1).to(hs.dtype)
-                pooled = ((hs * m).sum(1) / m.sum(1)).float().cpu().numpy()
-                for r, i in enumerate(idx):
-                    out[i] = pooled[r]
+        modes = None if copy else [(m, m.training) for m in frozen.modules()]
+        try:
+            if modes is not None:
+                frozen.eval()
+            with torch.inference_mode():
+                for w in sorted(buckets):
+                    idx = buckets[w]
+                    for s in range(0, len(idx), batch_size):
+                        part = idx[s : s + batch_size]
+                        pooled = forward_chunk([ids[i] for i in part], w, dev)
+                        for r, i in enumerate(part):
+                            out[i] = pooled[r]
+        finally:
+            if modes is not None:
+                for m, was in modes:
+                    m.training = was
         return np.stack(out).astype(np.float32)
 
+    embed.backbone = backbone
     return embed
 
 

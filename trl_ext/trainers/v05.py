@@ -6,22 +6,28 @@ Implementation Workflow" (Section 4.1.3, Steps 1-5), "Empirical Shrinkage Fusion
 :mod:`trl_ext.estimators.v05`; this module wires it into the base trainer as a rollout strategy
 (:class:`OSLARounds`) and an advantage hook (:meth:`V05GRPOTrainer.compute_advantages`).
 
-Per generation batch (train mode; every rank holds ``per_device_train_batch_size * steps_per_generation``
-**unique** prompts):
+Drop-in contract: a TRL user changes the import and the config class only. For the same TRL arguments every
+generation batch first generates exactly TRL's ``generation_batch_size`` rollouts -- TRL's sampler yields each of
+``generation_batch_size / v05_k_init`` prompts ``v05_k_init`` times, and the prompts are spread over ranks as whole
+prompts -- then the OSLA rounds add at most ``v05_extra_rollout_budget x generation_batch_size`` rollouts (default
+1.0: at most 2x TRL's per step). The describe line logged at construction says it in numbers.
+
+Per generation batch (train mode):
 
 1. **Prior** (Step 1): sample a context of ``v05_context_size`` (prompt, success) pairs from the global
    :class:`~trl_ext.priors.SupportBuffer` (identical on every rank, seeded by ``(seed, generation index)``) and query
-   the prior once per prompt: ``p in [0, 1]``, ``V = 2p - 1``. Cold start: an empty buffer gives an empty context and
+   the prior once per prompt (the whole batch on every rank): ``p in [0, 1]``, ``V = 2p - 1``. Cold start: an empty buffer gives an empty context and
    each prior's documented empty-context answer (embedding prior: ``p = 0.5``, i.e. ``V = 0``).
-2. **Cold start allocation** (Step 2): ``v05_k_init`` (4) rollouts per prompt, generated with
-   :meth:`trl_ext.GRPOTrainer.generate_rollouts` and scored locally with
+2. **Cold start allocation** (Step 2): ``v05_k_init`` (4) rollouts per prompt (``generation_batch_size`` in all),
+   generated with :meth:`trl_ext.GRPOTrainer.generate_rollouts` and scored locally with
    :meth:`~trl_ext.GRPOTrainer.score_rollouts_local`, rewards mapped from ``[v05_reward_low, v05_reward_high]`` to
    ``[-1, 1]``.
 3. **Test + OSLA rounds** (Steps 3-4): the per-prompt drawn counts and Eq. 7 bias estimates are gathered over ranks
    and :func:`trl_ext.estimators.osla_step` (the library's one OSLA rule) decides the round on the whole batch: a
    prompt needs more while ``k < 1/sqrt(c) - 1/bias2`` and ``k < round(1/sqrt(c))`` (16 for ``c = 0.0039``) and gets
    ``v05_k_step`` (2) more rollouts; the whole batch stops when fewer than ``v05_global_stop_fraction`` (25%) of its
-   prompts still need rollouts. Every rank therefore runs the same rounds.
+   prompts still need rollouts. The round is then trimmed to the remaining ``v05_extra_rollout_budget`` (prompts
+   served by decreasing ``bias2``; ``v05/budget_exhausted``). Every rank therefore runs the same rounds.
 4. **Fusion + advantages** (Step 5): ``A_i = (r_i - mu*) / sigma*`` with the fused baseline of Eq. 9 computed by
    :func:`trl_ext.estimators.fused_advantages_batch` on the gathered groups, then (``v05_prompt_weighting="equal"``,
    the default) multiplied by ``c_j = kbar / k_j`` so every prompt carries the same total weight in the loss, as
@@ -37,6 +43,7 @@ base trainer's one counter, ``ext/generated_tokens``.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -59,7 +66,9 @@ from ..priors import SupportBuffer, ValuePrior, build_prior
 from . import _trl_compat as compat
 from .base import ExtGRPOConfig, GRPOTrainer, parse_kwargs_field, validate_ext_config
 from .batch import RolloutBatch
-from .rollouts import RolloutStrategy, weighted_reward
+from .rollouts import RolloutStrategy, _block, weighted_reward
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["V05GRPOConfig", "V05GRPOTrainer", "OSLARounds", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
 
@@ -83,20 +92,25 @@ V05_PROMPT_WEIGHTINGS = ("equal", "rollout")
 # ---------------------------------------------------------------------------------------------------------- config
 @dataclass
 class V05GRPOConfig(ExtGRPOConfig):
-    """:class:`~trl_ext.trainers.base.ExtGRPOConfig` plus the V0.5 options; defaults reproduce the paper.
+    """:class:`~trl_ext.trainers.base.ExtGRPOConfig` plus the V0.5 options; defaults reproduce the paper's rules.
 
     Every option is one dataclass field (its ``help`` is the command-line help); the trainer reads them from
-    ``self.args``. ``per_device_train_batch_size`` counts **unique prompts** per rank (the sampler yields each prompt
-    once; the rollouts per prompt are chosen by OSLA). ``num_generations`` is not used in training; it is only the
-    group size of evaluation (``num_generations_eval`` defaults to it) and need not divide the generation batch
-    (TRL's check runs with a placeholder, :func:`trl_ext.trainers._trl_compat.validate_config_with_placeholder_group_size`).
-    Its default here is 2. A plain ``trl.GRPOConfig`` given to :class:`V05GRPOTrainer` is upgraded with these
-    defaults and checked by :meth:`validate_method_options`.
+    ``self.args``. **Drop-in contract**: every TRL field keeps its meaning and TRL's validation (TRL's own
+    ``GRPOConfig.__post_init__`` runs unchanged). ``per_device_train_batch_size`` / ``generation_batch_size`` count
+    rollouts as in TRL: the first round of every generation batch generates exactly ``generation_batch_size``
+    rollouts, as TRL does for the same arguments -- ``generation_batch_size / v05_k_init`` unique prompts,
+    ``v05_k_init`` rollouts each (so ``v05_k_init`` must divide ``generation_batch_size``) -- and the OSLA rounds add at
+    most ``v05_extra_rollout_budget x generation_batch_size`` more. ``num_generations`` (TRL's default 8) is not
+    used in training (rollout counts are chosen per prompt); it is the group size of evaluation
+    (``num_generations_eval`` defaults to it) and, as in TRL, must divide ``generation_batch_size``. A plain
+    ``trl.GRPOConfig`` given to :class:`V05GRPOTrainer` is upgraded with these defaults and checked by
+    :meth:`validate_method_options`.
 
     Parameters
     ----------
     v05_k_init : int, default 4
-        Rollouts per prompt before the first test (Workflow Step 2). Values below 4 are rejected unless
+        Rollouts per prompt before the first test (Workflow Step 2); must divide ``generation_batch_size`` (the
+        first round holds ``generation_batch_size / v05_k_init`` prompts). Values below 4 are rejected unless
         ``v05_allow_small_k_init=True``: Appendix A.8 shows the test rejects good priors too often for k < 4
         (``1/sqrt(k) >= 2/k`` needs ``k >= 4``).
     v05_k_step : int, default 2
@@ -104,6 +118,18 @@ class V05GRPOConfig(ExtGRPOConfig):
     v05_rollout_cost : float, default 0.0039
         Marginal cost ``c`` of one rollout; the cap is ``round(1/sqrt(c))`` (16) and Theorem 3.6's target
         ``1/sqrt(c) - 1/bias2``. Must leave ``cap >= v05_k_init``.
+    v05_extra_rollout_budget : float >= 0, default 1.0
+        Per-step compute bound: the OSLA rounds of one generation batch generate at most
+        ``floor(v05_extra_rollout_budget x generation_batch_size)`` rollouts in total (all ranks; the padding of
+        ``v05_dispatch_multiple`` included, round 1's too), so a step generates at most
+        ``(1 + v05_extra_rollout_budget)`` times TRL's rollouts for the same arguments. Only the discarded dummy rows
+        that equalize a collective generation call across ranks (vLLM server, tensor parallel, ZeRO-3/FSDP) come on
+        top (``v05/discarded_rollouts``): they depend on the back-end, and charging them would make the allocation
+        depend on the number of processes. 0 = no OSLA round (fixed ``v05_k_init`` rollouts per prompt, the
+        fusion still applies). When the budget cannot serve every prompt that needs more in a round, prompts are
+        served in order of decreasing Eq. 7 ``bias2`` (ties: batch order), identically on every rank, and
+        ``v05/budget_exhausted`` is logged 1. The paper's unbounded rounds: any value
+        ``>= (cap - v05_k_init) / v05_k_init`` (3 with the defaults), or ``float("inf")``.
     v05_global_stop_fraction : float in [0, 1], default 0.25
         Stop the rounds for the whole batch (all ranks) when fewer than this fraction of its prompts still need
         rollouts. 0 disables the early stop (rounds run until no prompt needs more).
@@ -118,12 +144,14 @@ class V05GRPOConfig(ExtGRPOConfig):
         Support buffer capacity and context size (Workflow Step 1).
     v05_value_prior : str, default "embedding"
         Prior kind for :func:`trl_ext.priors.build_prior` when the trainer gets no ``prior=`` object:
-        ``"embedding"`` (frozen mean-pooled copy of the starting policy + in-context kernel head, the paper's
-        V0-style default), ``"constant"``, ``"table"`` (needs ``v05_value_prior_kwargs={"table": path}``);
-        ``"callable"`` needs a ``prior=`` object.
+        ``"embedding"`` (batch-invariant mean-pooled embeddings of the frozen starting policy + in-context kernel
+        head, the paper's V0-style default; which weights it uses, shared or copied, is
+        :meth:`V05GRPOTrainer.prior_backbone_choice`), ``"constant"``, ``"table"`` (needs
+        ``v05_value_prior_kwargs={"table": path}``); ``"callable"`` needs a ``prior=`` object.
     v05_value_prior_kwargs : dict or JSON str, optional
         Constructor options of the prior (for ``"embedding"`` these go to ``EmbeddingInContextPrior``, plus
-        ``embed_batch_size`` / ``embed_max_length`` for :func:`~trl_ext.priors.hf_mean_pool_embedder`).
+        ``embed_batch_size`` / ``embed_max_length`` / ``embed_pad_to_multiple_of`` for
+        :func:`~trl_ext.priors.hf_mean_pool_embedder`).
     v05_reward_low, v05_reward_high : float, default 0.0, 1.0
         Declared range of the weighted summed reward. Rewards are mapped linearly to ``[-1, 1]``:
         ``r' = 2 (r - low) / (high - low) - 1`` ({0, 1} checker -> {-1, 1}; use ``-1, 1`` for rewards already on the
@@ -148,15 +176,19 @@ class V05GRPOConfig(ExtGRPOConfig):
 
     uses_advantage_estimator: ClassVar[bool] = False
 
-    num_generations: int | None = field(
-        default=2, metadata={"help": "Unused in V0.5 training (OSLA chooses k per prompt); the group size of "
-                                     "evaluation. Need not divide the generation batch."},
-    )
     v05_k_init: int = field(default=V05_K_INIT,
-                            metadata={"help": "Rollouts per prompt before the first test (paper: 4)."})
+                            metadata={"help": "Rollouts per prompt before the first test (paper: 4); must divide "
+                                              "generation_batch_size (round 1 = generation_batch_size rollouts, as "
+                                              "TRL)."})
     v05_k_step: int = field(default=2, metadata={"help": "Rollouts added per OSLA round (paper: 2)."})
     v05_rollout_cost: float = field(default=V05_PAPER_COST,
                                 metadata={"help": "Marginal rollout cost c; cap = round(1/sqrt(c)) (paper: 0.0039)."})
+    v05_extra_rollout_budget: float = field(
+        default=1.0,
+        metadata={"help": "At most this fraction of generation_batch_size extra rollouts (OSLA rounds) per generation "
+                          "batch, i.e. <= (1 + budget) x TRL's rollouts per step; 0 = no OSLA rounds; >= (cap - "
+                          "v05_k_init) / v05_k_init (3 by default) or inf = the paper's unbounded rounds."},
+    )
     v05_global_stop_fraction: float = field(
         default=0.25, metadata={"help": "Stop the rounds when fewer than this share of prompts need more (0 = off)."}
     )
@@ -189,11 +221,14 @@ class V05GRPOConfig(ExtGRPOConfig):
     def __post_init__(self):
         self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
                                                              "advantage_estimator_kwargs")
-        # TRL's GRPOConfig.__post_init__ (not ExtGRPOConfig's, which would key TRL's divisibility check to
-        # num_generations): the generation batch counts unique prompts, so it is validated with a placeholder group
-        # size and num_generations is restored (the eval group size).
-        compat.validate_config_with_placeholder_group_size(self, super(ExtGRPOConfig, self).__post_init__,
-                                                           group_size=1)
+        g = self.num_generations
+        if not _is_int(g) or g < 1:  # before TRL's check, which divides by it
+            raise ValueError(f"num_generations (V0.5: the evaluation group size, TRL's meaning) must be an int >= 2, "
+                             f"got {g!r}.")
+        # TRL's GRPOConfig.__post_init__ unchanged, no placeholder group size: generation_batch_size counts rollouts
+        # as in TRL and num_generations is TRL's (the eval group size; TRL checks that it divides the generation
+        # batch), so a TRL config is valid here exactly when it is valid for TRL (plus v05_k_init | batch).
+        super(ExtGRPOConfig, self).__post_init__()
         self.validate_method_options(self)
 
     @staticmethod
@@ -232,6 +267,19 @@ def validate_v05_config(args: Any) -> None:
         raise ValueError(f"v05_rollout_cost={c} gives cap round(1/sqrt(c))={cap} < v05_k_init={args.v05_k_init}; "
                          f"lower the cost (cap >= v05_k_init needs c <= {1.0 / (args.v05_k_init - 0.5) ** 2:.6g}) or "
                          "lower v05_k_init.")
+    gbs = getattr(args, "generation_batch_size", None)
+    if _is_int(gbs) and gbs % args.v05_k_init:
+        raise ValueError(
+            f"generation_batch_size={gbs} (per_device_train_batch_size x processes x steps_per_generation) is not "
+            f"divisible by v05_k_init={args.v05_k_init}: V0.5's first round generates exactly TRL's "
+            f"generation_batch_size rollouts as generation_batch_size / v05_k_init prompts x v05_k_init rollouts. "
+            f"Make per_device_train_batch_size (or generation_batch_size) a multiple of {args.v05_k_init}, or choose a "
+            "v05_k_init that divides it."
+        )
+    b = args.v05_extra_rollout_budget
+    if isinstance(b, bool) or not isinstance(b, int | float) or math.isnan(b) or b < 0:
+        raise ValueError(f"v05_extra_rollout_budget must be a number >= 0 (fraction of generation_batch_size; 0 = no "
+                         f"OSLA rounds, inf = the paper's unbounded rounds), got {b!r}.")
     f = args.v05_global_stop_fraction
     if not (isinstance(f, int | float) and not isinstance(f, bool) and 0.0 <= f <= 1.0):
         raise ValueError(f"v05_global_stop_fraction must be in [0, 1] (0 disables the early stop), got {f!r}.")
@@ -285,14 +333,39 @@ class _PromptState:
         return len(self.completion_ids)
 
 
+def _unique_prompt_rows(rows: list[dict], k: int) -> list[dict]:
+    """The prompts of a generation batch in sampler order: rows deduplicated by ``trl_ext_row_idx`` (TRL's
+    ``RepeatSampler`` yields each prompt ``k`` times in a row), or every ``k``-th row when the column is missing."""
+    col = compat.ROW_IDX_COLUMN
+    if rows and all(col in x for x in rows):
+        seen, out = set(), []
+        for x in rows:
+            key = int(x[col])
+            if key not in seen:
+                seen.add(key)
+                out.append(x)
+        return out
+    return [rows[i] for i in range(0, len(rows), k)]
+
+
 class OSLARounds(RolloutStrategy):
-    """V0.5's rollout allocation: prior query, ``v05_k_init`` rollouts per prompt, then Sequential OSLA rounds.
+    """V0.5's rollout allocation: prior query, ``v05_k_init`` rollouts per prompt, then budgeted Sequential OSLA rounds.
 
     Workflow Steps 1-4 of "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848,
-    Section 4.1.3); the per-round decision is :func:`trl_ext.estimators.osla_step` (Theorem 3.6 plus the 25% global
-    stop) applied to the per-prompt drawn counts and Eq. 7 bias estimates gathered over ranks, so every rank runs the
-    same rounds and a prompt's decisions do not depend on the number of processes. Reads its options from
-    ``trainer.args`` (:class:`V05GRPOConfig`) and uses ``trainer.prior`` and ``trainer.support_buffer``.
+    Section 4.1.3). Per generation batch:
+
+    * the rows TRL's sampler yielded on all ranks (each prompt ``v05_k_init`` times, see
+      :meth:`V05GRPOTrainer.__init__`) are gathered and deduplicated by ``trl_ext_row_idx``: ``generation_batch_size /
+      v05_k_init`` prompts in sampler order, assigned to ranks as **whole prompts in contiguous blocks**
+      (:func:`~trl_ext.trainers.rollouts._block`, as :class:`~trl_ext.trainers.rollouts.DynamicSampling` does), so
+      each prompt is generated and scored on one rank and nothing depends on the number of processes;
+    * the prior is queried once for the whole batch on every rank (identical inputs, identical outputs);
+    * round 1 generates ``v05_k_init`` rollouts per prompt -- ``generation_batch_size`` in all, TRL's count for the
+      same arguments;
+    * each OSLA round is decided by :func:`trl_ext.estimators.osla_step` (Theorem 3.6 plus the 25% global stop) on
+      the per-prompt drawn counts and Eq. 7 bias estimates gathered over ranks, then trimmed to the remaining
+      ``v05_extra_rollout_budget`` (:meth:`apply_budget`: prompts served by decreasing ``bias2``), identically on
+      every rank.
 
     Every rank calls :meth:`dispatch` once per round (possibly with nothing to generate): generation goes through
     :meth:`trl_ext.GRPOTrainer.generate_rollouts`, which joins the keyed-sampling collective, pads collective calls
@@ -313,16 +386,75 @@ class OSLARounds(RolloutStrategy):
         self.generation_index = 0
         self.pending: dict | None = None
 
+    # ------------------------------------------------------------------------------------------------ compute bounds
+    @staticmethod
+    def extra_budget(trainer) -> int | None:
+        """Rollouts the OSLA rounds of one generation batch may generate: ``floor(v05_extra_rollout_budget x
+        generation_batch_size)``, or ``None`` (unbounded) for an infinite budget."""
+        b = float(trainer.args.v05_extra_rollout_budget)
+        if math.isinf(b):
+            return None
+        return int(math.floor(b * int(trainer.args.generation_batch_size) + 1e-9))
+
+    @staticmethod
+    def round_cost(trainer, per_rank: list[int]) -> int:
+        """Rollouts one round charges to the budget when rank ``r`` requests ``per_rank[r]``: the requests, each
+        rank's dispatch padded to ``v05_dispatch_multiple`` (with the default 1: exactly the requested rollouts, so
+        the charge does not depend on how prompts are spread over ranks).
+
+        Not charged: the dummy rows that equalize a *collective* generation call across ranks (vLLM server, tensor
+        parallel, ZeRO-3/FSDP). They depend on the back-end and the layout, are discarded, and are counted in
+        ``v05/discarded_rollouts`` and ``ext/generated_tokens``; charging them would make the allocation depend on
+        the number of processes.
+        """
+        m = int(trainer.args.v05_dispatch_multiple)
+        return sum(math.ceil(int(n) / m) * m for n in per_rank)
+
+    def apply_budget(self, trainer, add: np.ndarray, bias2: np.ndarray, owner: np.ndarray,
+                     remaining: int | None) -> tuple[np.ndarray, bool]:
+        """Trim one round's global request ``add`` (from :func:`~trl_ext.estimators.osla_step`) to ``remaining``.
+
+        Prompts that need more are served in order of decreasing ``bias2`` (the prior's estimated squared bias:
+        Theorem 3.6's target grows with it), ties in batch order; each gets the largest part of its request whose
+        :meth:`round_cost` still fits. Deterministic and computed from global arrays, so identical on every rank.
+        Returns ``(served, short)``: the rollouts to draw per prompt and whether some request was not served in full.
+        """
+        add = np.asarray(add, dtype=np.int64)
+        if remaining is None:
+            return add, False
+        p = trainer.accelerator.num_processes
+        served = np.zeros_like(add)
+        per_rank = [0] * p
+        order = sorted(np.flatnonzero(add > 0).tolist(), key=lambda j: (-float(bias2[j]), j))
+        for j in order:
+            r = int(owner[j])
+            for n in range(int(add[j]), 0, -1):
+                per_rank[r] += n
+                if self.round_cost(trainer, per_rank) <= remaining:
+                    served[j] = n
+                    break
+                per_rank[r] -= n
+        return served, bool((served < add).any())
+
     def describe(self, trainer) -> str:
+        """One line: what each generation batch generates compared with TRL for the same arguments."""
         a = trainer.args
+        gbs, k, g = int(a.generation_batch_size), int(a.v05_k_init), int(a.num_generations)
         cap = osla_cap(a.v05_rollout_cost)
-        max_rounds = math.ceil(max(cap - a.v05_k_init, 0) / a.v05_k_step)
+        natural = gbs // k * max(cap - k, 0)  # what the paper's unbounded rounds could add at most
+        budget = self.extra_budget(trainer)
+        most = natural if budget is None else min(budget, natural)
+        binds = budget is not None and budget < natural
         stop = f"global stop below {a.v05_global_stop_fraction:.0%} of prompts" if a.v05_global_stop_fraction > 0 \
             else "no global stop"
-        return (f"rollout strategy v05_osla (V0.5 Sequential OSLA): {a.generation_batch_size} unique prompts per "
-                f"generation batch, {a.v05_k_init} rollouts each, then up to {max_rounds} rounds of +{a.v05_k_step} for "
-                f"prompts whose prior fails the test (cap {cap}, {stop}, dispatches padded to a multiple of "
-                f"{a.v05_dispatch_multiple}); prompt weighting {a.v05_prompt_weighting!r}")
+        pad = (f"; dispatches padded to a multiple of {a.v05_dispatch_multiple} (charged to the budget)"
+               if a.v05_dispatch_multiple > 1 else "")
+        return (f"rollout strategy v05_osla (V0.5 Sequential OSLA): round 1: {gbs} rollouts per generation batch "
+                f"({gbs // k} prompts x {k}; = TRL's for these arguments: {gbs // g} prompts x {g}); OSLA: at most "
+                f"{most} more (+{a.v05_k_step} per round to prompts whose prior fails the test, cap {cap}, {stop}, "
+                f"v05_extra_rollout_budget={a.v05_extra_rollout_budget:g}"
+                f"{'' if binds else ': does not bind, the paper rounds'}), i.e. <= {(gbs + most) / gbs:.4g}x TRL's"
+                f"{pad}; prompt weighting {a.v05_prompt_weighting!r}")
 
     def state_dict(self) -> dict:
         return {"generation_index": int(self.generation_index)}
@@ -336,10 +468,12 @@ class OSLARounds(RolloutStrategy):
         return pend
 
     # ------------------------------------------------------------------------------------------------ one round
-    def dispatch(self, trainer: V05GRPOTrainer, states: list[_PromptState], requests: list[tuple[int, int]]) -> dict:
+    def dispatch(self, trainer: V05GRPOTrainer, states: list[_PromptState], requests: list[tuple[int, int]],
+                 fallback: dict | None = None) -> dict:
         """Generate ``requests`` = [(local prompt index, n rollouts)], padded to ``v05_dispatch_multiple``; score them.
 
-        Every rank must call this in every round (it may request nothing). Returns this rank's counters for the
+        Every rank must call this in every round (it may request nothing, and may hold no prompt: ``fallback`` is
+        the row of the dummy rollouts that equalize collective calls). Returns this rank's counters for the
         diagnostics: ``rollouts`` generated in the call (collective equalizing rows included) and how many of them
         were ``discarded``.
         """
@@ -358,7 +492,8 @@ class OSLARounds(RolloutStrategy):
                 want.append(i)
             extra -= len(takers)
         target = math.ceil(len(want) / m) * m if want else 0
-        fallback = states[0].row
+        if fallback is None:
+            fallback = states[0].row if states else None
         rows = [states[i].row for i in want] + [fallback] * (target - len(want))
         n_call = len(rows)
         if compat.generation_is_collective(trainer):
@@ -412,25 +547,47 @@ class OSLARounds(RolloutStrategy):
     # ------------------------------------------------------------------------------------------------ main
     def generate_and_score(self, trainer: V05GRPOTrainer, inputs: list[dict]) -> dict:
         a = trainer.args
-        inputs = list(inputs)
-        # Step 1: context + prior, once per prompt, before any rollout
+        n_proc, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        k_init = int(a.v05_k_init)
+        # the whole batch's prompts in sampler order (each was yielded v05_k_init times), whole prompts per rank
+        batch = _unique_prompt_rows(compat.gather_object(list(inputs)), k_init)
+        n_prompts = len(batch)
+        fallback = dict(batch[0])
+        blocks = [_block(n_prompts, n_proc, r) for r in range(n_proc)]
+        owner = np.repeat(np.arange(n_proc), [hi - lo for lo, hi in blocks])
+        lo, hi = blocks[rank]
+        # Step 1: context + prior, once per prompt, before any rollout; the whole batch on every rank (identical
+        # inputs give identical numbers whatever the number of processes)
         ctx_prompts, ctx_outcomes = trainer.support_buffer.sample_context(self.generation_index)
-        p = trainer.prior.predict([x["prompt"] for x in inputs], ctx_prompts, ctx_outcomes)
-        states = [_PromptState(row=dict(x), prior_p=float(pi)) for x, pi in zip(inputs, p)]
-        # Step 2: v05_k_init rollouts per prompt
-        counters = self.dispatch(trainer, states, [(i, a.v05_k_init) for i in range(len(states))])
+        p_all = np.asarray(trainer.prior.predict([x["prompt"] for x in batch], ctx_prompts, ctx_outcomes),
+                           dtype=np.float64)
+        states = [_PromptState(row=dict(batch[j]), prior_p=float(p_all[j])) for j in range(lo, hi)]
+        # Step 2: v05_k_init rollouts per prompt = generation_batch_size rollouts in all (TRL's count)
+        counters = self.dispatch(trainer, states, [(i, k_init) for i in range(len(states))], fallback)
+        round1 = self.round_cost(trainer, [k_init * (h - low) for low, h in blocks])
+        budget = self.extra_budget(trainer)
+        # round-1 padding beyond TRL's count (v05_dispatch_multiple > 1) is paid from the budget
+        remaining = None if budget is None else max(budget - max(round1 - int(a.generation_batch_size), 0), 0)
         # Steps 3-4: OSLA rounds, decided on the gathered batch so every rank runs the same rounds
         rounds, early_stop, need_history, rejected_at_init = 0, False, [], None
+        exhausted, extra = False, 0
         while True:
             step, mine, bias2 = self.decide(trainer, states)
             if rejected_at_init is None:
                 rejected_at_init = np.nan_to_num(bias2, nan=0.0) > 0
-            need_history.append(float(step.need.mean()))
+            need_history.append(float(step.need.mean()) if step.need.size else 0.0)
             if step.stop:
                 early_stop = bool(step.stopped_globally)
                 break
-            add = step.add[mine]
-            c = self.dispatch(trainer, states, [(i, int(n)) for i, n in enumerate(add) if n > 0])
+            add, short = self.apply_budget(trainer, step.add, bias2, owner, remaining)
+            exhausted |= short
+            if not add.any():
+                break
+            cost = self.round_cost(trainer, np.bincount(owner, weights=add, minlength=n_proc).astype(int).tolist())
+            extra += cost
+            if remaining is not None:
+                remaining -= cost
+            c = self.dispatch(trainer, states, [(i, int(n)) for i, n in enumerate(add[mine]) if n > 0], fallback)
             for key in counters:
                 counters[key] += c[key]
             rounds += 1
@@ -442,31 +599,34 @@ class OSLARounds(RolloutStrategy):
             lps += s.logprobs
             rpf += s.rpf
             gids += [i] * s.k
-        use_lps = any(lp is not None for lp in lps)
-        if use_lps and any(lp is None for lp in lps):
+        has_lps = any(lp is not None for lp in lps)
+        if has_lps and any(lp is None for lp in lps):
             raise RuntimeError("internal: some rollouts have sampling log-probs and others do not.")
-        local = {
-            "row_idx": [int(s.row.get(compat.ROW_IDX_COLUMN, -1)) for s in states],
-            "prompts": [s.row["prompt"] for s in states],
-            "prior_p": [s.prior_p for s in states],
-            "k": [s.k for s in states],
-            "dispatched": counters["rollouts"], "discarded": counters["discarded"],
-        }
+        local = {"k": [s.k for s in states], "dispatched": counters["rollouts"], "discarded": counters["discarded"],
+                 "has_lps": has_lps}
         gathered = compat.gather_object([local])
+        use_lps = any(g["has_lps"] for g in gathered)
+        is_pad = None
+        if not rows:  # a rank without a prompt (fewer prompts than processes): one masked pad row
+            eos = compat.tokenizer(trainer).eos_token_id
+            rows, c_ids, lps, gids, is_pad = [fallback], [[eos]], [[0.0]], [0], [True]
+            rpf = [torch.full((len(trainer.reward_funcs),), float("nan"))]
         self.pending = {
-            "row_idx": [r for g in gathered for r in g["row_idx"]],
-            "prompts": [r for g in gathered for r in g["prompts"]],
-            "prior_p": np.array([r for g in gathered for r in g["prior_p"]], dtype=np.float64),
+            "row_idx": [int(x.get(compat.ROW_IDX_COLUMN, -1)) for x in batch],
+            "prompts": [x["prompt"] for x in batch],
+            "prior_p": p_all,
             "k": np.array([r for g in gathered for r in g["k"]], dtype=np.int64),
             "rejected_at_init": rejected_at_init,
             "dispatched": sum(g["dispatched"] for g in gathered),
             "discarded": sum(g["discarded"] for g in gathered),
             "rounds": rounds, "early_stop": early_stop, "need_history": need_history,
             "context_size": len(ctx_prompts),
+            "round1_rollouts": round1, "extra_rollouts": extra, "extra_budget": budget,
+            "budget_exhausted": exhausted,
         }
         try:
             return trainer.finish_rollouts(rows, c_ids, group_ids=gids, logprobs=lps if use_lps else None,
-                                           rewards_per_func=torch.stack(rpf))
+                                           rewards_per_func=torch.stack(rpf), is_pad=is_pad)
         finally:
             self.pending = None
             self.generation_index += 1
@@ -483,9 +643,12 @@ class V05GRPOTrainer(GRPOTrainer):
         with the V0.5 defaults, see :func:`~trl_ext.trainers.base.as_config`).
     prior : ValuePrior, optional
         The value prior; default: built from ``args.v05_value_prior`` / ``args.v05_value_prior_kwargs``. The
-        ``"embedding"`` default embeds prompts with a frozen deep copy of the **starting** policy
-        (:func:`~trl_ext.priors.hf_mean_pool_embedder`); under DeepSpeed ZeRO-3 / FSDP pass a prior with its own
-        embedding model.
+        ``"embedding"`` default embeds prompts with a frozen view of the **starting** policy
+        (:func:`~trl_ext.priors.hf_mean_pool_embedder`), sharing weights where it can (:meth:`prior_backbone_choice`):
+        under PEFT the trainer's own model with its adapter disabled (the frozen base weights, no copy); with
+        ``beta > 0`` (full fine-tuning) TRL's reference model (no copy, unless ``sync_ref_model=True`` moves it);
+        otherwise a frozen deep copy of the policy (one more model in memory, logged at construction). Under
+        DeepSpeed ZeRO-3 / FSDP pass a prior with its own embedding model.
 
     Attributes
     ----------
@@ -493,12 +656,18 @@ class V05GRPOTrainer(GRPOTrainer):
         The train-mode rollout allocation (:meth:`create_rollout_strategy`).
     support_buffer : SupportBuffer
         The global (prompt, success) FIFO; saved in ``trl_ext_state.pt`` of every checkpoint.
+    prior_backbone : dict or None
+        For the default embedding prior: ``{"source": "peft_base_model" | "reference_model" | "policy_copy",
+        "parameters": n, "bytes": b}`` (``parameters`` / ``bytes`` of the copy the prior made, 0 when it shares the
+        trainer's weights); ``None`` for any other prior.
     last_v05 : dict or None
         Global record of the latest train generation batch (identical on every rank): ``row_idx``, ``prompts``,
         ``prior_p``, ``k`` (final rollouts per prompt), ``rejected_at_init``, ``bias2``, ``weight``, ``baseline``,
         ``vbar``, ``scorable``, ``prompt_weight`` (the Eq. 10 multiplier ``c_j``, NaN for unscorable prompts),
         ``rounds``, ``early_stop``, ``need_history`` (global need fraction before each round), ``context_size``,
-        ``dispatched``, ``discarded``, ``buffer_fingerprint``.
+        ``dispatched``, ``discarded``, ``round1_rollouts``, ``extra_rollouts`` (charged to the budget by the OSLA
+        rounds, all ranks: requested rollouts plus ``v05_dispatch_multiple`` padding), ``extra_budget`` (``None`` =
+        unbounded), ``budget_exhausted``, ``unscorable_rollouts``, ``buffer_fingerprint``.
 
     Notes
     -----
@@ -512,7 +681,9 @@ class V05GRPOTrainer(GRPOTrainer):
     """
 
     config_class: ClassVar[type] = V05GRPOConfig
-    unique_prompt_sampler: ClassVar[bool] = True
+    # TRL's sampler with num_generations = v05_k_init (set in __init__): each prompt v05_k_init times, so round 1 is
+    # exactly TRL's generation_batch_size rollouts
+    unique_prompt_sampler: ClassVar[bool] = False
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *,
                  prior: ValuePrior | None = None, **kwargs):
@@ -520,6 +691,10 @@ class V05GRPOTrainer(GRPOTrainer):
             raise TypeError(f"prior must be a trl_ext.priors.ValuePrior (wrap functions with CallablePrior), got "
                             f"{type(prior).__name__}.")
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
+        # the train sampler (built in train()) repeats each prompt v05_k_init times; evaluation keeps TRL's
+        # num_generations_eval
+        compat.set_sampler_num_generations(self, self.args.v05_k_init)
+        self.prior_backbone: dict | None = None
         self.prior = prior if prior is not None else self._build_default_prior()
         self.support_buffer = SupportBuffer(self.args.v05_buffer_capacity, self.args.v05_context_size,
                                             seed=int(self.args.seed))
@@ -530,17 +705,55 @@ class V05GRPOTrainer(GRPOTrainer):
         return OSLARounds()
 
     # ------------------------------------------------------------------------------------------------ setup
+    def prior_backbone_choice(self) -> tuple[Any, str, Any, bool]:
+        """The model the default embedding prior embeds with: ``(model, source, context, copy)``.
+
+        The prior must see the **starting** policy, frozen, for the whole run:
+
+        * PEFT / LoRA policy: the trainer's own model under ``model.disable_adapter()`` (``context``), i.e. the frozen
+          base weights, no copy (for a freshly initialized adapter this is exactly the starting policy; TRL's
+          reference model under PEFT is the same thing);
+        * full fine-tuning with ``beta > 0``: TRL's reference model (frozen, loaded from the policy's model id), no
+          copy -- unless ``sync_ref_model=True``, which moves it towards the policy;
+        * otherwise: a frozen deep copy of the policy (``copy=True``), the only way to keep the starting weights.
+        """
+        from accelerate.utils import is_peft_model
+
+        policy = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(policy) and hasattr(policy, "disable_adapter"):
+            return policy, "peft_base_model", policy.disable_adapter, False
+        ref = getattr(self, "ref_model", None)
+        if ref is not None and not getattr(self.args, "sync_ref_model", False):
+            return self.accelerator.unwrap_model(ref), "reference_model", None, False
+        return policy, "policy_copy", None, True
+
     def _build_default_prior(self) -> ValuePrior:
         kind = self.args.v05_value_prior.lower()
         kw = dict(self.args.v05_value_prior_kwargs)
         if kind == "embedding" and "embed_fn" not in kw:
             from ..priors import hf_mean_pool_embedder
 
-            emb_kw = {k: kw.pop(k) for k in ("embed_batch_size", "embed_max_length") if k in kw}
-            kw["embed_fn"] = hf_mean_pool_embedder(
-                self.accelerator.unwrap_model(self.model), compat.tokenizer(self),
-                batch_size=emb_kw.get("embed_batch_size", 32), max_length=emb_kw.get("embed_max_length", 512),
+            emb_kw = {k: kw.pop(k) for k in ("embed_batch_size", "embed_max_length", "embed_pad_to_multiple_of")
+                      if k in kw}
+            model, source, context, copy = self.prior_backbone_choice()
+            embed = hf_mean_pool_embedder(
+                model, compat.tokenizer(self), batch_size=emb_kw.get("embed_batch_size", 32),
+                max_length=emb_kw.get("embed_max_length", 512),
+                pad_to_multiple_of=emb_kw.get("embed_pad_to_multiple_of", 32), copy=copy, context=context,
             )
+            kw["embed_fn"] = embed
+            info = embed.backbone
+            self.prior_backbone = {"source": source, "parameters": info["parameters"], "bytes": info["bytes"]}
+            if self.accelerator.is_main_process:
+                if copy:
+                    logger.warning(
+                        "V05GRPOTrainer: the default embedding prior holds a frozen copy of the starting policy: "
+                        "%d parameters, %.1f MiB more memory on every process (full fine-tuning without a reference "
+                        "model). Train LoRA adapters (peft_config), use beta > 0 (the prior then shares TRL's "
+                        "reference model) or pass prior=... to avoid it.", info["parameters"], info["bytes"] / 2**20)
+                else:
+                    logger.info("V05GRPOTrainer: the default embedding prior shares the trainer's weights (%s): no "
+                                "copy.", source)
         if kind == "callable" and "fn" not in kw:
             raise ValueError("v05_value_prior='callable' needs your function: pass prior=CallablePrior(fn) to "
                              "V05GRPOTrainer (a function cannot go through the config).")
@@ -575,9 +788,16 @@ class V05GRPOTrainer(GRPOTrainer):
         group ``j`` is the one queried for the ``j``-th prompt in global order. ``k_j`` counts prompt ``j``'s scorable
         rollouts and ``kbar`` is their mean over the scorable prompts, so with equal completion lengths every prompt
         gets the same total weight under the token-level losses and the batch's total advantage mass is unchanged
-        (:func:`~trl_ext.estimators.equal_prompt_weights`). Groups whose rollouts all failed to score get advantage
-        0, add nothing to the support buffer and are counted in ``v05/unscorable_prompts``. Evaluation batches
-        (fixed groups of ``num_generations_eval``) use the base GRPO advantages.
+        (:func:`~trl_ext.estimators.equal_prompt_weights`). Unscorable rollouts (every reward function returned
+        ``None``) get advantage 0 and are counted in ``v05/unscorable_rollouts``; groups whose rollouts all failed
+        to score get advantage 0, add nothing to the support buffer and are counted in ``v05/unscorable_prompts``
+        (each warned about once).
+
+        A group whose rewards are all equal (all correct, all wrong) still gets ``A_i = (r - mu*) / sigma*``, nonzero
+        unless ``mu* = r``: the baseline is the fused ``mu* = w vbar + (1 - w) V`` (Eq. 9), not the group mean, so a
+        tied group moves the policy whenever the prior disagrees with it (the paper's estimator; see "All-tied
+        groups" in ``docs/v05.md``). Evaluation batches (fixed groups of ``num_generations_eval``) use the base GRPO
+        advantages.
         """
         pend = self.rollout_strategy.take_pending()
         if batch.mode != "train" or pend is None:
@@ -606,6 +826,15 @@ class V05GRPOTrainer(GRPOTrainer):
             codes = np.cumsum(scorable) - 1  # group id -> index among the scorable groups
             adv[rows] = res.advantages * c[codes[gid[rows]]]
         n_unscorable = int((~scorable).sum())
+        n_bad_rows = int((real & ~np.isfinite(r)).sum())
+        if n_bad_rows:
+            # the base trainer's key: one warning about unscorable rows per run, this (more specific) one first
+            self._ext_warn_once(
+                "unscorable_rows",
+                f"V0.5: {n_bad_rows} of {int(real.sum())} rollouts were unscorable (every reward function returned "
+                "None); they get advantage 0, are left out of the fusion and of the prompt weights, and still count "
+                "as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
+            )
         if n_unscorable:
             self._ext_warn_once(
                 "v05_unscorable",
@@ -623,7 +852,8 @@ class V05GRPOTrainer(GRPOTrainer):
                 raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
                                    "contexts would diverge. Are the prompts JSON-serializable and deterministic?")
         self.last_v05 = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
-                         "vbar": vbar, "prompt_weight": prompt_weight, "buffer_fingerprint": fingerprint}
+                         "vbar": vbar, "prompt_weight": prompt_weight, "unscorable_rollouts": n_bad_rows,
+                         "buffer_fingerprint": fingerprint}
         self._v05_log(self.last_v05, n_unscorable)
         return torch.as_tensor(adv, dtype=torch.float32)
 
@@ -643,6 +873,10 @@ class V05GRPOTrainer(GRPOTrainer):
         log("v05/dispatched_rollouts", rec["dispatched"], "train")
         log("v05/discarded_rollouts", rec["discarded"], "train")
         log("v05/unscorable_prompts", n_unscorable, "train")
+        log("v05/unscorable_rollouts", rec["unscorable_rollouts"], "train")
+        log("v05/round1_rollouts", rec["round1_rollouts"], "train")
+        log("v05/extra_rollouts", rec["extra_rollouts"], "train")
+        log("v05/budget_exhausted", float(rec["budget_exhausted"]), "train")
         log("v05/prior_mean", float(rec["prior_p"].mean()), "train")
         if s.any():
             bias2, weight, vbar = rec["bias2"], rec["weight"], rec["vbar"]
@@ -673,3 +907,10 @@ class V05GRPOTrainer(GRPOTrainer):
                           stacklevel=2)
             return
         self.support_buffer.load_state_dict(state["v05_support_buffer"])
+
+
+compat.set_model_card_info(
+    V05GRPOTrainer, name="V0.5", tags=("trl", compat.TRL_EXT_TAG, "v05"),
+    paper=compat.paper_info(title="V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", year=2026,
+                            arxiv_id="2603.10848", bibtex_key="v05_2026"),
+    details=("v05_value_prior", "v05_value_prior_kwargs", lambda tr: {"value prior class": type(tr.prior).__name__}))
