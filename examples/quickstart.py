@@ -15,7 +15,7 @@ evaluate again at a few checkpoints and at the end; write to ``--output_dir``
 
 Adding a GRPO-shaped trainer is one entry in :data:`TRAINERS`: ``name -> (config class, trainer class, extra
 config kwargs)``. The trl_ext method trainers need method-specific set-up (BASIS builds a value table and uses
-``G = 1``; V0.5 counts unique prompts per step; PAIR probes prefixes), so ``--trainer basis|v05|pair`` runs the
+``G = 1``; V0.5 needs a value prior; PAIR probes prefixes), so ``--trainer basis|v05|pair`` runs the
 matching example script (``examples/basis.py``, ``examples/v05_grpo.py``, ``examples/pair.py``) with the remaining arguments (``--output_dir``, ``--max_steps``, ``--seed``, and
 any option that script accepts); each writes the same ``summary.json`` / ``trainer_state.json`` outputs.
 """
