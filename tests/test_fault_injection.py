@@ -61,6 +61,17 @@ def test_dataset_without_prompt_column_fails_for_basis(tmp_path):
                      processing_class=tok, value_table=table)
 
 
+def test_dataset_without_prompt_column_fails_for_v05(tmp_path):
+    from trl_ext import V05GRPOConfig, V05GRPOTrainer
+
+    model, tok = tiny_model_and_tokenizer(0)
+    args = V05GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, use_cpu=True, report_to="none",
+                         v05_value_prior="constant")
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        V05GRPOTrainer(model=model, reward_funcs=[hash_reward], args=args,
+                       train_dataset=tiny_dataset(8).rename_column("prompt", "q"), processing_class=tok)
+
+
 def test_empty_dataset_fails_at_construction(tmp_path):
     model, tok = tiny_model_and_tokenizer(0)
     with pytest.raises(ValueError, match="train_dataset is empty"):
@@ -198,7 +209,7 @@ def _assert_bit_identical(res):
             assert d["full_state"][key] == d["resumed_state"][key], (t, r, key)
 
 
-TRAINERS = ("grpo", "dapo", "basis", "pair")
+TRAINERS = ("grpo", "dapo", "basis", "pair", "v05")
 
 
 @pytest.mark.timeout(300)

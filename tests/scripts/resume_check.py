@@ -2,7 +2,7 @@
 
 Launch (one process, or two CPU ranks)::
 
-    python tests/scripts/resume_check.py OUT_DIR grpo,dapo,basis,pair
+    python tests/scripts/resume_check.py OUT_DIR grpo,dapo,basis,pair,v05
     torchrun --standalone --nproc_per_node 2 tests/scripts/resume_check.py OUT_DIR grpo,basis,pair
 
 For each trainer every rank writes ``OUT_DIR/{trainer}_world{P}_rank{r}.pt`` with the final parameters of both runs
@@ -57,6 +57,13 @@ def build(trainer: str, out_dir: str, world: int, max_steps: int):
         args = BASISConfig(per_device_train_batch_size=8 // world, num_generations=1, **common)
         return BASISTrainer(model=model, reward_funcs=[spread_reward], args=args, train_dataset=ds,
                             processing_class=tok, value_table=table)
+    if trainer == "v05":
+        from trl_ext import V05GRPOConfig, V05GRPOTrainer
+
+        # default prior (embedding in-context copy of the starting policy), default OSLA budget
+        args = V05GRPOConfig(per_device_train_batch_size=8 // world, **common)
+        return V05GRPOTrainer(model=model, reward_funcs=[spread_reward], args=args, train_dataset=ds,
+                              processing_class=tok)
     if trainer == "pair":
         from trl_ext import PAIRConfig, PAIRTrainer
 
