@@ -306,6 +306,26 @@ def max_new_tokens(trainer: Any, n: int):
 
 
 @contextlib.contextmanager
+def generation_model(trainer: Any):
+    """The unwrapped model ready for generation, as TRL's transformers path prepares it
+    (``trl.models.unwrap_model_for_generation``, no grad, FSDP parameters summoned)."""
+    import torch
+    from trl.models import unwrap_model_for_generation
+
+    with (
+        unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator,
+            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            generation_kwargs=trainer.generation_kwargs,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as model,
+        torch.no_grad(),
+        summon_full_params(trainer),
+    ):
+        yield model
+
+
+@contextlib.contextmanager
 def swap_vllm_engine(trainer: Any, engine: Any):
     """Temporarily replace TRL's colocated vLLM engine (``trainer.vllm_generation.llm``) by ``engine``."""
     vg = trainer.vllm_generation

@@ -101,6 +101,12 @@ class ExtGRPOConfig(trl.GRPOConfig):
         Cap of extra generation rounds per generation batch (each at most as large as the missing groups).
     dynamic_sampling_std_atol : float, default 0.0
         A group is dropped when ``max - min`` of its finite rewards is ``<=`` this.
+    shared_prefix_rollouts : bool, default False
+        Generate with :func:`trl_ext.measurement.shared_prefix.shared_prefix_generate`: the completions of one prompt
+        run as one generation while they agree and fork at the first differing token (exactly independent
+        sampling; byte-identical completions under ``keyed_sampling``). Transformers generation only (refused with
+        ``use_vllm``); sampling settings only (temperature, top-k, top-p, min-p). Off by default: it pays when
+        completions share long prefixes (measured in ``docs/shared_prefix.md``).
     signal_only_denominator : bool, default False
         Divide the policy loss only by the sequences (sequence-level losses ``grpo``, ``sapo``, ``luspo``,
         ``dr_grpo``) or tokens (token-level losses ``dapo``, ``cispo``, ``vespo``, ``bnpo``) of **groups that carry
@@ -155,6 +161,12 @@ class ExtGRPOConfig(trl.GRPOConfig):
     )
     dynamic_sampling_std_atol: float = field(
         default=0.0, metadata={"help": "Groups with max - min reward <= this are dropped (dynamic_sampling)."}
+    )
+    shared_prefix_rollouts: bool = field(
+        default=False,
+        metadata={"help": "Sample a prompt's completions as one generation that forks at the first differing token "
+                          "(same distribution; with keyed_sampling the same tokens). Transformers generation only; "
+                          "see docs/shared_prefix.md."},
     )
     signal_only_denominator: bool = field(
         default=False,
@@ -281,6 +293,17 @@ def validate_ext_config(o) -> None:
                          f"per-prompt baseline), got {g}. Raise num_generations or pick an estimator with a "
                          "cross-prompt baseline (reinforce_pp).")
     validate_dynamic_sampling(o)
+    if getattr(o, "shared_prefix_rollouts", False):
+        if getattr(o, "use_vllm", False):
+            raise ValueError(
+                "shared_prefix_rollouts=True is implemented for transformers generation only (use_vllm=False). vLLM "
+                "already shares each prompt's KV cache between its samples (prefix caching, n>1 sampling) but does not "
+                "expose running samples together until their first differing token. Set use_vllm=False or "
+                "shared_prefix_rollouts=False."
+            )
+        if getattr(o, "use_transformers_continuous_batching", False):
+            raise ValueError("shared_prefix_rollouts=True replaces transformers' generate loop and cannot be combined "
+                             "with use_transformers_continuous_batching; turn one of them off.")
     if o.dynamic_sampling and isinstance(g, int) and g < 2:
         raise ValueError("dynamic_sampling drops groups whose rewards are all equal, which needs num_generations >= 2; "
                          f"got {g}.")
@@ -523,6 +546,11 @@ class GRPOTrainer(compat.TRLGlue):
         if self.unique_prompt_sampler or args.num_generations == 1:
             compat.set_sampler_num_generations(self, 1)
         self._ext_gen_tokens_local = 0  # the one generated-token counter (this rank, since the last batch)
+        self._ext_sp_local: dict[str, float] = {}
+        if self.args.shared_prefix_rollouts:  # unsupported generation settings fail here, not at the first step
+            from ..measurement.shared_prefix import check_sampler_settings
+
+            check_sampler_settings(self.shared_prefix_settings())
         self._ext_replay: dict | None = None
         self._ext_pending: RolloutBatch | None = None
         self._ext_warned: set[str] = set()
@@ -730,6 +758,37 @@ class GRPOTrainer(compat.TRLGlue):
         self.ext_on_generated(c_ids)
         c_ids = [list(c) for c in c_ids[:n]]
         return c_ids, None if lps is None else [list(lp) for lp in lps[:n]]
+
+    def shared_prefix_settings(self):
+        """Sampler settings of :func:`~trl_ext.measurement.shared_prefix.shared_prefix_generate`, read from the
+        generation config at every call (so :func:`~trl_ext.trainers._trl_compat.max_new_tokens` caps apply)."""
+        from ..measurement.shared_prefix import settings_from_generation_config
+
+        return settings_from_generation_config(self.generation_config, eos_token_ids=self.eos_token_ids,
+                                               pad_token_id=compat.tokenizer(self).pad_token_id)
+
+    def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation, or the shared-prefix sampler with ``shared_prefix_rollouts=True``."""
+        if not self.args.shared_prefix_rollouts:
+            return super().ext_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                    has_tool_images)
+        if images is not None or multimodal_fields:
+            raise NotImplementedError("shared_prefix_rollouts does not support image/multimodal prompts.")
+        from ..measurement.shared_prefix import shared_prefix_generate
+
+        with compat.generation_model(self) as model:
+            ids, stats = shared_prefix_generate(model, [list(p) for p in prompt_ids], self.shared_prefix_settings(),
+                                                pad_to_multiple_of=self.pad_to_multiple_of)
+        self.ext_record_shared_prefix_stats(stats)
+        return ids, None
+
+    def ext_record_shared_prefix_stats(self, stats: dict) -> None:
+        """Accumulate one shared-prefix generation call's counters (logged per generation batch, all ranks)."""
+        for key in ("forward_tokens", "computed_tokens", "independent_tokens", "shared_positions", "decode_tokens",
+                    "decode_shared_positions"):
+            self._ext_sp_local[key] = self._ext_sp_local.get(key, 0.0) + float(stats.get(key, 0))
+        self._ext_sp_local["max_branches"] = max(self._ext_sp_local.get("max_branches", 0.0),
+                                                 float(stats.get("max_branches", 0)))
 
     def ext_on_generated(self, completion_ids) -> None:
         """The one generated-token counter: every generation call ends here (TRL's ``_generate`` and its tool loops
@@ -1319,6 +1378,28 @@ class GRPOTrainer(compat.TRLGlue):
         self.last_advantages = adv
         return out
 
+    def _ext_log_shared_prefix(self, m) -> None:
+        """Shared-prefix counters summed over ranks (max for ``max_branches``): model positions computed vs what
+        independent sampling would compute. Generated tokens are unchanged (``ext/generated_tokens``)."""
+        keys = ("forward_tokens", "computed_tokens", "independent_tokens", "shared_positions", "decode_tokens",
+                "decode_shared_positions")
+        local = torch.tensor([self._ext_sp_local.get(k, 0.0) for k in keys], dtype=torch.float64,
+                             device=self.accelerator.device)
+        tot = dict(zip(keys, compat.gather(local.unsqueeze(0)).sum(dim=0).tolist()))
+        branches = compat.gather(torch.tensor([self._ext_sp_local.get("max_branches", 0.0)], dtype=torch.float64,
+                                              device=self.accelerator.device)).max().item()
+        self._ext_sp_local = {}
+        m["ext/shared_prefix/forward_tokens"].append(tot["forward_tokens"])
+        m["ext/shared_prefix/computed_tokens"].append(tot["computed_tokens"])
+        m["ext/shared_prefix/independent_tokens"].append(tot["independent_tokens"])
+        if tot["independent_tokens"] > 0:
+            m["ext/shared_prefix/saved_fraction"].append(1.0 - tot["computed_tokens"] / tot["independent_tokens"])
+        if tot["computed_tokens"] > 0:
+            m["ext/shared_prefix/shared_fraction"].append(tot["shared_positions"] / tot["computed_tokens"])
+        if tot["decode_tokens"] > 0:
+            m["ext/shared_prefix/decode_shared_fraction"].append(tot["decode_shared_positions"] / tot["decode_tokens"])
+        m["ext/shared_prefix/max_branches"].append(float(branches))
+
     def _ext_log_batch_metrics(self, batch: RolloutBatch, adv: torch.Tensor, live_row: torch.Tensor, mode: str):
         m = compat.metrics(self, mode)
         real = ~batch.is_pad
@@ -1376,6 +1457,8 @@ class GRPOTrainer(compat.TRLGlue):
         self._ext_gen_tokens_local = 0
         gen_tokens = int(compat.gather(local).sum().item())
         m["ext/generated_tokens"].append(float(gen_tokens))
+        if self.args.shared_prefix_rollouts:
+            self._ext_log_shared_prefix(m)
         m["ext/trained_tokens"].append(float(batch.completion_lengths[real].sum()))
         m["ext/rollouts"].append(float(n_real))
         # unscorable rollouts (every reward function returned None / NaN), counted over all ranks: they get advantage

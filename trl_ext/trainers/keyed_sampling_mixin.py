@@ -532,6 +532,8 @@ class KeyedSamplingMixin:
         )
         from transformers import LogitsProcessorList
 
+        if getattr(self.args, "shared_prefix_rollouts", False):
+            return self._keyed_generate_shared(prompt_ids, requests, settings)
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -552,6 +554,25 @@ class KeyedSamplingMixin:
         completion_ids = truncate_at_eos(out[:, input_ids.shape[1] :].cpu(), settings.eos_token_ids)
         if getattr(self.args, "keyed_sampling_log", True):
             self._log_keyed_rollouts(prompt_ids, completion_ids, requests, settings, int(input_ids.shape[1]))
+        return completion_ids, None
+
+    def _keyed_generate_shared(self, prompt_ids, requests: list[KeyedRequest], settings: SamplerSettings):
+        """Keyed sampling through the shared-prefix sampler: the same (key, sample index, position) noise, so the same
+        tokens as :meth:`_keyed_generate` (``tests/test_shared_prefix.py``), with every distinct prefix computed once."""
+        from trl_ext.measurement.shared_prefix import KeyedRows, shared_prefix_generate
+
+        with compat.generation_model(self) as model:
+            completion_ids, stats = shared_prefix_generate(model, [list(p) for p in prompt_ids], settings,
+                                                           keyed=KeyedRows.from_requests(requests),
+                                                           pad_to_multiple_of=self.pad_to_multiple_of)
+        self.ext_record_shared_prefix_stats(stats)
+        if getattr(self.args, "keyed_sampling_log", True):
+            padded = max((len(p) for p in prompt_ids), default=0)
+            self._write_rollout_records(
+                prompt_ids, completion_ids, requests, per_row=None,
+                extra={"backend": "transformers", "sampler": settings.to_dict(), "hash_version": HASH_VERSION},
+                call_extra={"padded_prompt_length": padded, "generation": "shared_prefix/v1"},
+            )  # fmt: skip
         return completion_ids, None
 
     def _keyed_generate_vllm(self, prompt_ids, multimodal_fields, num_generations, has_tool_images, requests):
