@@ -87,20 +87,9 @@ def load_reward(spec: str):
 
 def read_jsonl(path: str) -> list[dict]:
     """Rows of a JSON Lines file (blank lines skipped); errors name the line."""
-    import json
+    from .._refs import _rows_from_jsonl
 
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {i} is not valid JSON: {e}") from e
-            if not isinstance(d, dict):
-                raise ValueError(f"{path}: line {i} is not a JSON object.")
-            rows.append(d)
+    rows = _rows_from_jsonl(path)
     if not rows:
         raise ValueError(f"{path}: no rows.")
     return rows

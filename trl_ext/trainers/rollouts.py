@@ -101,6 +101,21 @@ class FixedGroups(RolloutStrategy):
                 f"({g} per prompt), as TRL")
 
 
+def unique_prompt_rows(rows: list[dict], k: int) -> list[dict]:
+    """The prompts of a generation batch in sampler order: rows deduplicated by ``trl_ext_row_idx`` (TRL's
+    ``RepeatSampler`` yields each prompt ``k`` times in a row), or every ``k``-th row when the column is missing."""
+    col = compat.ROW_IDX_COLUMN
+    if rows and all(col in x for x in rows):
+        seen, out = set(), []
+        for x in rows:
+            key = int(x[col])
+            if key not in seen:
+                seen.add(key)
+                out.append(x)
+        return out
+    return [rows[i] for i in range(0, len(rows), k)]
+
+
 def _block(n: int, p: int, rank: int) -> tuple[int, int]:
     """Contiguous block ``[start, stop)`` of ``n`` items owned by ``rank`` of ``p`` (sizes differ by at most 1)."""
     base, extra = divmod(n, p)
@@ -161,19 +176,6 @@ class DynamicSampling(RolloutStrategy):
                 "zero-variance groups")
 
     # -------------------------------------------------------------------------------------------------- helpers
-    @staticmethod
-    def _unique_groups(rows: list[dict], g: int) -> list[dict]:
-        col = compat.ROW_IDX_COLUMN
-        if rows and all(col in x for x in rows):
-            seen, out = set(), []
-            for x in rows:
-                key = int(x[col])
-                if key not in seen:
-                    seen.add(key)
-                    out.append(x)
-            return out
-        return [rows[i] for i in range(0, len(rows), g)]
-
     def _draw_refill(self, trainer, n: int, round_index: int) -> list[dict]:
         ds = trainer.train_dataset
         size = len(ds)
@@ -185,7 +187,7 @@ class DynamicSampling(RolloutStrategy):
     def generate_and_score(self, trainer, inputs):
         g = int(trainer.num_generations)
         p, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
-        groups = self._unique_groups(compat.gather_object(list(inputs)), g)
+        groups = unique_prompt_rows(compat.gather_object(list(inputs)), g)
         target = len(groups)
         kept: list[dict] = []
         pending = groups

@@ -66,7 +66,7 @@ from ..priors import SupportBuffer, ValuePrior, build_prior
 from . import _trl_compat as compat
 from .base import ExtGRPOConfig, GRPOTrainer, parse_kwargs_field, validate_ext_config
 from .batch import RolloutBatch
-from .rollouts import RolloutStrategy, _block, weighted_reward
+from .rollouts import RolloutStrategy, _block, unique_prompt_rows, weighted_reward
 
 logger = logging.getLogger(__name__)
 
@@ -333,19 +333,6 @@ class _PromptState:
         return len(self.completion_ids)
 
 
-def _unique_prompt_rows(rows: list[dict], k: int) -> list[dict]:
-    """The prompts of a generation batch in sampler order: rows deduplicated by ``trl_ext_row_idx`` (TRL's
-    ``RepeatSampler`` yields each prompt ``k`` times in a row), or every ``k``-th row when the column is missing."""
-    col = compat.ROW_IDX_COLUMN
-    if rows and all(col in x for x in rows):
-        seen, out = set(), []
-        for x in rows:
-            key = int(x[col])
-            if key not in seen:
-                seen.add(key)
-                out.append(x)
-        return out
-    return [rows[i] for i in range(0, len(rows), k)]
 
 
 class OSLARounds(RolloutStrategy):
@@ -550,7 +537,7 @@ class OSLARounds(RolloutStrategy):
         n_proc, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
         k_init = int(a.v05_k_init)
         # the whole batch's prompts in sampler order (each was yielded v05_k_init times), whole prompts per rank
-        batch = _unique_prompt_rows(compat.gather_object(list(inputs)), k_init)
+        batch = unique_prompt_rows(compat.gather_object(list(inputs)), k_init)
         n_prompts = len(batch)
         fallback = dict(batch[0])
         blocks = [_block(n_prompts, n_proc, r) for r in range(n_proc)]
