@@ -19,7 +19,7 @@ from typing import Any
 __all__ = ["measure_task", "main"]
 
 
-def _generate(model, tok, convs: list, *, num_samples: int, max_new_tokens: int, greedy: bool, batch_size: int,
+def _sample_completions(model, tok, convs: list, *, num_samples: int, max_new_tokens: int, greedy: bool, batch_size: int,
               seed: int) -> tuple[list[str], list[int], list[bool]]:
     import torch
 
@@ -63,7 +63,7 @@ def measure_task(model_path: str, task: str, *, num_prompts: int = 64, num_sampl
     convs = [r["prompt"] for r in rows]
     answers = [r["answer"] for r in rows]
     t0 = time.monotonic()
-    texts, lens, trunc = _generate(model, tok, convs, num_samples=num_samples, max_new_tokens=max_new_tokens,
+    texts, lens, trunc = _sample_completions(model, tok, convs, num_samples=num_samples, max_new_tokens=max_new_tokens,
                                    greedy=False, batch_size=batch_size, seed=seed)
     rep = [a for a in answers for _ in range(num_samples)]
     acc = accuracy_reward(completions=texts, answer=rep)
@@ -81,7 +81,7 @@ def measure_task(model_path: str, task: str, *, num_prompts: int = 64, num_sampl
         "examples": [{"answer": a, "completion": c} for a, c in list(zip(rep, texts))[:8]],
     }
     if greedy:
-        g_texts, g_lens, _ = _generate(model, tok, convs, num_samples=1, max_new_tokens=max_new_tokens, greedy=True,
+        g_texts, g_lens, _ = _sample_completions(model, tok, convs, num_samples=1, max_new_tokens=max_new_tokens, greedy=True,
                                        batch_size=batch_size, seed=seed)
         g_acc = accuracy_reward(completions=g_texts, answer=answers)
         result["greedy_success"] = sum(g_acc) / len(g_acc)
