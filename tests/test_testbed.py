@@ -375,7 +375,7 @@ def test_warm_model_cache_built_reused_and_corruption_rebuilt(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a fresh build must not warn about corruption
         path = tb.get_warm_model("addition", seed=0, cache_dir=str(tmp_path), max_steps=2)
-    assert path == os.path.join(str(tmp_path), "addition-seed0-steps2-v1")
+    assert path == os.path.join(str(tmp_path), "addition-seed0-steps2-v2")
     assert os.path.exists(os.path.join(path, MARKER))
     meta = json.load(open(os.path.join(path, META)))
     assert meta["task"] == "addition" and meta["seed"] == 0 and meta["steps"] == 2
@@ -414,7 +414,7 @@ def test_warm_model_cache_built_reused_and_corruption_rebuilt(tmp_path):
 def test_warm_model_env_cache_root_and_bad_input(tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "envroot"))
     assert tb.warm_model_dir("substitution", 2) == str(tmp_path / "envroot" / "substitution-seed2-v2")
-    assert tb.warm_model_dir("addition", 0) == str(tmp_path / "envroot" / "addition-seed0-v1")
+    assert tb.warm_model_dir("addition", 0) == str(tmp_path / "envroot" / "addition-seed0-v2")
     with pytest.raises(ValueError, match="unknown task"):
         tb.get_warm_model("division", cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="seed"):
@@ -426,9 +426,9 @@ def test_warm_model_env_cache_root_and_bad_input(tmp_path, monkeypatch):
 def test_cache_versions_are_per_task_and_checked(tmp_path):
     from trl_ext.testbed import warmup
 
-    # every task has a version; the addition recipe is unchanged (v1), the substitution recipe was bumped
-    assert set(warmup.CACHE_VERSIONS) == set(tb.TASKS)
-    assert warmup.CACHE_VERSIONS["addition"] == warmup.CACHE_VERSION == 1
+    # every task has a version; addition v2 checks every 5 steps, the substitution recipe was bumped
+    assert set(warmup.CACHE_VERSIONS) == set(tb.TASKS) == set(warmup.EVAL_EVERY) == set(warmup.TEST_QUESTIONS)
+    assert warmup.CACHE_VERSIONS["addition"] == 2 and warmup.EVAL_EVERY["addition"] == 5
     assert warmup.CACHE_VERSIONS["substitution"] >= 2
     # a substitution directory written by the old recipe (version 1) is rejected, never used
     path = tmp_path / "substitution-seed0-v1"
@@ -480,7 +480,7 @@ def test_cli_task_names_match_registry():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("task", "seed"), [("addition", 0), ("substitution", 0), ("substitution", 1),
-                                            ("substitution", 2)])
+                                            ("substitution", 2), ("scratchpad", 0)])
 def test_default_warm_model_lands_in_band(tmp_path, task, seed):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -488,7 +488,9 @@ def test_default_warm_model_lands_in_band(tmp_path, task, seed):
         warnings.simplefilter("error")  # neither a corrupt-cache nor an out-of-band warning
         path = tb.get_warm_model(task, seed=seed, cache_dir=str(tmp_path))
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    n = 200 if task == "addition" else 30
+    from trl_ext.testbed.warmup import TEST_QUESTIONS
+
+    n = TEST_QUESTIONS[task]
     res = tb.evaluate_model(model, tok, tb.make_dataset(task, n, split="test"), task,
                             max_new_tokens=tb.TASKS[task].max_answer_chars() + 1)
     assert 0.3 <= res.accuracy <= 0.6
@@ -510,8 +512,8 @@ def test_quickstart_smoke_writes_outputs(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "qs"
     proc = subprocess.run(
-        [sys.executable, os.path.join(root, "examples", "quickstart.py"), "--output_dir", str(out), "--max_steps", "4",
-         "--warmup_max_steps", "2", "--n_eval", "16", "--eval_samples", "2", "--eval_points", "2",
+        [sys.executable, os.path.join(root, "examples", "testbed", "quickstart.py"), "--output_dir", str(out),
+         "--max_steps", "4", "--warmup_max_steps", "2", "--n_eval", "16", "--eval_samples", "2", "--eval_points", "2",
          "--cache_dir", str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-TASK_NAMES = ("addition", "substitution")  # kept in sync with trl_ext.testbed.TASKS (checked by the tests)
+TASK_NAMES = ("addition", "substitution", "scratchpad")  # kept in sync with trl_ext.testbed.TASKS (checked by the tests)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="model init and data-order seed (default 0)")
     parser.add_argument("--cache_dir", default=None,
                         help="cache root (default $TRL_EXT_CACHE or ~/.cache/trl_ext/testbed)")
-    parser.add_argument("--max_steps", type=int, default=None, help="cap on SFT steps (default 1500, early stop)")
+    parser.add_argument("--max_steps", type=int, default=None, help="cap on SFT steps (default 1500; scratchpad 4000; early stop)")
     parser.add_argument("--n_eval", type=int, default=200, help="held-out questions to evaluate (default 200)")
     parser.add_argument("--quiet", action="store_true", help="do not print warm-up progress")
 

@@ -1,6 +1,6 @@
 """Synthetic verifiable tasks and their TRL-signature reward functions.
 
-Two tasks, both small enough for a ~1M-parameter model and a character tokenizer:
+Three tasks, all small enough for a ~1M-parameter model and a character tokenizer:
 
 ``"addition"``
     ``"a+b="`` -> ``str(a + b)``, with ``a, b`` in ``0 .. 10**digits - 1`` (``digits=2`` by default).
@@ -19,6 +19,18 @@ Two tasks, both small enough for a ~1M-parameter model and a character tokenizer
     *slot*; slots whose source digit is hidden form the hidden channel (one sub-channel per hidden source digit),
     the others the revealed channel. See :func:`substitution_channel_scores`.
 
+``"scratchpad"``
+    Multi-digit addition with the column work written out, least significant column first: each column as
+    ``x+y+c=s`` (the two digits, the carry in, their sum), columns separated by ``,``, then ``|`` and the sum.
+    E.g. ``"47+85="`` -> ``"7+5+0=12,4+8+1=13|132"``. Both operands have ``n`` digits, ``n`` drawn uniformly from
+    ``min_digits .. max_digits`` (default 2-7), so completions run from 18 to 71 characters and prompt difficulty
+    spreads from easy (2 columns) to nearly impossible for the tiny model (7 columns); an early slip (a misread
+    digit, a wrong carry) propagates to the answer. The reward (:func:`scratchpad_reward`) is strict: exactly one
+    ``|`` and the text after it equal to the sum; the scratchpad itself is not graded.
+    :func:`scratchpad_steps_reward` is the graded variant (share of correct columns and answer) used for
+    tie-break blends. The universe is a fixed list of ``per_digit`` (default 8,000) distinct problems per ``n``,
+    drawn once with a fixed generator.
+
 Splits
 ------
 Every task has a finite universe of distinct problems. Each problem is ranked by a fixed 64-bit hash
@@ -30,6 +42,7 @@ runs and machines. ``seed`` only chooses which ``n`` problems are drawn from the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +60,9 @@ __all__ = [
     "substitution_reward",
     "substitution_hidden_reward",
     "substitution_channel_scores",
+    "scratchpad_solution",
+    "scratchpad_reward",
+    "scratchpad_steps_reward",
     "get_reward_funcs",
     "completion_text",
 ]
@@ -190,6 +206,92 @@ def _make_substitution(
     }
 
 
+# ------------------------------------------------------------------------------------------------ scratchpad
+SCRATCHPAD_MAX_DIGITS = 8  # the longest completion (10 n + 1 characters) plus prompt fits the tiny model's 128 positions
+
+
+def scratchpad_solution(a: int, b: int) -> str:
+    """The scratchpad completion for ``a + b``: columns ``x+y+c=s`` from the least significant, then ``|sum``.
+
+    Operands shorter than the other are read with leading zeros. Example: ``scratchpad_solution(47, 85)`` is
+    ``"7+5+0=12,4+8+1=13|132"``.
+    """
+    if a < 0 or b < 0:
+        raise ValueError(f"operands must be non-negative, got {a}, {b}")
+    da, db = str(a)[::-1], str(b)[::-1]
+    carry, blocks = 0, []
+    for i in range(max(len(da), len(db))):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        total = x + y + carry
+        blocks.append(f"{x}+{y}+{carry}={total}")
+        carry = total // 10
+    return ",".join(blocks) + "|" + str(a + b)
+
+
+@functools.lru_cache(maxsize=8)
+def _scratchpad_universe(min_digits: int, max_digits: int, per_digit: int) -> tuple[np.ndarray, np.ndarray]:
+    """The task's fixed universe: ``per_digit`` distinct ``(a, b)`` pairs of ``n``-digit operands for every ``n``.
+
+    Drawn with a fixed generator (independent of any run seed), so the universe, and hence the splits, are the same
+    on every machine. For ``n = 1`` the operands are 0-9; for ``n >= 2`` they have exactly ``n`` digits.
+    """
+    a_all, b_all = [], []
+    for n in range(min_digits, max_digits + 1):
+        lo, hi = (0 if n == 1 else 10 ** (n - 1)), 10**n
+        width = hi - lo
+        total = width * width
+        if per_digit > total:
+            raise ValueError(f"per_digit={per_digit} exceeds the {total} distinct pairs of {n}-digit operands; "
+                             f"use per_digit <= {total} or min_digits >= {n + 1}")
+        rng = np.random.default_rng([0x5C2A7C, n])
+        if total <= 4 * per_digit:
+            codes = rng.choice(total, size=per_digit, replace=False)
+        else:  # sample with replacement, keep the first per_digit distinct codes (collisions are rare)
+            codes = np.empty(0, dtype=np.int64)
+            while len(codes) < per_digit:
+                extra = rng.integers(0, total, size=2 * per_digit, dtype=np.int64)
+                merged = np.concatenate([codes, extra])
+                _, first = np.unique(merged, return_index=True)
+                codes = merged[np.sort(first)]
+            codes = codes[:per_digit]
+        a_all.append(lo + codes // width)
+        b_all.append(lo + codes % width)
+    return np.concatenate(a_all), np.concatenate(b_all)
+
+
+def _scratchpad_params(min_digits, max_digits, per_digit) -> tuple[int, int, int]:
+    min_digits = _check_int("min_digits", min_digits, 1, SCRATCHPAD_MAX_DIGITS,
+                            f"operands have 1-{SCRATCHPAD_MAX_DIGITS} digits")
+    max_digits = _check_int("max_digits", max_digits, min_digits, SCRATCHPAD_MAX_DIGITS,
+                            f"max_digits must lie between min_digits and {SCRATCHPAD_MAX_DIGITS}")
+    per_digit = _check_int("per_digit", per_digit, 2, 10**6, "problems per operand length")
+    return min_digits, max_digits, per_digit
+
+
+def _scratchpad_salt(min_digits: int, max_digits: int, per_digit: int) -> int:
+    return 0x5C2A7C00 + 100 * min_digits + 10 * max_digits + per_digit
+
+
+def _make_scratchpad(n: int, seed: int, split: str, min_digits: int = 2, max_digits: int = 7,
+                     per_digit: int = 8000, test_fraction: float = 0.2) -> dict:
+    min_digits, max_digits, per_digit = _scratchpad_params(min_digits, max_digits, per_digit)
+    a_u, b_u = _scratchpad_universe(min_digits, max_digits, per_digit)
+    pool = split_indices(len(a_u), split, test_fraction,
+                         salt=_scratchpad_salt(min_digits, max_digits, per_digit))
+    params = f"min_digits={min_digits}, max_digits={max_digits}, per_digit={per_digit}, test_fraction={test_fraction}"
+    chosen = _draw(pool, n, seed, "scratchpad", split, params)
+    a = [int(a_u[i]) for i in chosen]
+    b = [int(b_u[i]) for i in chosen]
+    return {
+        "prompt": [f"{x}+{y}=" for x, y in zip(a, b)],
+        "answer": [str(x + y) for x, y in zip(a, b)],
+        "solution": [scratchpad_solution(x, y) for x, y in zip(a, b)],
+        "question_id": [f"pad:{x}+{y}" for x, y in zip(a, b)],
+        "n_digits": [max(len(str(x)), len(str(y))) for x, y in zip(a, b)],
+    }
+
+
 # ------------------------------------------------------------------------------------------------ rewards
 def completion_text(completion) -> str:
     """Plain text of one TRL completion (a string, or a conversational list of ``{"content": ...}`` messages).
@@ -231,6 +333,41 @@ def substitution_reward(prompts, completions, answer=None, **kwargs) -> list[flo
     This is the paper's "exact-match grader" (1 only if every digit is right).
     """
     return exact_match_reward(prompts, completions, answer=answer, **kwargs)
+
+
+def scratchpad_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """Scratchpad task reward in {0, 1}: the completion has exactly one ``|`` and the text after it is the sum.
+
+    The scratchpad before ``|`` is not graded (a verifiable final-answer check, as in RLVR on math); the strict
+    parser refuses anything after the answer (the stripped text must end with it).
+    """
+    _check_lengths(completions, answer=answer)
+    out = []
+    for c, a in zip(completions, answer):
+        parts = completion_text(c).split("|")
+        out.append(float(len(parts) == 2 and parts[1] == str(a).strip()))
+    return out
+
+
+def scratchpad_steps_reward(prompts, completions, solution=None, **kwargs) -> list[float]:
+    """Graded scratchpad reward in [0, 1]: share of the ``n + 1`` checkable items that are right.
+
+    The items are the ``n`` column blocks ``x+y+c=s`` (block ``i`` must equal the reference block ``i``) and the
+    final answer (as in :func:`scratchpad_reward`). A completion without ``|`` has no answer item right but can
+    still earn credit for its correct columns. Used as the tie-break signal of blend rewards
+    (:mod:`trl_ext.estimators.tiebreak`); the binary :func:`scratchpad_reward` stays the success criterion.
+    """
+    _check_lengths(completions, solution=solution)
+    out = []
+    for c, ref in zip(completions, solution):
+        ref_steps, ref_answer = str(ref).split("|")
+        ref_blocks = ref_steps.split(",")
+        parts = completion_text(c).split("|")
+        blocks = parts[0].split(",")
+        right = sum(i < len(blocks) and blocks[i] == blk for i, blk in enumerate(ref_blocks))
+        right += int(len(parts) == 2 and parts[1] == ref_answer)
+        out.append(right / (len(ref_blocks) + 1))
+    return out
 
 
 def substitution_channel_scores(
@@ -321,6 +458,14 @@ TASKS: dict[str, TaskSpec] = {
         max_answer_chars=lambda length=2, **_: length,
         defaults={"length": 2, "n_hidden": 2, "code_seed": 0, "test_fraction": 0.3},
     ),
+    "scratchpad": TaskSpec(
+        name="scratchpad",
+        description="n-digit addition (n = 2-7) with the column work written out (18-71 tokens); reward on the sum",
+        builder=_make_scratchpad,
+        reward_funcs=(scratchpad_reward,),
+        max_answer_chars=lambda max_digits=7, **_: 10 * max_digits + 1,
+        defaults={"min_digits": 2, "max_digits": 7, "per_digit": 8000, "test_fraction": 0.2},
+    ),
 }
 
 
@@ -335,7 +480,7 @@ def make_dataset(task: str, n: int, seed: int = 0, split: str = "train", **task_
 
     Parameters
     ----------
-    task : {"addition", "substitution"}
+    task : {"addition", "substitution", "scratchpad"}
     n : int
         Number of distinct problems (<= the split's size).
     seed : int, default 0
@@ -345,12 +490,15 @@ def make_dataset(task: str, n: int, seed: int = 0, split: str = "train", **task_
         ``addition``: ``digits`` (1-3, default 2), ``test_fraction`` (default 0.2).
         ``substitution``: ``length`` (1-6, default 2), ``n_hidden`` (0-10, default 2), ``code_seed``
         (default 0), ``test_fraction`` (default 0.3, the paper's 70/30).
+        ``scratchpad``: ``min_digits`` / ``max_digits`` (1-8, default 2 and 7), ``per_digit`` (problems per operand
+        length in the universe, default 8000), ``test_fraction`` (default 0.2).
 
     Returns
     -------
     datasets.Dataset
         Columns ``prompt`` (str), ``answer`` (str), ``question_id`` (str, stable), plus ``a``, ``b`` (addition)
-        or ``source``, ``code``, ``hidden_digits``, ``n_hidden_slots`` (substitution).
+        or ``source``, ``code``, ``hidden_digits``, ``n_hidden_slots`` (substitution), or ``solution`` (the full
+        reference scratchpad) and ``n_digits`` (scratchpad).
 
     Raises
     ------
@@ -376,6 +524,9 @@ def split_size(task: str, split: str = "train", **task_params) -> int:
     if task == "addition":
         digits = _check_int("digits", p["digits"], 1, 3, "operands have 1-3 digits")
         return len(split_indices((10**digits) ** 2, split, p["test_fraction"], salt=0xADD0 + digits))
+    if task == "scratchpad":
+        lo, hi, per = _scratchpad_params(p["min_digits"], p["max_digits"], p["per_digit"])
+        return len(split_indices((hi - lo + 1) * per, split, p["test_fraction"], salt=_scratchpad_salt(lo, hi, per)))
     length = _check_int("length", p["length"], 1, 6, "source strings have 1-6 digits")
     return len(split_indices(10**length, split, p["test_fraction"], salt=0x5B5 * 1000 + length))
 

@@ -3,8 +3,16 @@
 RL needs room to improve: an untrained model never gets a reward and a converged one has nothing left to
 learn. :func:`get_warm_model` runs a plain torch SFT loop (AdamW, lr 2e-3, batch 128, loss on the answer
 tokens and ``<eos>`` only) and stops as soon as greedy accuracy on a validation set reaches ``target_accuracy``
-(addition: 0.45, inside the 30-60 % band), checked every ``eval_every`` steps. Measured for addition, seed 0:
-275 steps, held-out greedy 0.435.
+(addition: 0.45, inside the 30-60 % band), checked every ``eval_every`` steps (addition: every 5 steps since recipe
+v2; v1 checked every 25, and accuracy rises by up to 0.2 in 25 steps near the target, so where the run stopped --
+and the documented 0.435 -- depended on tiny floating-point differences between machines: a fresh machine landed
+at 0.615). The warm-up runs with one torch thread whatever the caller's setting (restored afterwards), so the
+result does not depend on the core count; the remaining machine dependence (CPU kernels) is bounded by the
+frequent checks and covered by a band test.
+
+``"scratchpad"`` (recipe v1): the SFT target is the whole reference completion (the column scratchpad and the
+answer), and the run stops when greedy validation accuracy reaches ``SCRATCHPAD_TARGET``; the per-digit split
+of the resulting pass rates is in ``docs/testbed.md``.
 
 For ``"substitution"`` the loss is additionally masked at hidden-mapping slots, so the warm-up teaches only the
 revealed channel and never shows the model a hidden mapping (the paper's setup: hidden mappings are what RL
@@ -17,7 +25,8 @@ the share of strings without a hidden digit (47/70 train, 17/30 held-out = 0.567
 band); the warm-up stops one evaluation after the training strings reach 95 % of that ceiling. Measured held-out
 greedy accuracies are in ``docs/testbed.md``; outside the 30-60 % band a warning is issued.
 
-Cache layout: ``<root>/<task>-seed<seed>-v<V>`` with ``V = CACHE_VERSIONS[task]`` (addition 1, substitution 2;
+Cache layout: ``<root>/<task>-seed<seed>-v<V>`` with ``V = CACHE_VERSIONS[task]`` (addition 2, substitution 2,
+scratchpad 1;
 ``-steps<N>`` is inserted before ``-v<V>`` when ``max_steps`` is given),
 ``root = cache_dir or $TRL_EXT_CACHE or ~/.cache/trl_ext/testbed``. The directory is built under a temporary
 name and renamed into place; it holds the model, the tokenizer, ``warmup_meta.json`` (task, seed, version, steps,
@@ -36,15 +45,26 @@ import time
 import uuid
 import warnings
 
-__all__ = ["CACHE_VERSION", "CACHE_VERSIONS", "SUBSTITUTION_EXTRA_FRACTION", "SUBSTITUTION_WEIGHT_DECAY",
+__all__ = ["CACHE_VERSION", "CACHE_VERSIONS", "EVAL_EVERY", "MAX_STEPS", "SCRATCHPAD_TARGET", "TEST_QUESTIONS",
+           "FINE_EVAL_EVERY",
+           "SUBSTITUTION_EXTRA_FRACTION", "SUBSTITUTION_WEIGHT_DECAY",
            "SUBSTITUTION_CEILING_SHARE", "MARKER",
            "META", "default_cache_root", "warm_model_dir", "get_warm_model", "validate_cache", "run_warmup"]
 
-#: Cache version of the addition warm-up (kept for backward compatibility; see :data:`CACHE_VERSIONS`).
+#: Cache version of tasks without an entry in :data:`CACHE_VERSIONS` (kept for backward compatibility).
 CACHE_VERSION = 1
 #: Cache version per task, part of the cache directory name and checked against ``warmup_meta.json``; bumped
 #: for a task whenever its warm-up recipe changes (substitution: 2 = one-digit half-batches, weight decay 1.0).
-CACHE_VERSIONS: dict[str, int] = {"addition": CACHE_VERSION, "substitution": 2}
+CACHE_VERSIONS: dict[str, int] = {"addition": 2, "substitution": 2, "scratchpad": 1}
+#: Steps between validation checks per task (addition v2: 5, see the module docstring).
+EVAL_EVERY: dict[str, int] = {"addition": 5, "substitution": 25, "scratchpad": 25}
+#: Steps between validation checks once accuracy is past half the target (scratchpad: accuracy climbs ~0.1 per
+#: 25 steps there). Tasks without an entry keep ``EVAL_EVERY`` throughout.
+FINE_EVAL_EVERY: dict[str, int] = {"scratchpad": 5}
+#: Greedy validation accuracy at which the scratchpad warm-up stops.
+SCRATCHPAD_TARGET = 0.4
+#: Default cap on SFT steps per task (the early stop usually comes first).
+MAX_STEPS: dict[str, int] = {"addition": 1500, "substitution": 1500, "scratchpad": 4000}
 #: Substitution warm-up: share of each batch made of one-digit strings of revealed mappings, and AdamW
 #: weight decay (recipe v2; v1 used 0.25 and 0.1 and reached 0.23 held-out for seed 0).
 SUBSTITUTION_EXTRA_FRACTION = 0.5
@@ -55,6 +75,8 @@ SUBSTITUTION_CEILING_SHARE = 0.95
 MARKER = "WARMUP_COMPLETE"
 META = "warmup_meta.json"
 DEFAULT_MAX_STEPS = 1500
+#: Held-out (test split) questions whose greedy accuracy is recorded in ``warmup_meta.json``.
+TEST_QUESTIONS: dict[str, int] = {"addition": 200, "substitution": 30, "scratchpad": 600}
 
 
 def default_cache_root() -> str:
@@ -114,7 +136,8 @@ def _batches(tokenizer, rows, task, hidden_mask: bool):
     import torch
 
     enc_p = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
-    enc_a = tokenizer([r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
+    # the SFT target is the full reference completion: the scratchpad task's "solution", else the answer
+    enc_a = tokenizer([r.get("solution") or r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
     seqs, labs = [], []
     for r, p, a in zip(rows, enc_p, enc_a):
         ans_labels = list(a)
@@ -153,7 +176,7 @@ def run_warmup(
     seed: int = 0,
     max_steps: int = DEFAULT_MAX_STEPS,
     target_accuracy: float | None = None,
-    eval_every: int = 25,
+    eval_every: int | None = None,
     lr: float = 2e-3,
     batch_size: int = 128,
     n_val: int = 256,
@@ -166,7 +189,8 @@ def run_warmup(
     >= ``target_accuracy`` or ``max_steps`` steps. ``max_steps=0`` returns the model untouched.
     ``target_accuracy=None`` means 0.45 for addition; for substitution it means ``SUBSTITUTION_CEILING_SHARE``
     (0.95) of the revealed-only ceiling (share of validation strings without a hidden digit), followed by one
-    more ``eval_every`` interval.
+    more ``eval_every`` interval; for scratchpad ``SCRATCHPAD_TARGET``. ``eval_every=None`` means
+    ``EVAL_EVERY[task]``.
     """
     import torch
 
@@ -176,6 +200,8 @@ def run_warmup(
     if not isinstance(max_steps, int) or max_steps < 0:
         raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
     spec = TASKS[task]
+    if eval_every is None:
+        eval_every = EVAL_EVERY.get(task, 25)
     pool_n = split_size(task, "train")
     full = make_dataset(task, pool_n, seed=seed, split="train")
     if pool_n > 2 * n_val:
@@ -194,7 +220,7 @@ def run_warmup(
             target_accuracy = SUBSTITUTION_CEILING_SHARE * ceiling - 1e-9
             patience = 1
     elif target_accuracy is None:
-        target_accuracy = 0.45
+        target_accuracy = SCRATCHPAD_TARGET if task == "scratchpad" else 0.45
     n_extra = int(batch_size * SUBSTITUTION_EXTRA_FRACTION) if extra_rows else 0
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=SUBSTITUTION_WEIGHT_DECAY if extra_rows else 0.0)
@@ -214,7 +240,10 @@ def run_warmup(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % eval_every == 0 or step == max_steps:
+        # checks every eval_every steps, every FINE_EVAL_EVERY once past half the target (accuracy climbs fast there)
+        fine = acc is not None and acc >= 0.5 * target_accuracy and task in FINE_EVAL_EVERY
+        every = FINE_EVAL_EVERY[task] if fine else eval_every
+        if step % every == 0 or step == max_steps:
             acc = evaluate_model(model, tokenizer, val, task, max_new_tokens=max_new, batch_size=256).accuracy
             history["step"].append(step)
             history["val_accuracy"].append(acc)
@@ -283,7 +312,7 @@ def get_warm_model(task: str = "addition", seed: int = 0, cache_dir: str | None 
         shutil.rmtree(path, ignore_errors=True)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        _build(tmp, task, seed, DEFAULT_MAX_STEPS if max_steps is None else max_steps, verbose)
+        _build(tmp, task, seed, MAX_STEPS.get(task, DEFAULT_MAX_STEPS) if max_steps is None else max_steps, verbose)
         try:
             os.rename(tmp, path)
         except OSError:
@@ -310,11 +339,16 @@ def _build(out: str, task: str, seed: int, max_steps: int, verbose: bool) -> Non
     os.makedirs(out, exist_ok=True)
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        hist = run_warmup(model, tok, task, seed=seed, max_steps=max_steps, log=print if verbose else None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the result must not depend on the core count (see the module docstring)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            hist = run_warmup(model, tok, task, seed=seed, max_steps=max_steps, log=print if verbose else None)
+    finally:
+        torch.set_num_threads(threads)
     spec = TASKS[task]
-    test = make_dataset(task, 200 if task == "addition" else 30, seed=0, split="test")
+    test = make_dataset(task, TEST_QUESTIONS[task], seed=0, split="test")
     test_acc = evaluate_model(model, tok, test, task, max_new_tokens=spec.max_answer_chars() + 1).accuracy
     if max_steps >= 250 and not 0.3 <= test_acc <= 0.6:
         warnings.warn(f"warm-up of {task!r} seed {seed} ended at held-out greedy accuracy {test_acc:.2f}, outside "
