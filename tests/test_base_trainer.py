@@ -97,6 +97,10 @@ def test_default_config_reproduces_trl_advantages_bitwise(tmp_path, overrides, f
     for key in ("ext/generated_tokens", "ext/generated_tokens_total", "gate/eligible_groups", "ext/signal_row_frac"):
         assert key in logs
     assert logs["ext/generated_tokens"] == float(tr.batches[0].completion_lengths.sum())
+    # advantage scale of the batch's rows, the same for every estimator
+    adv0 = tr.outputs[0]["advantages"].abs()
+    assert logs["adv/abs_mean"] == pytest.approx(float(adv0.mean()), rel=1e-5)
+    assert logs["adv/abs_max"] == pytest.approx(float(adv0.max()), rel=1e-5)
 
 
 def test_frac_reward_zero_std_matches_trl_group_reading(tmp_path):

@@ -1419,6 +1419,11 @@ class GRPOTrainer(compat.TRLGlue):
         # completions table: drop pad rows, log the final advantages
         flat_adv = adv.reshape(batch.num_rows, -1)
         adv_log = flat_adv[:, 0] if adv.ndim == 1 else flat_adv.mean(dim=1)
+        # advantage scale of the real rows (compares step sizes across estimators: GRPO's z-scores vs Eq.-13 sums)
+        if real.any():
+            a_abs = adv_log[real].abs().float()
+            self.log_ext_metric("adv/abs_mean", float(a_abs.mean()), mode)
+            self.log_ext_metric("adv/abs_max", float(a_abs.max()), mode)
         compat.rewrite_completion_logs(self, batch.num_rows, real.tolist(), adv_log.tolist())
         if self.args.log_rollout_metadata:
             from collections import deque
