@@ -1,12 +1,28 @@
-"""Compute-matched comparison of every trl_ext trainer against plain GRPO.
+"""Compute-matched comparison of every trl_ext trainer against plain GRPO and the published baselines.
 
-Every method trains from the same warm checkpoint, on the same training prompts, with the same learning rate,
-completion length and per-step rollout count, and is stopped when its **cumulative generated training tokens**
-reach the same budget (the primary axis: accuracy per generated token). Held-out greedy accuracy is measured on the
-same evaluation questions at fixed token checkpoints; the final checkpoint's per-question outcomes are written in
-the testbed JSONL format and compared with the project's own rule ("Measurement Discipline for RLVR" section 5:
-two-part rule across seeds, detection floor ``2.8016 sqrt(2p(1-p)/N)``, paired floor, smallest detectable gap) via
+Every method trains from the same warm checkpoint, on the same training prompts, with the same completion length and
+per-step rollout count, and is stopped when its **cumulative generated training tokens** reach the same budget (the
+primary axis: accuracy per generated token). Held-out greedy accuracy is measured on the same evaluation questions
+at fixed token checkpoints; the final checkpoint's per-question outcomes are written in the testbed JSONL format and
+compared with the project's own rule ("Measurement Discipline for RLVR" section 5: two-part rule across seeds,
+detection floor ``2.8016 sqrt(2p(1-p)/N)``, paired floor, smallest detectable gap) via
 :func:`trl_ext.stats.compare_outcome_files` -- the engine of ``trl-ext compare``.
+
+Protocols (``--protocol``)::
+
+    v1   one learning rate for every method (--learning_rate, preset 1e-4), seeds 0 1 2, the "tokens to threshold"
+         threshold = grpo_g16's mean final accuracy (the documented CPU run, docs/results.md)
+    v2   benchmark v2: each method's learning rate is tuned on a VALIDATION split (default grid 3e-5 1e-4 3e-4,
+         tuning seed 0; --tune_lr / --tune_seeds), then the main runs use each method's chosen rate on the test
+         split with seeds 0 1 2 3 4; threshold = the best GRPO setting's mean final accuracy
+
+Learning-rate tuning (v2, or ``--tune_lr`` under v1): per method and learning rate, one run per tuning seed to the
+same token budget, scored once at the budget by greedy accuracy on ``n_val`` questions drawn from the task's TRAIN
+split, disjoint from the training prompts (the test split is never used). The chosen rate has the highest mean
+validation accuracy (ties: the lower rate); ``lr_choice.json`` records every score. When ``lr_choice.json`` already
+exists it is read instead of re-tuning (only methods it lacks, or whose tuning gave no rate, are tuned and added; it
+must have been tuned under the same task, start checkpoint, budget and pool, else the script stops and says so).
+Tuning runs live in ``runs/tune/<method>/lr<lr>/seed<k>/`` and are reused like the main runs.
 
 Methods (``--methods``; default all)::
 
@@ -19,58 +35,101 @@ Methods (``--methods``; default all)::
     dr_grpo                    Dr. GRPO at the reference group size G = 16 (grpo_g16): group-mean baseline without
                                std scaling, constant length normalizer (trl_ext.GRPOTrainer,
                                advantage_estimator="dr_grpo", loss_type="dr_grpo")
-    dapo_dynamic               GRPO G = 4 (the best GRPO group size of the CPU run) with DAPO dynamic sampling
+    dapo_dynamic               GRPO G = 4 (the best GRPO group size of the v1 CPU run) with DAPO dynamic sampling
                                (trl_ext.GRPOTrainer, dynamic_sampling=True, default 3 refill rounds): zero-variance
                                groups are regenerated from fresh prompts; their tokens count against the budget
-    basis                      BASISTrainer, G = 1 (BASIS paper); its value table is built
-                               once per warm model from 32 reference samples per training prompt
+    basis                      BASISTrainer, G = 1 (BASIS paper); its value table is built once per warm model from
+                               value_table_samples (32) reference samples per training prompt; the table's generated
+                               tokens are counted and reported as a separate cost
     v05_osla                   V05GRPOTrainer, v05_k_init = 4 with Sequential OSLA (V0.5 paper, arXiv:2603.10848)
     v05_fixed4                 V05GRPOTrainer, fixed k = 4 (prior fusion, no OSLA rounds)
     pair                       PAIRTrainer, G = 16 prefix candidates (pair_prefix_inclusion_reweighting.txt)
+    signal_only                GRPO G = 8 with signal-only loss denominators (ExtGRPOConfig.signal_only_denominator:
+                               the loss is divided only by the tokens of groups with a nonzero advantage)
+    tiebreak                   GRPO G = 8 trained on the tie-break blend: reward = binary task reward + 0.1 x
+                               within-(group, grade) rank of the task's graded reward (scratchpad:
+                               scratchpad_steps_reward), through ExtGRPOConfig.tie_break_scorer_index (the library's
+                               trl_ext.estimators.tie_break_blend); only defined for a task with a graded reward
+                               (GRADED_REWARDS or --graded_reward_fn), recorded as skipped otherwise. Evaluation
+                               always uses the binary reward
 
 A method is a :class:`MethodSpec`: a group size plus config fields on top of the shared ones; the config and trainer
 classes default to ``trl_ext.ExtGRPOConfig`` / ``trl_ext.GRPOTrainer``, so the baselines above differ from plain
-GRPO by configuration only (``advantage_estimator``, ``loss_type``, ``dynamic_sampling``); only BASIS, V0.5 and
-PAIR name their own classes.
+GRPO by configuration only; only BASIS, V0.5 and PAIR name their own classes, and a ``setup`` function supplies what
+a method needs beyond configuration (the BASIS table, the tie-break rewards).
 
 Every method draws ``rollouts_per_step`` rollouts per optimizer step where it decides the count up front
 (G x prompts = 64 on the CPU scale: 4 x 16, 8 x 8, 16 x 4, 64 x 1); V0.5 uses 64 / v05_k_init prompts and decides
 the rest itself, PAIR uses 64 / 16 prompts' worth of candidates and completes a subset, DAPO dynamic sampling trains
 on at most 16 kept groups of 4 and generates up to 3 further rounds to fill them. Only the token budget is
-matched, as the issue asks; step counts differ by design.
+matched; step counts differ by design.
 
-A method whose trainer cannot be imported or configured is **skipped with its reason printed and recorded** in
-``runs.json``; a run that crashes is recorded as ``failed`` with its traceback; neither is dropped silently.
+A method whose trainer cannot be imported or configured, or that is not defined for the task, is **skipped with its
+reason printed and recorded** in ``runs.json``; a run that crashes is recorded as ``failed`` with its traceback;
+neither is dropped silently.
 
-Generated tokens are read from the one counter every ``trl_ext.GRPOTrainer`` (and so every trainer here) logs:
-``ext/generated_tokens_total`` (:data:`TOKEN_METRIC`), cumulative, counting every generated token -- discarded
-V0.5 rounds, PAIR probe prefixes and DAPO's filtered groups included. A run that logs training steps without it
-fails with an error instead of ignoring the budget. The run stops after the optimizer step whose generation crosses
-the budget, so a run overshoots by less than one generation batch (recorded as ``tokens``).
+Costs. Generated tokens are read from the one counter every ``trl_ext.GRPOTrainer`` (and so every trainer here)
+logs: ``ext/generated_tokens_total`` (:data:`TOKEN_METRIC`), cumulative, counting every generated token --
+discarded V0.5 rounds, PAIR probe prefixes and DAPO's filtered groups included; it stays the primary axis. A run
+that logs training steps without it fails with an error instead of ignoring the budget. The run stops after the
+optimizer step whose generation crosses the budget (overshoot < one generation batch, recorded as ``tokens``).
+BASIS also pays for its value table: the tokens sampled by the table builder are counted (the lengths of the
+completions its reward function scores, EOS included, as the trainer counts) and cached with the table; the table
+reports online tokens, table tokens, and totals with the table amortized over 1 and over 10 runs. Tuning runs' tokens
+are reported per method (``tuning_tokens``).
+
+Presets (``--scale`` x ``--task``; explicit arguments override)::
+
+    cpu, addition     64 rollouts/step, 40,000 tokens per run, checkpoints every 5,000, 4,000 training prompts,
+                      2,000 test questions, 1,000 validation questions, max_completion_length 5 (v1's preset)
+    cpu, scratchpad   64 rollouts/step, 400,000 tokens per run, checkpoints every 100,000, 4,000 training prompts,
+                      1,000 test questions, 1,000 validation questions, max_completion_length 73 (the longest
+                      completion, 71, + 2). Sized from a measurement on one thread (untrained tiny model forced to
+                      73-token completions, the other core busy): GRPO G=8 1.21 s per step of 4,672 tokens, greedy
+                      evaluation 2.8 s per 250 questions. At a warm model's ~47 tokens per completion a GRPO G=8 run
+                      is ~130 steps (160 s) + 4 evaluations (45 s): about 3.5 minutes
+    gpu, addition     256 rollouts/step, 400,000 tokens, checkpoints every 50,000, 8,000 training prompts, bf16
+    gpu, scratchpad   256 rollouts/step, 4,000,000 tokens, checkpoints every 500,000, 16,000 training prompts, bf16
 
 Outputs in ``--output_dir``::
 
-    runs.json                       every run: status, config, curve, final accuracy, tokens, wall time, paths
-    table.md / table.json           final accuracy, tokens to reach the threshold, wall time, per method
-    verdicts.json / verdicts.md     two-part-rule reports: each method vs grpo_g16 and vs the best GRPO group size
-    accuracy_vs_tokens.png          held-out greedy accuracy against generated training tokens (mean +- range)
-    accuracy_vs_walltime.png        the same against training wall time (evaluation time excluded)
+    runs.json               every main run (status, learning rate and its source, config, curve, final accuracy,
+                            final accuracy per n_digits, tokens, BASIS table cost, wall time, paths), every tuning
+                            run, the lr choice, the start accuracy (also per n_digits)
+    lr_choice.json          (tuning) per method: chosen learning rate, reason, validation accuracy per lr and seed
+    table.md / table.json   per method: lr, final accuracy (mean, sd, per seed), tokens to reach the threshold,
+                            online / table / total tokens (table amortized over 1 and 10 runs), tuning tokens, train
+                            wall time, steps; and final accuracy per n_digits (when the dataset has that column)
+    verdicts.json / .md     two-part-rule reports of every method vs the best GRPO setting, vs REINFORCE++, vs DAPO
+                            dynamic sampling and vs grpo_g16
+    accuracy_vs_tokens.png  held-out greedy accuracy against generated training tokens (mean, min..max band)
+    accuracy_vs_walltime.png  the same against training wall time (evaluation time excluded)
     runs/<method>/seed<k>/outcomes.jsonl    per-question outcomes at the final (budget) checkpoint
+    runs/tune/<method>/lr<lr>/seed<k>/      tuning runs (outcomes on the validation split)
 
 Usage::
 
-    python benchmarks/compare_trainers.py --output_dir benchmarks/results/compare/full       # CPU default
+    # benchmark v2, the default command (one invocation per task; the two can run side by side on 2 cores)
+    python benchmarks/compare_trainers.py --protocol v2 --task scratchpad --output_dir benchmarks/results/compare/v2/scratchpad
+    python benchmarks/compare_trainers.py --protocol v2 --task addition --output_dir benchmarks/results/compare/v2/addition
+    # v1 (docs/results.md)
+    python benchmarks/compare_trainers.py --output_dir benchmarks/results/compare/full
+    # smoke tests
     python benchmarks/compare_trainers.py --output_dir /tmp/smoke --smoke --model_name_or_path /tmp/tiny
+    python benchmarks/compare_trainers.py --output_dir /tmp/smoke2 --smoke --protocol v2 --task scratchpad \\
+        --model_name_or_path /tmp/tiny --tune_lr 1e-4 3e-4 --seeds 0 1
+    # larger runs
     python benchmarks/compare_trainers.py --scale gpu --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
         --dataset_fn mypkg.data:load --reward_fn mypkg.rewards:correct --use_vllm --vllm_mode colocate
 
-Finished runs are reused when ``--output_dir`` already holds a ``result.json`` with the same run settings
-(``--no_resume`` re-runs them), so an interrupted full run can be continued.
+Finished runs (main and tuning) are reused when ``--output_dir`` already holds a ``result.json`` with the same run
+settings (``--no_resume`` re-runs them), so an interrupted run can be continued.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import hashlib
 import json
@@ -96,6 +155,13 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 
 TOKEN_METRIC = "ext/generated_tokens_total"
 GRPO_REFERENCE = "grpo_g16"
+#: Dataset column whose values split the per-difficulty breakdown (``runs.json`` / ``table.json``).
+DIFFICULTY_COLUMN = "n_digits"
+#: Graded (partial-credit) reward of each testbed task that has one: the scorer of the ``tiebreak`` method.
+GRADED_REWARDS: dict[str, str] = {"scratchpad": "trl_ext.testbed.tasks:scratchpad_steps_reward"}
+#: Numbers of runs the BASIS value table is amortized over in the table's total-cost columns.
+AMORTIZE_OVER = (1, 10)
+LR_CHOICE_FILE = "lr_choice.json"
 
 
 # ------------------------------------------------------------------------------------------------------ methods
@@ -112,8 +178,9 @@ class MethodSpec:
     name, label : str
         Registry key and plot / table label.
     family : {"grpo", "baseline", "trl_ext"}
-        ``"grpo"``: plain GRPO at one group size, the candidates for the "best GRPO group size" reference;
-        ``"baseline"``: other published critic-free recipes; ``"trl_ext"``: the package's own trainers.
+        ``"grpo"``: plain GRPO at one group size, the candidates for the "best GRPO setting" reference;
+        ``"baseline"``: other published critic-free recipes; ``"trl_ext"``: the package's own trainers and
+        measurement options.
     group_size : int
         Rollouts per prompt decided up front, passed as ``num_generations`` (``v05_k_init`` for V0.5, candidates for
         PAIR, 1 for single-rollout methods, whose sampler then yields unique prompts).
@@ -125,7 +192,9 @@ class MethodSpec:
         ``trl_ext.ExtGRPOConfig`` / ``trl_ext.GRPOTrainer`` (a method that is a configuration of the base trainer
         needs only ``config_kwargs``).
     setup : str or None
-        Name of a function ``setup(ctx) -> dict`` in this module returning extra config kwargs (e.g. a value table).
+        Name of a function ``setup(ctx) -> SetupResult`` in this module (extra config kwargs, training reward
+        functions, cost records), run once per invocation; it raises :class:`MethodUnavailable` when the method is
+        not defined for the task (the method is then recorded as skipped with the reason).
     """
 
     name: str
@@ -136,6 +205,29 @@ class MethodSpec:
     config: str = BASE_CONFIG
     trainer: str = BASE_TRAINER
     setup: str | None = None
+
+
+@dataclass
+class SetupResult:
+    """What a method's ``setup(ctx)`` returns.
+
+    Attributes
+    ----------
+    config : dict
+        Extra config kwargs (precedence: above ``MethodSpec.config_kwargs``, below ``--config_overrides``).
+    reward_funcs : list of callables or None
+        Training reward functions replacing the task's (evaluation always uses the task's binary reward).
+    info : dict
+        Cost and provenance records copied into every run record of the method (e.g. the BASIS table's tokens).
+    """
+
+    config: dict = field(default_factory=dict)
+    reward_funcs: list | None = None
+    info: dict = field(default_factory=dict)
+
+
+class MethodUnavailable(Exception):
+    """Raised by a method's setup when the method is not defined for this task (recorded as ``skipped``)."""
 
 
 _V05 = dict(config="trl_ext.trainers.v05:V05GRPOConfig", trainer="trl_ext.trainers.v05:V05GRPOTrainer")
@@ -164,20 +256,46 @@ METHODS: dict[str, MethodSpec] = {
                              config_kwargs={"v05_k_init": 4, "v05_rollout_cost": 1.0 / 16}, **_V05),
     "pair": MethodSpec("pair", "PAIR G=16", "trl_ext", group_size=16, config="trl_ext.trainers.pair:PAIRConfig",
                        trainer="trl_ext.trainers.pair:PAIRTrainer"),
+    # GRPO G=8 whose policy loss is divided only by the tokens of groups with a nonzero advantage
+    "signal_only": MethodSpec("signal_only", "GRPO G=8 signal-only denominators", "trl_ext", group_size=8,
+                              config_kwargs={"signal_only_denominator": True}),
+    # GRPO G=8 on reward = binary grade + 0.1 x within-class rank of the graded reward (setup_tiebreak)
+    "tiebreak": MethodSpec("tiebreak", "GRPO G=8 +tie-break blend", "trl_ext", group_size=8,
+                           config_kwargs={"tie_break_epsilon": 0.1}, setup="setup_tiebreak"),
 }
 
-#: Scale presets. ``cpu``: the offline testbed on 2 cores (about an hour for all methods x 3 seeds);
+#: Scale presets (the ``addition`` values; the v1 CPU run used them). ``cpu``: the offline testbed on 2 cores;
 #: ``gpu``: a larger budget and GPU-friendly trainer defaults; everything else is the same code path.
 SCALES: dict[str, dict] = {
     "cpu": dict(task="addition", rollouts_per_step=64, token_budget=40_000, eval_every_tokens=5_000, n_eval=2000,
-                n_train=4000, learning_rate=1e-4, eval_samples=0, value_table_samples=32, use_cpu=True, bf16=False,
-                eval_batch_size=250),
+                n_train=4000, n_val=1000, learning_rate=1e-4, eval_samples=0, value_table_samples=32, use_cpu=True,
+                bf16=False, eval_batch_size=250),
     "gpu": dict(task="addition", rollouts_per_step=256, token_budget=400_000, eval_every_tokens=50_000, n_eval=2000,
-                n_train=8000, learning_rate=1e-4, eval_samples=0, value_table_samples=32, use_cpu=False, bf16=True,
-                eval_batch_size=250),
+                n_train=8000, n_val=1000, learning_rate=1e-4, eval_samples=0, value_table_samples=32, use_cpu=False,
+                bf16=True, eval_batch_size=250),
+}
+#: Per-task overrides of a scale preset. ``scratchpad`` (completions of 21-71 tokens, max_completion_length 73 =
+#: the longest completion + 2): the CPU budget is sized from a measurement (untrained tiny model, 73-token
+#: completions, one thread, the other core busy): GRPO G=8 took 1.21 s per step of 64 rollouts (4,672 tokens) and
+#: 2.8 s to evaluate 250 questions greedily (2.77 s per step when the 2 cores were oversubscribed, load ~5). A warm
+#: model writes about 47 tokens per completion on average (10 x 4.5 columns + 2), about 3,000 tokens per step at the
+#: same step time (the batch still decodes to its longest completion), so 400,000 tokens are about 130 steps (160 s)
+#: plus 4 evaluations of 1,000 questions (45 s): 3.5 min per GRPO G=8 run (2.5 min if completions stay at 73 tokens).
+TASK_PRESETS: dict[tuple[str, str], dict] = {
+    ("scratchpad", "cpu"): dict(token_budget=400_000, eval_every_tokens=100_000, n_eval=1000, n_val=1000,
+                                n_train=4000),
+    ("scratchpad", "gpu"): dict(token_budget=4_000_000, eval_every_tokens=500_000, n_eval=2000, n_val=1000,
+                                n_train=16000),
+}
+#: Protocol defaults on top of the preset. ``v1``: one learning rate for every method, seeds 0-2 (the documented
+#: CPU run); ``v2``: each method's learning rate tuned on a validation split (grid 3e-5, 1e-4, 3e-4, seed 0), then
+#: seeds 0-4 at the chosen rates, the threshold set by the best GRPO setting.
+PROTOCOLS: dict[str, dict] = {
+    "v1": dict(seeds=[0, 1, 2], tune_lr=None, tune_seeds=[0], threshold_reference=GRPO_REFERENCE),
+    "v2": dict(seeds=[0, 1, 2, 3, 4], tune_lr=[3e-5, 1e-4, 3e-4], tune_seeds=[0], threshold_reference="best_grpo"),
 }
 SMOKE = dict(methods=["grpo_g16", "grpo_g4"], seeds=[0], token_budget=500, eval_every_tokens=250, n_eval=40,
-             n_train=64, rollouts_per_step=32, n_sim=50, n_boot=200)
+             n_train=64, n_val=40, rollouts_per_step=32, n_sim=50, n_boot=200)
 
 
 # ---------------------------------------------------------------------------------------------- budget callback
@@ -290,9 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output_dir", required=True, help="where runs.json, tables, verdicts, plots and runs/ go")
+    p.add_argument("--protocol", choices=sorted(PROTOCOLS), default="v1",
+                   help="v1: one learning rate for all, seeds 0-2; v2: per-method learning rate tuned on a "
+                        "validation split, then seeds 0-4 (default v1)")
     p.add_argument("--methods", nargs="+", default=None, metavar="M",
                    help=f"methods to run (default all): {' '.join(METHODS)}")
-    p.add_argument("--seeds", nargs="+", type=_nonneg_int, default=None, help="training seeds (default 0 1 2)")
+    p.add_argument("--seeds", nargs="+", type=_nonneg_int, default=None,
+                   help="training seeds of the main runs (default 0 1 2; v2: 0 1 2 3 4)")
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu", help="size preset (default cpu)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny end-to-end check: 2 methods, 1 seed, a few hundred tokens (overrides the preset)")
@@ -300,25 +422,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_every_tokens", type=_pos_float, default=None, help="evaluation checkpoint spacing")
     p.add_argument("--rollouts_per_step", type=_pos_int, default=None,
                    help="rollouts per optimizer step for fixed-G methods (must be divisible by 16)")
-    p.add_argument("--learning_rate", type=_pos_float, default=None, help="same for every method")
-    p.add_argument("--n_eval", type=_pos_int, default=None, help="held-out evaluation questions")
+    p.add_argument("--learning_rate", type=_pos_float, default=None,
+                   help="one learning rate for every method (not with --tune_lr; v2 needs --no_tune with it)")
+    p.add_argument("--tune_lr", nargs="+", type=_pos_float, default=None, metavar="LR",
+                   help="tune each method's learning rate over these values on the validation split (v2 default: "
+                        "3e-5 1e-4 3e-4); lr_choice.json in --output_dir, if present, is read instead")
+    p.add_argument("--tune_seeds", nargs="+", type=_nonneg_int, default=None,
+                   help="training seeds of the tuning runs (default 0)")
+    p.add_argument("--no_tune", action="store_true", help="v2 without tuning: --learning_rate for every method")
+    p.add_argument("--n_eval", type=_pos_int, default=None, help="held-out evaluation questions (test split)")
+    p.add_argument("--n_val", type=_pos_int, default=None,
+                   help="validation questions for lr tuning (train split, disjoint from the training prompts)")
     p.add_argument("--n_train", type=_pos_int, default=None, help="training prompts (the same pool for all)")
     p.add_argument("--eval_samples", type=_nonneg_int, default=None,
                    help="also measure sampled accuracy (T=1) with this many samples per question (0 = off)")
     p.add_argument("--threshold", type=float, default=None,
-                   help="accuracy for 'tokens to threshold' (default: grpo_g16's mean final accuracy; without "
-                        "grpo_g16 the start accuracy + 0.10)")
-    p.add_argument("--task", default=None, help="testbed task (default addition)")
+                   help="accuracy for 'tokens to threshold' (default v1: grpo_g16's mean final accuracy; v2: the best "
+                        "GRPO setting's; without them the start accuracy + 0.10)")
+    p.add_argument("--task", default=None, help="testbed task: addition (default), scratchpad, substitution")
     p.add_argument("--model_name_or_path", default=None,
                    help="start checkpoint (default: the cached warm testbed model for --task, seed 0)")
     p.add_argument("--warm_seed", type=_nonneg_int, default=0, help="warm-model seed (one checkpoint for all runs)")
     p.add_argument("--dataset_fn", default=None,
-                   help="module:function returning (train_dataset, eval_dataset) with prompt/answer/question_id "
-                        "columns, replacing the testbed task")
+                   help="module:function returning (train_dataset, eval_dataset[, validation_dataset]) with "
+                        "prompt/answer/question_id columns, replacing the testbed task")
     p.add_argument("--reward_fn", default=None,
                    help="module:function, a TRL reward function (1 = correct); required with --dataset_fn")
+    p.add_argument("--graded_reward_fn", default=None,
+                   help="module:function, a graded reward in [0, 1] for the tiebreak method (default: the testbed "
+                        "task's, e.g. scratchpad_steps_reward; tiebreak is skipped without one)")
     p.add_argument("--max_completion_length", type=_pos_int, default=None,
                    help="default: the task's longest answer + 2")
+    p.add_argument("--value_table_samples", type=_pos_int, default=None,
+                   help="BASIS reference samples per training prompt (default 32)")
     p.add_argument("--use_vllm", action="store_true", help="passed to the trainer config")
     p.add_argument("--vllm_mode", default=None, help="passed to the trainer config (colocate / server)")
     p.add_argument("--config_overrides", default=None,
@@ -335,19 +471,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_settings(args: argparse.Namespace) -> dict:
-    """Merge preset, ``--smoke`` and explicit arguments into one settings dict; validate it."""
+    """Merge preset, protocol, ``--smoke`` and explicit arguments into one settings dict; validate it.
+
+    Precedence: scale preset < task preset (:data:`TASK_PRESETS`) < protocol (:data:`PROTOCOLS`) < ``--smoke`` <
+    explicit arguments.
+    """
+    task = args.task or SCALES[args.scale]["task"]
     s = dict(SCALES[args.scale])
-    s.update(methods=list(METHODS), seeds=[0, 1, 2], n_sim=400, n_boot=2000)
+    s.update(TASK_PRESETS.get((task, args.scale), {}))
+    s.update(task=task, methods=list(METHODS), n_sim=400, n_boot=2000)
+    s.update(PROTOCOLS[args.protocol])
     if args.smoke:
         s.update(SMOKE)
-    for key in ("token_budget", "eval_every_tokens", "rollouts_per_step", "learning_rate", "n_eval", "n_train",
-                "eval_samples", "task", "n_sim", "n_boot"):
+    for key in ("token_budget", "eval_every_tokens", "rollouts_per_step", "learning_rate", "n_eval", "n_val",
+                "n_train", "eval_samples", "n_sim", "n_boot", "value_table_samples"):
         if getattr(args, key, None) is not None:
             s[key] = getattr(args, key)
     if args.methods is not None:
         s["methods"] = list(dict.fromkeys(args.methods))
     if args.seeds is not None:
         s["seeds"] = list(dict.fromkeys(args.seeds))
+    if args.tune_seeds is not None:
+        s["tune_seeds"] = list(dict.fromkeys(args.tune_seeds))
+    if args.tune_lr is not None and args.no_tune:
+        raise SystemExit("--tune_lr and --no_tune exclude each other")
+    if args.tune_lr is not None and args.learning_rate is not None:
+        raise SystemExit("--tune_lr and --learning_rate exclude each other: tuning picks each method's learning rate "
+                         "(pass one of them)")
+    if args.tune_lr is not None:
+        s["tune_lr"] = sorted(set(args.tune_lr))
+    elif args.no_tune:
+        s["tune_lr"] = None
+    elif s["tune_lr"] and args.learning_rate is not None:
+        raise SystemExit(f"--protocol {args.protocol} tunes the learning rate per method; add --no_tune to train "
+                         "every method at --learning_rate instead")
     unknown = [m for m in s["methods"] if m not in METHODS]
     if unknown:
         raise SystemExit(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
@@ -366,13 +523,16 @@ def resolve_settings(args: argparse.Namespace) -> dict:
             raise SystemExit(f"--config_overrides is not valid JSON: {e}") from e
         if not isinstance(overrides, dict):
             raise SystemExit("--config_overrides must be a JSON object of config fields")
+    if "learning_rate" in overrides:
+        raise SystemExit("set the learning rate with --learning_rate or --tune_lr, not --config_overrides")
     if args.use_vllm:
         overrides["use_vllm"] = True
     if args.vllm_mode:
         overrides["vllm_mode"] = args.vllm_mode
-    s.update(config_overrides=overrides, scale=args.scale, smoke=bool(args.smoke), threshold=args.threshold,
-             model_name_or_path=args.model_name_or_path, warm_seed=args.warm_seed, dataset_fn=args.dataset_fn,
-             reward_fn=args.reward_fn, max_completion_length=args.max_completion_length,
+    s.update(config_overrides=overrides, scale=args.scale, protocol=args.protocol, smoke=bool(args.smoke),
+             threshold=args.threshold, model_name_or_path=args.model_name_or_path, warm_seed=args.warm_seed,
+             dataset_fn=args.dataset_fn, reward_fn=args.reward_fn, graded_reward_fn=args.graded_reward_fn,
+             max_completion_length=args.max_completion_length,
              output_dir=os.path.abspath(args.output_dir), resume=not args.no_resume,
              cache_dir=os.path.abspath(args.cache_dir or os.path.join(
                  os.environ.get("TRL_EXT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trl_ext"),
@@ -388,16 +548,58 @@ def _load_object(spec: str):
     return getattr(import_module(module), attr)
 
 
+def checkpoint_fingerprint(path: str) -> str:
+    """Short sha256 of a local checkpoint's weights and config (``path`` itself for a Hub id).
+
+    Part of the v2 run keys and of the ``lr_choice.json`` settings, so runs and learning-rate choices made from an
+    earlier warm model (e.g. a rebuilt testbed checkpoint at the same path) are not reused.
+    """
+    if not os.path.isdir(path):
+        return str(path)
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(path)):
+        if name.endswith((".safetensors", ".bin")) or name == "config.json":
+            h.update(name.encode())
+            with open(os.path.join(path, name), "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def validation_split(train_pool, train_ds, n_val: int):
+    """``n_val`` rows of ``train_pool`` (the task's train split) whose ``question_id`` is not a training prompt.
+
+    The validation set of learning-rate tuning: drawn from the train split (the test split stays untouched) and
+    disjoint from the training prompts by construction. Raises ``SystemExit`` when the split has too few rows left.
+    """
+    used = set(train_ds["question_id"])
+    keep = [i for i, q in enumerate(train_pool["question_id"]) if q not in used][:n_val]
+    if len(keep) < n_val:
+        raise SystemExit(f"--n_val {n_val}: the train split has only {len(keep)} problems outside the {len(used)} "
+                         "training prompts; lower --n_val or --n_train")
+    return train_pool.select(keep)
+
+
 class Context:
-    """Shared, method-independent state: model path, tokenizer, datasets, reward, evaluator."""
+    """Shared, method-independent state: model path, tokenizer, datasets, rewards, evaluator.
+
+    ``eval_ds`` is the held-out test set of the main runs; ``val_ds`` (built on first use) the validation set of
+    learning-rate tuning, from the train split and disjoint from ``train_ds``.
+    """
 
     def __init__(self, s: dict):
         from transformers import AutoTokenizer
 
         self.s = s
+        self._val_ds = None
+        self.graded_reward = _load_object(s["graded_reward_fn"]) if s.get("graded_reward_fn") else None
         if s["dataset_fn"]:
             self.task = None
-            self.train_ds, self.eval_ds = _load_object(s["dataset_fn"])()
+            data = _load_object(s["dataset_fn"])()
+            if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+                raise SystemExit("--dataset_fn must return (train_dataset, eval_dataset[, validation_dataset])")
+            self.train_ds, self.eval_ds = data[0], data[1]
+            self._val_ds = data[2] if len(data) == 3 else None
             self.reward_funcs = [_load_object(s["reward_fn"])]
             if s["model_name_or_path"] is None:
                 raise SystemExit("--model_name_or_path is required with --dataset_fn")
@@ -414,11 +616,35 @@ class Context:
             self.eval_ds = make_dataset(self.task, min(s["n_eval"], split_size(self.task, "test")), seed=0,
                                         split="test")
             self.reward_funcs = get_reward_funcs(self.task)
+            if self.graded_reward is None and self.task in GRADED_REWARDS:
+                self.graded_reward = _load_object(GRADED_REWARDS[self.task])
             self.model_path = s["model_name_or_path"] or get_warm_model(self.task, seed=s["warm_seed"],
                                                                         verbose=True)
             self.max_new = s["max_completion_length"] or TASKS[self.task].max_answer_chars() + 2
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.cache_dir = s["cache_dir"]
+        s["start_checkpoint_sha"] = checkpoint_fingerprint(self.model_path)
+
+    @property
+    def val_ds(self):
+        """Validation set for learning-rate tuning (train split, disjoint from ``train_ds``)."""
+        if self._val_ds is None:
+            if self.task is None:
+                raise SystemExit("learning-rate tuning with --dataset_fn needs a validation set: return (train, "
+                                 "eval, validation) from the dataset function")
+            from trl_ext.testbed import make_dataset, split_size
+
+            pool = make_dataset(self.task, split_size(self.task, "train"), seed=1, split="train")
+            self._val_ds = validation_split(pool, self.train_ds, self.s["n_val"])
+        overlap = set(self._val_ds["question_id"]) & set(self.train_ds["question_id"])
+        if overlap:
+            raise SystemExit(f"the validation set shares {len(overlap)} questions with the training prompts "
+                             f"(e.g. {sorted(overlap)[:3]}); they must be disjoint")
+        return self._val_ds
+
+    def dataset(self, split: str):
+        """``"test"``: the held-out evaluation set; ``"validation"``: the tuning set."""
+        return self.eval_ds if split == "test" else self.val_ds
 
     def load_model(self):
         import torch
@@ -427,16 +653,32 @@ class Context:
         dtype = torch.bfloat16 if self.s["bf16"] else torch.float32
         return AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
 
-    def evaluate(self, model, *, greedy: bool = True, num_samples: int = 1, seed: int = 0):
-        """Held-out accuracy; returns ``trl_ext.testbed.EvalResult`` (records in the outcome JSONL schema)."""
+    def evaluate(self, model, *, greedy: bool = True, num_samples: int = 1, seed: int = 0, split: str = "test"):
+        """Held-out accuracy with the task's binary reward (whatever a method trains on); returns
+        ``trl_ext.testbed.EvalResult`` (records in the outcome JSONL schema)."""
         from trl_ext.testbed import EvalResult, evaluate_model
 
         bs = self.s["eval_batch_size"]
+        ds = self.dataset(split)
         if self.task is not None:
-            return evaluate_model(model, self.tokenizer, self.eval_ds, self.task, greedy=greedy,
+            return evaluate_model(model, self.tokenizer, ds, self.task, greedy=greedy,
                                   num_samples=num_samples, max_new_tokens=self.max_new, seed=seed, batch_size=bs)
-        return _generic_evaluate(model, self.tokenizer, self.eval_ds, self.reward_funcs[0], greedy, num_samples,
+        return _generic_evaluate(model, self.tokenizer, ds, self.reward_funcs[0], greedy, num_samples,
                                  self.max_new, seed, bs, EvalResult)
+
+    @property
+    def eval_reward_name(self) -> str:
+        """Name of the reward that scores every evaluation (the task's first, binary reward)."""
+        from trl_ext.priors.value_table import reward_func_name
+
+        return reward_func_name(self.reward_funcs[0])
+
+    def difficulty_levels(self, split: str = "test") -> dict[str, str] | None:
+        """``question_id -> str(n_digits)`` of the split's questions, or ``None`` without that column."""
+        ds = self.dataset(split)
+        if DIFFICULTY_COLUMN not in getattr(ds, "column_names", []):
+            return None
+        return {str(q): str(v) for q, v in zip(ds["question_id"], ds[DIFFICULTY_COLUMN])}
 
 
 def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_new, seed, batch_size, result_cls):
@@ -483,53 +725,148 @@ def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_n
 
 
 # -------------------------------------------------------------------------------------------- method setups
-def setup_basis(ctx: Context) -> dict:
+def counting_reward(func: Callable, counter: dict) -> Callable:
+    """``func`` (a TRL reward function) that also adds the lengths of the ``completion_ids`` it scores to
+    ``counter["tokens"]`` and their number to ``counter["completions"]``; name and signature are ``func``'s, so the
+    value-table header (which records reward-function names) is unchanged."""
+    counter.setdefault("tokens", 0)
+    counter.setdefault("completions", 0)
+
+    @functools.wraps(func)
+    def wrapped(*args, completion_ids=None, **kwargs):
+        if completion_ids is not None:
+            counter["tokens"] += int(sum(len(c) for c in completion_ids))
+            counter["completions"] += len(completion_ids)
+        return func(*args, completion_ids=completion_ids, **kwargs)
+
+    return wrapped
+
+
+def table_cost_record(counted_tokens: int, n_written: int, n_already_done: int, samples_per_prompt: int,
+                      build_wall_s: float) -> dict:
+    """Generated tokens of a value-table build from what one builder call counted.
+
+    A build that wrote every row (``n_already_done == 0``) counted every sampled token. A resumed build (rows from an
+    interrupted earlier call) counted only its own rows: the total is extrapolated by ``(written + already done) /
+    written`` and marked so; with nothing written the total is unknown (``None``).
+    """
+    n_rows = n_written + n_already_done
+    if n_already_done == 0:
+        tokens, source = float(counted_tokens), "counted"
+    elif n_written > 0:
+        tokens = float(counted_tokens) * n_rows / n_written
+        source = f"extrapolated: counted {n_written} of {n_rows} prompts (the rest came from an interrupted build)"
+    else:
+        tokens, source = None, "unknown: every row came from an earlier, uncounted build"
+    return {"table_tokens": tokens, "table_tokens_source": source, "table_prompts": n_rows,
+            "table_samples_per_prompt": samples_per_prompt, "table_build_wall_s": build_wall_s}
+
+
+def setup_basis(ctx: Context) -> SetupResult:
     """Build (once, cached in ``--cache_dir``) the BASIS reference value table for the training pool.
 
     ``value_table_samples`` completions per training prompt are sampled at T = 1 from the *starting* checkpoint
     (the frozen reference policy, BASIS Section 4 "Offline value", Appendix 10) and scored with the training reward,
     by the package's own builder :func:`trl_ext.priors.value_table.build_value_table` (the code behind
-    ``trl-ext build-value-table``; resumable, so an interrupted build continues). Returns
-    ``{"basis_value_table_path": path}``.
+    ``trl-ext build-value-table``; resumable, so an interrupted build continues). The builder does not report what it
+    generated, so its reward function is wrapped by :func:`counting_reward`, which sums the lengths of the sampled
+    ``completion_ids`` it scores (EOS included, as ``ext/generated_tokens_total`` counts); the count is cached next
+    to the table (``value_table-<key>.cost.json``) and copied into every BASIS run record (``setup_info``).
     """
     from trl_ext.priors.value_table import build_value_table
 
     n = ctx.s["value_table_samples"]
     key = hashlib.sha256(f"{ctx.model_path}|{ctx.task}|{ctx.s['dataset_fn']}|{len(ctx.train_ds)}|{n}|"
-                         f"{ctx.max_new}".encode()).hexdigest()[:12]
+                         f"{ctx.max_new}|counted".encode()).hexdigest()[:12]
     path = os.path.join(ctx.cache_dir, f"value_table-{key}.jsonl")
     done = os.path.join(ctx.cache_dir, f"value_table-{key}.done")
-    if os.path.exists(done):
-        return {"basis_value_table_path": path}
+    cost_path = os.path.join(ctx.cache_dir, f"value_table-{key}.cost.json")
+    config = {"basis_value_table_path": path}
+    if os.path.exists(done) and os.path.exists(cost_path):
+        with open(cost_path, encoding="utf-8") as f:
+            return SetupResult(config=config, info=json.load(f))
     os.makedirs(ctx.cache_dir, exist_ok=True)
     t0 = time.time()
     model = ctx.load_model()
-    table = build_value_table(model, ctx.tokenizer, ctx.train_ds, list(ctx.reward_funcs), path, num_samples=n,
+    counter: dict = {}
+    funcs = [counting_reward(ctx.reward_funcs[0], counter), *ctx.reward_funcs[1:]]
+    table = build_value_table(model, ctx.tokenizer, ctx.train_ds, funcs, path, num_samples=n,
                               max_new_tokens=ctx.max_new, batch_size=2048, seed=12345, model_id=ctx.model_path,
                               use_vllm=False if ctx.s["use_cpu"] else "auto", progress=False)
+    stats = table.metadata.get("build_stats", {})
+    info = table_cost_record(counter.get("tokens", 0), int(stats.get("n_written", len(table))),
+                             int(stats.get("n_already_done", 0)), n, time.time() - t0)
+    info["table_path"] = path
+    _write_json(cost_path, info)
     with open(done, "w", encoding="utf-8") as f:
         f.write(f"{len(table)} rows\n")
-    print(f"built BASIS value table {path} ({len(table)} prompts x {n} samples, {time.time() - t0:.0f} s)",
-          flush=True)
+    print(f"built BASIS value table {path} ({len(table)} prompts x {n} samples, {info['table_tokens']} generated "
+          f"tokens, {time.time() - t0:.0f} s)", flush=True)
     del model
-    return {"basis_value_table_path": path}
+    return SetupResult(config=config, info=info)
+
+
+def setup_tiebreak(ctx: Context) -> SetupResult:
+    """Training rewards of the ``tiebreak`` method: ``[binary task reward(s)..., graded reward]``.
+
+    The trainer's tie-break blend (``ExtGRPOConfig.tie_break_scorer_index`` -> ``trl_ext.estimators.tie_break_blend``)
+    then trains on ``grade + epsilon x within-(group, grade) rank of the graded score``: the checker (binary reward)
+    decides, the graded reward (e.g. ``scratchpad_steps_reward``) only orders attempts the checker tied. Raises
+    :class:`MethodUnavailable` when the task has no graded reward (:data:`GRADED_REWARDS`, ``--graded_reward_fn``).
+    Evaluation keeps the binary reward.
+    """
+    from trl_ext.priors.value_table import reward_func_name
+
+    if ctx.graded_reward is None:
+        raise MethodUnavailable(f"the tie-break blend needs a graded reward; task {ctx.task!r} has none (testbed "
+                                f"tasks with one: {sorted(GRADED_REWARDS)}; otherwise pass --graded_reward_fn)")
+    funcs = [*ctx.reward_funcs, ctx.graded_reward]
+    return SetupResult(config={"tie_break_scorer_index": len(funcs) - 1}, reward_funcs=funcs,
+                       info={"graded_reward": reward_func_name(ctx.graded_reward)})
+
+
+def get_setup(ctx: Context, spec: MethodSpec, setup_cache: dict) -> SetupResult | MethodUnavailable | None:
+    """The method's setup result, computed once per invocation (a :class:`MethodUnavailable` is cached too)."""
+    if not spec.setup:
+        return None
+    if spec.setup not in setup_cache:
+        try:
+            setup_cache[spec.setup] = globals()[spec.setup](ctx)
+        except MethodUnavailable as e:
+            setup_cache[spec.setup] = e
+    return setup_cache[spec.setup]
 
 
 # --------------------------------------------------------------------------------------------------- one run
-def _settings_key(s: dict, spec: MethodSpec, seed: int) -> str:
+def _settings_key(s: dict, spec: MethodSpec, seed: int, lr: float | None = None, split: str = "test") -> str:
+    """Hash of everything a finished run depends on (reuse check). Fields added after the v1 run enter only when
+    they differ from what v1 ran, so v1 results stay reusable."""
     keep = {k: s[k] for k in ("task", "rollouts_per_step", "token_budget", "eval_every_tokens", "n_eval", "n_train",
                               "learning_rate", "eval_samples", "model_name_or_path", "warm_seed", "dataset_fn",
                               "reward_fn", "max_completion_length", "config_overrides", "bf16", "use_cpu")}
+    if lr is not None:
+        keep["learning_rate"] = lr
     keep.update(method=spec.name, seed=seed, group_size=spec.group_size, config_kwargs=spec.config_kwargs)
+    if split != "test":
+        keep.update(eval_split=split, n_val=s["n_val"])
+        keep.pop("eval_every_tokens")  # tuning runs evaluate once, at the budget
+    if spec.setup == "setup_tiebreak":
+        keep["graded_reward"] = s.get("graded_reward_fn") or GRADED_REWARDS.get(s["task"])
+    if spec.setup == "setup_basis" and s["value_table_samples"] != 32:
+        keep["value_table_samples"] = s["value_table_samples"]
+    if s.get("protocol") == "v2":  # v2 keys also pin the start checkpoint's weights (a rebuilt warm model re-runs)
+        keep["start_checkpoint_sha"] = s.get("start_checkpoint_sha")
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: int, run_dir: str, extra: dict):
+def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: int, run_dir: str, extra: dict,
+                 lr: float | None = None):
     """Shared config + the method's fields. Prompts per step: ``rollouts_per_step / group_size``.
 
     ``num_generations = group_size``; with ``group_size == 1`` (or a trainer with ``unique_prompt_sampler``) the
-    generation batch is ``n_prompts`` unique prompts, one rollout each. Precedence of the config fields: shared
-    settings < ``spec.config_kwargs`` < the setup's ``extra`` < ``--config_overrides``.
+    generation batch is ``n_prompts`` unique prompts, one rollout each. ``lr`` (default ``--learning_rate``) is the
+    method's learning rate. Precedence of the config fields: shared settings < ``spec.config_kwargs`` < the setup's
+    ``extra`` < ``--config_overrides``.
     """
     s = ctx.s
     n_prompts = max(1, s["rollouts_per_step"] // spec.group_size)
@@ -537,7 +874,8 @@ def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: 
     per_device = n_prompts if unique else n_prompts * spec.group_size
     budget_steps = int(math.ceil(s["token_budget"] / max(1, n_prompts))) + 2  # >= 1 token per rollout: upper bound
     kw = dict(
-        output_dir=run_dir, seed=seed, max_steps=budget_steps, learning_rate=s["learning_rate"],
+        output_dir=run_dir, seed=seed, max_steps=budget_steps,
+        learning_rate=s["learning_rate"] if lr is None else lr,
         lr_scheduler_type="constant", warmup_steps=0, per_device_train_batch_size=per_device,
         gradient_accumulation_steps=1, num_generations=spec.group_size,
         max_completion_length=ctx.max_new, temperature=1.0, beta=0.0, use_cpu=s["use_cpu"], bf16=s["bf16"],
@@ -550,31 +888,68 @@ def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: 
     return config_cls(**kw), kw, n_prompts
 
 
-def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache: dict) -> dict:
-    """Train one (method, seed) to the token budget, evaluating at the checkpoints. Returns the run record."""
+def accuracy_by_level(records: Sequence[dict], levels: dict[str, str] | None) -> dict[str, dict] | None:
+    """Per-difficulty accuracy of one evaluation: ``{level: {"n": questions, "accuracy": mean pass rate}}``.
+
+    ``levels`` maps ``question_id`` to its level (e.g. ``n_digits``); ``None`` (no such column) gives ``None``.
+    Levels are ordered numerically when they are numbers.
+    """
+    if levels is None:
+        return None
+    acc: dict[str, list[float]] = {}
+    for r in records:
+        lv = levels.get(str(r["question_id"]))
+        if lv is not None:
+            acc.setdefault(lv, []).append(float(r["pass_rate"]))
+    return {lv: {"n": len(v), "accuracy": sum(v) / len(v)} for lv, v in sorted(acc.items(), key=_level_order)}
+
+
+def _level_order(item):
+    k = item[0]
+    try:
+        return (0, float(k), "")
+    except ValueError:
+        return (1, 0.0, k)
+
+
+def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache: dict, lr: float | None = None,
+            split: str = "test") -> dict:
+    """Train one (method, seed) to the token budget at learning rate ``lr``; returns the run record.
+
+    ``split="test"`` (main runs): greedy accuracy on the held-out test set at every ``eval_every_tokens`` checkpoint
+    and at the budget. ``split="validation"`` (learning-rate tuning): one evaluation on the validation set at the
+    budget; the test set is not touched.
+    """
     import torch
     from transformers import PrinterCallback
 
+    from trl_ext.priors.value_table import reward_func_name
+
     s = ctx.s
+    lr = s["learning_rate"] if lr is None else lr
     rec = {"method": spec.name, "label": spec.label, "family": spec.family, "seed": seed, "status": "ok",
-           "settings_key": _settings_key(s, spec, seed)}
+           "learning_rate": lr, "eval_split": split, "settings_key": _settings_key(s, spec, seed, lr, split)}
     try:
         config_cls, trainer_cls = _load_object(spec.config), _load_object(spec.trainer)
     except (ImportError, AttributeError) as e:
         rec.update(status="skipped", reason=f"trainer not importable: {type(e).__name__}: {e}")
         return rec
-    extra = {}
-    if spec.setup:
-        if spec.setup not in setup_cache:
-            setup_cache[spec.setup] = globals()[spec.setup](ctx)
-        extra = dict(setup_cache[spec.setup])
+    setup = get_setup(ctx, spec, setup_cache)
+    if isinstance(setup, MethodUnavailable):
+        rec.update(status="skipped", reason=f"not defined for this task: {setup}")
+        return rec
+    extra = dict(setup.config) if setup else {}
+    reward_funcs = list(setup.reward_funcs) if setup and setup.reward_funcs else list(ctx.reward_funcs)
     try:
-        config, cfg_kw, n_prompts = build_config(ctx, spec, config_cls, trainer_cls, seed, run_dir, extra)
+        config, cfg_kw, n_prompts = build_config(ctx, spec, config_cls, trainer_cls, seed, run_dir, extra, lr=lr)
     except (TypeError, ValueError) as e:
         rec.update(status="skipped", reason=f"config rejected: {type(e).__name__}: {e}")
         return rec
     rec.update(config={k: v for k, v in cfg_kw.items() if k != "output_dir"}, prompts_per_step=n_prompts,
-               trainer_class=f"{trainer_cls.__module__}.{trainer_cls.__name__}")
+               trainer_class=f"{trainer_cls.__module__}.{trainer_cls.__name__}",
+               reward_funcs=[reward_func_name(f) for f in reward_funcs], eval_reward=ctx.eval_reward_name)
+    if setup and setup.info:
+        rec["setup_info"] = dict(setup.info)
 
     curve: list[dict] = []
     timer = {"eval_s": 0.0, "t0": None}
@@ -587,12 +962,19 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
     def evaluate(nominal: float, tokens: float, step: int, is_final: bool) -> None:
         t = time.perf_counter()
         model = model_holder["trainer"].model
-        g = ctx.evaluate(model, greedy=True)
+        last = model_holder.get("last_eval")
+        if last is not None and last[:2] == (step, tokens):  # several checkpoints crossed in one step: same model
+            g, sampled = last[2:]
+        else:
+            g = ctx.evaluate(model, greedy=True, split=split)
+            sampled = None
+            if s["eval_samples"]:
+                sampled = ctx.evaluate(model, greedy=False, num_samples=s["eval_samples"], seed=1000 + seed,
+                                       split=split)
+            model_holder["last_eval"] = (step, tokens, g, sampled)
         point = {"nominal_tokens": nominal, "tokens": tokens, "step": step, "train_wall_s": train_wall(),
                  "greedy_accuracy": g.accuracy}
-        sampled = None
-        if s["eval_samples"]:
-            sampled = ctx.evaluate(model, greedy=False, num_samples=s["eval_samples"], seed=1000 + seed)
+        if sampled is not None:
             point["sampled_accuracy"] = sampled.accuracy
         curve.append(point)
         if is_final:
@@ -603,13 +985,15 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
                 final["outcomes_sampled"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes_sampled.jsonl"),
                                                                  sampled.records)
             final["point"] = point
+            final["by_level"] = accuracy_by_level(g.records, ctx.difficulty_levels(split))
         timer["eval_s"] += time.perf_counter() - t
-        print(f"  [{spec.name} seed {seed}] {tokens:>9.0f} tokens (step {step}, train {point['train_wall_s']:.1f} s):"
-              f" greedy {g.accuracy:.3f}" + (f", sampled {sampled.accuracy:.3f}" if sampled else ""), flush=True)
+        print(f"  [{spec.name} seed {seed} lr {lr:g}] {tokens:>9.0f} tokens (step {step}, train "
+              f"{point['train_wall_s']:.1f} s): {split} greedy {g.accuracy:.3f}"
+              + (f", sampled {sampled.accuracy:.3f}" if sampled else ""), flush=True)
 
     budget = float(s["token_budget"])
     every = float(s["eval_every_tokens"])
-    cps = [every * k for k in range(1, int(budget // every) + 1) if every * k < budget]
+    cps = [every * k for k in range(1, int(budget // every) + 1) if every * k < budget] if split == "test" else []
 
     def on_checkpoint(nominal, tokens, state):
         evaluate(nominal, tokens, state.global_step, is_final=nominal >= budget)
@@ -622,7 +1006,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
 
     torch.manual_seed(seed)
     model = ctx.load_model()
-    trainer = trainer_cls(model=model, reward_funcs=list(ctx.reward_funcs), args=config, train_dataset=ctx.train_ds,
+    trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=config, train_dataset=ctx.train_ds,
                           processing_class=ctx.tokenizer, callbacks=[_Clock(), cb])
     trainer.remove_callback(PrinterCallback)
     model_holder["trainer"] = trainer
@@ -637,6 +1021,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         steps=trainer.state.global_step, train_wall_s=train_wall(), eval_wall_s=timer["eval_s"],
         final_greedy_accuracy=final["point"]["greedy_accuracy"],
         final_sampled_accuracy=final["point"].get("sampled_accuracy"),
+        final_accuracy_by_level=final["by_level"],
         outcomes=os.path.relpath(final["outcomes"], s["output_dir"]),
         outcomes_sampled=(os.path.relpath(final["outcomes_sampled"], s["output_dir"])
                           if "outcomes_sampled" in final else None),
@@ -647,6 +1032,228 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
     del trainer, model
     gc.collect()
     return rec
+
+
+def _skip_record(spec: MethodSpec, seed: int, reason: str, key: str | None = None, **extra) -> dict:
+    return {"method": spec.name, "label": spec.label, "family": spec.family, "seed": seed, "status": "skipped",
+            "reason": reason, "settings_key": key, **extra}
+
+
+def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache: dict, lr: float,
+                 split: str = "test") -> dict:
+    """Reuse ``run_dir/result.json`` when it finished (status ok) with the same settings key, else train.
+
+    A crash is recorded as ``failed`` with its traceback, never raised. A reused record gains what later versions
+    of the harness add (``setup_info`` such as the BASIS table's tokens; the per-difficulty accuracy, recomputed from
+    its ``outcomes.jsonl``).
+    """
+    s = ctx.s
+    res_path = os.path.join(run_dir, "result.json")
+    key = _settings_key(s, spec, seed, lr, split)
+    if s["resume"] and os.path.exists(res_path):
+        with open(res_path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("settings_key") == key and old.get("status") == "ok":
+            print(f"[{spec.name} seed {seed} lr {lr:g} {split}] reusing {res_path}", flush=True)
+            return _complete_reused(ctx, spec, old, setup_cache, lr, split)
+    what = "tuning on validation" if split != "test" else "training"
+    print(f"[{spec.name} seed {seed} lr {lr:g}] {what} to {s['token_budget']:.0f} tokens", flush=True)
+    os.makedirs(run_dir, exist_ok=True)
+    t0 = time.time()
+    try:
+        rec = run_one(ctx, spec, seed, run_dir, setup_cache, lr=lr, split=split)
+    except Exception as e:  # a crashing trainer is recorded and reported, never dropped
+        rec = {"method": spec.name, "label": spec.label, "family": spec.family, "seed": seed, "status": "failed",
+               "learning_rate": lr, "eval_split": split, "reason": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc(), "settings_key": key}
+    rec["run_wall_s"] = time.time() - t0
+    if rec["status"] != "ok":
+        print(f"[{spec.name} seed {seed} lr {lr:g}] {rec['status'].upper()}: {rec['reason']}", flush=True)
+    _write_json(res_path, rec)
+    return rec
+
+
+def _complete_reused(ctx: Context, spec: MethodSpec, rec: dict, setup_cache: dict, lr: float, split: str) -> dict:
+    rec.setdefault("learning_rate", lr)
+    rec.setdefault("eval_split", split)
+    if spec.setup and "setup_info" not in rec:
+        setup = get_setup(ctx, spec, setup_cache)
+        if isinstance(setup, SetupResult) and setup.info:
+            rec["setup_info"] = dict(setup.info)
+    if "final_accuracy_by_level" not in rec:
+        levels = ctx.difficulty_levels(split)
+        path = os.path.join(ctx.s["output_dir"], rec.get("outcomes") or "")
+        if levels is not None and rec.get("outcomes") and os.path.exists(path):
+            from trl_ext.testbed import read_outcomes_jsonl
+
+            rec["final_accuracy_by_level"] = accuracy_by_level(read_outcomes_jsonl(path), levels)
+        else:
+            rec["final_accuracy_by_level"] = None
+    return rec
+
+
+# ------------------------------------------------------------------------------------------ learning-rate tuning
+LR_SELECTION_RULE = ("highest mean final greedy accuracy on the validation split over the tuning seeds; ties go to "
+                     "the lower learning rate; a learning rate with a failed tuning run is not eligible")
+#: Settings that must match for an existing lr_choice.json to apply to this invocation.
+TUNING_CONTEXT_KEYS = ("task", "dataset_fn", "reward_fn", "model_name_or_path", "start_checkpoint_sha", "warm_seed",
+                       "token_budget", "n_train", "n_val", "rollouts_per_step", "max_completion_length",
+                       "config_overrides", "scale", "bf16")
+
+
+def lr_key(lr: float) -> str:
+    """JSON key and directory tag of a learning rate (``3e-05``, ``0.0001``)."""
+    return f"{float(lr):g}"
+
+
+def lr_scores(tune_runs: Sequence[dict]) -> dict[str, dict[str, dict]]:
+    """Validation scores per method and learning rate from tuning-run records.
+
+    Returns ``{method: {lr_key: {"lr", "mean", "sd", "per_seed", "seeds", "n_ok", "n_not_ok", "reasons"}}}``;
+    ``mean``/``sd`` over the finished (status ok) runs, ``None`` without any.
+    """
+    out: dict[str, dict[str, dict]] = {}
+    for r in tune_runs:
+        lr = float(r["learning_rate"])
+        cell = out.setdefault(r["method"], {}).setdefault(lr_key(lr), {
+            "lr": lr, "per_seed": [], "seeds": [], "n_ok": 0, "n_not_ok": 0, "reasons": []})
+        if r["status"] == "ok":
+            cell["per_seed"].append(float(r["final_greedy_accuracy"]))
+            cell["seeds"].append(r["seed"])
+            cell["n_ok"] += 1
+        else:
+            cell["n_not_ok"] += 1
+            cell["reasons"].append(f"seed {r['seed']} {r['status']}: {r.get('reason')}")
+    for cells in out.values():
+        for cell in cells.values():
+            cell["mean"], cell["sd"] = _mean_sd(cell["per_seed"])
+    return {m: dict(sorted(c.items(), key=lambda kv: kv[1]["lr"])) for m, c in out.items()}
+
+
+def choose_lr(scores: dict[str, dict]) -> tuple[float | None, str]:
+    """Pick one method's learning rate from its :func:`lr_scores` entry (:data:`LR_SELECTION_RULE`).
+
+    Returns ``(lr, reason)``; ``lr`` is ``None`` when no learning rate has all its tuning runs finished.
+    """
+    eligible = [c for c in scores.values() if c["n_ok"] > 0 and c["n_not_ok"] == 0]
+    if not eligible:
+        reasons = "; ".join(r for c in scores.values() for r in c["reasons"]) or "no tuning run"
+        return None, f"no learning rate finished its tuning runs ({reasons})"
+    best = max(eligible, key=lambda c: (c["mean"], -c["lr"]))
+    ties = [c["lr"] for c in eligible if c["mean"] == best["mean"]]
+    why = f"validation accuracy {best['mean']:.4f} (mean of {best['n_ok']} seed(s))"
+    if len(ties) > 1:
+        why += f"; tied with {sorted(x for x in ties if x != best['lr'])}, the lower learning rate wins"
+    return best["lr"], why
+
+
+def build_lr_choice(tune_runs: Sequence[dict], grid: Sequence[float], tune_seeds: Sequence[int],
+                    context: dict) -> dict:
+    """The ``lr_choice.json`` document: per method the chosen learning rate, the reason, every validation score.
+
+    A method whose tuning runs were all skipped (e.g. ``tiebreak`` on a task without a graded reward) gets
+    ``status: "skipped"`` and the reason; one whose runs all failed ``status: "failed"`` and ``chosen_lr: null``.
+    """
+    methods = {}
+    scores = lr_scores(tune_runs)
+    for name in dict.fromkeys(r["method"] for r in tune_runs):
+        mine = [r for r in tune_runs if r["method"] == name]
+        if all(r["status"] == "skipped" for r in mine):
+            methods[name] = {"status": "skipped", "chosen_lr": None, "reason": mine[0].get("reason"),
+                             "scores": scores[name]}
+            continue
+        lr, why = choose_lr(scores[name])
+        methods[name] = {"status": "ok" if lr is not None else "failed", "chosen_lr": lr, "reason": why,
+                         "scores": scores[name],
+                         "tuning_tokens": sum(float(r.get("tokens") or 0.0) for r in mine)}
+    return {"grid": [float(x) for x in grid], "tune_seeds": list(tune_seeds), "selection_rule": LR_SELECTION_RULE,
+            "split": "validation (train split, disjoint from the training prompts; the test split is not used)",
+            "context": context, "methods": methods}
+
+
+def merge_lr_choice(existing: dict | None, new: dict) -> dict:
+    """``existing`` with the methods of ``new`` added: an existing chosen learning rate is never replaced; an existing
+    entry without one (its tuning failed or was skipped) is replaced by a new entry for the method."""
+    if not existing:
+        return new
+    merged = dict(existing)
+    kept = {m: c for m, c in existing.get("methods", {}).items() if c.get("chosen_lr") is not None}
+    merged["methods"] = {**existing.get("methods", {}), **new.get("methods", {}), **kept}
+    if [float(x) for x in new.get("grid", [])] != [float(x) for x in existing.get("grid", [])]:
+        merged.setdefault("notes", []).append(
+            f"methods {sorted(set(new.get('methods', {})) - set(existing.get('methods', {})))} were tuned over "
+            f"{new.get('grid')}, the others over {existing.get('grid')}")
+    return merged
+
+
+def tuning_context(s: dict) -> dict:
+    """The settings an lr choice depends on (:data:`TUNING_CONTEXT_KEYS`)."""
+    return {k: s.get(k) for k in TUNING_CONTEXT_KEYS}
+
+
+def check_lr_choice_context(doc: dict, s: dict, path: str) -> None:
+    """``SystemExit`` when ``doc`` (a read ``lr_choice.json``) was tuned under other settings than ``s``."""
+    old = doc.get("context") or {}
+    now = json.loads(json.dumps(tuning_context(s), default=str))
+    diff = [f"{k}: file {old.get(k)!r}, now {now[k]!r}" for k in now if k in old and old[k] != now[k]]
+    if diff:
+        raise SystemExit(f"{path} was tuned under other settings ({'; '.join(diff)}); delete it to re-tune (finished "
+                         "tuning runs with the current settings are reused) or use another --output_dir")
+
+
+def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dict]]:
+    """Per-method learning-rate tuning on the validation split; returns ``(lr_choice doc, tuning run records)``.
+
+    ``lr_choice.json`` in ``--output_dir``, when present, is read instead of re-tuning: its methods keep their
+    recorded choice (its settings must match, see :func:`check_lr_choice_context`); only methods it lacks, or whose
+    tuning gave no learning rate (failed or skipped), are tuned and added. Tuning runs live in
+    ``runs/tune/<method>/lr<lr>/seed<k>/`` and are reused like main runs.
+    """
+    s = ctx.s
+    path = os.path.join(s["output_dir"], LR_CHOICE_FILE)
+    existing = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            existing = json.load(f)
+        check_lr_choice_context(existing, s, path)
+        print(f"reading learning-rate choices from {path}", flush=True)
+    # methods with a recorded choice are not tuned again; failed or skipped ones are retried (finished runs reused)
+    have = {m for m, c in (existing or {}).get("methods", {}).items() if c.get("chosen_lr") is not None}
+    tune_runs: list[dict] = []
+    for name in s["methods"]:
+        spec = METHODS[name]
+        base = os.path.join(s["output_dir"], "runs", "tune", name)
+        if name in have:  # chosen earlier: report the tuning runs found on disk, train nothing
+            tune_runs.extend(_read_results(base))
+            continue
+        for lr in s["tune_lr"]:
+            recs = [run_or_reuse(ctx, spec, seed, os.path.join(base, f"lr{lr_key(lr)}", f"seed{seed}"), setup_cache,
+                                 lr, split="validation") for seed in s["tune_seeds"][:1]]
+            if recs[0]["status"] == "skipped":  # the same reason holds for every learning rate and seed
+                tune_runs.extend(recs)
+                break
+            recs += [run_or_reuse(ctx, spec, seed, os.path.join(base, f"lr{lr_key(lr)}", f"seed{seed}"),
+                                  setup_cache, lr, split="validation") for seed in s["tune_seeds"][1:]]
+            tune_runs.extend(recs)
+    todo = [m for m in s["methods"] if m not in have]
+    new = build_lr_choice([r for r in tune_runs if r["method"] in todo], s["tune_lr"], s["tune_seeds"],
+                          json.loads(json.dumps(tuning_context(s), default=str)))
+    doc = merge_lr_choice(existing, new)
+    if todo or existing is None:
+        _write_json(path, doc)
+    for name in s["methods"]:
+        c = doc["methods"].get(name, {})
+        print(f"[lr] {name}: {c.get('chosen_lr')} ({c.get('reason')})", flush=True)
+    return doc, tune_runs
+
+
+def _read_results(base: str) -> list[dict]:
+    out = []
+    for root, _, files in sorted(os.walk(base)):
+        if "result.json" in files:
+            with open(os.path.join(root, "result.json"), encoding="utf-8") as f:
+                out.append(json.load(f))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ summaries
@@ -661,19 +1268,43 @@ def tokens_to_threshold(curve: Sequence[dict], threshold: float) -> float | None
     return None
 
 
-def choose_threshold(runs: Sequence[dict], explicit: float | None, start_accuracy: float) -> tuple[float, str]:
+def _family(run: dict) -> str | None:
+    return METHODS[run["method"]].family if run["method"] in METHODS else run.get("family")
+
+
+def best_grpo_method(runs: Sequence[dict]) -> str | None:
+    """The best GRPO setting: the ``grpo``-family method (``grpo_g4/g8/g16``) with the highest mean final greedy
+    accuracy over its finished seeds; ties go to the larger group size. ``None`` when none finished.
+
+    Selected on the evaluation set itself, which favours the reference: a conservative bar for the challengers.
+    """
+    acc: dict[str, list[float]] = {}
+    for r in runs:
+        if r["status"] == "ok" and _family(r) == "grpo":
+            acc.setdefault(r["method"], []).append(float(r["final_greedy_accuracy"]))
+    if not acc:
+        return None
+    size = {m: METHODS[m].group_size if m in METHODS else 0 for m in acc}
+    return max(acc, key=lambda m: (sum(acc[m]) / len(acc[m]), size[m]))
+
+
+def choose_threshold(runs: Sequence[dict], explicit: float | None, start_accuracy: float,
+                     reference: str = GRPO_REFERENCE) -> tuple[float, str]:
     """Accuracy threshold of the "tokens to threshold" column, fixed across methods.
 
-    ``explicit`` (``--threshold``) if given; else the mean final accuracy of ``grpo_g16`` at the budget (the bar of
-    the V0.5 trainer's goal: "reaches the accuracy plain GRPO reaches at G = 16 with fewer generated tokens"); else, when
-    ``grpo_g16`` did not run, the start accuracy + 0.10.
+    ``explicit`` (``--threshold``) if given; else the mean final accuracy of ``reference`` at the budget:
+    ``grpo_g16`` (protocol v1: the bar of the V0.5 trainer's goal, "reaches the accuracy plain GRPO reaches at
+    G = 16 with fewer generated tokens") or ``"best_grpo"`` (protocol v2: :func:`best_grpo_method`); else, when the
+    reference did not run, the start accuracy + 0.10.
     """
     if explicit is not None:
         return float(explicit), "--threshold"
-    ref = [r["final_greedy_accuracy"] for r in runs if r["method"] == GRPO_REFERENCE and r["status"] == "ok"]
+    name = best_grpo_method(runs) if reference == "best_grpo" else reference
+    ref = [r["final_greedy_accuracy"] for r in runs if r["method"] == name and r["status"] == "ok"]
     if ref:
-        return sum(ref) / len(ref), f"mean final accuracy of {GRPO_REFERENCE} at the budget"
-    return min(1.0, start_accuracy + 0.10), "start accuracy + 0.10 (grpo_g16 not run)"
+        what = f"the best GRPO setting, {name}" if reference == "best_grpo" else name
+        return sum(ref) / len(ref), f"mean final accuracy of {what} at the budget"
+    return min(1.0, start_accuracy + 0.10), f"start accuracy + 0.10 ({reference} not run)"
 
 
 def _mean_sd(xs: Sequence[float]) -> tuple[float | None, float | None]:
@@ -685,29 +1316,79 @@ def _mean_sd(xs: Sequence[float]) -> tuple[float | None, float | None]:
     return m, sd
 
 
-def summarize(runs: Sequence[dict], threshold: float, start_accuracy: float) -> list[dict]:
-    """One table row per method (in run order)."""
+def amortized_total(online_tokens: float, table_tokens: float, n_runs: int) -> float:
+    """Tokens per run when a one-off table cost is shared by ``n_runs`` runs: ``online + table / n_runs``."""
+    if n_runs < 1:
+        raise ValueError(f"n_runs must be >= 1, got {n_runs}")
+    return float(online_tokens) + float(table_tokens) / n_runs
+
+
+def cost_columns(online_tokens: float | None, table_tokens: float | None,
+                 amortize_over: Sequence[int] = AMORTIZE_OVER) -> dict:
+    """Cost columns of one method: ``online_tokens`` (training generation, ``ext/generated_tokens_total``),
+    ``table_tokens`` (generated once to build a value table; 0 without one), ``total_tokens`` (online + the whole
+    table: the cost of a single run) and ``total_tokens_table_over_<n>`` for each ``n`` in ``amortize_over``."""
+    if online_tokens is None:
+        return {"online_tokens": None, "table_tokens": table_tokens, "total_tokens": None,
+                **{f"total_tokens_table_over_{n}": None for n in amortize_over}}
+    t = float(table_tokens or 0.0)
+    return {"online_tokens": float(online_tokens), "table_tokens": t,
+            "total_tokens": amortized_total(online_tokens, t, 1),
+            **{f"total_tokens_table_over_{n}": amortized_total(online_tokens, t, n) for n in amortize_over}}
+
+
+def aggregate_by_level(runs: Sequence[dict]) -> dict[str, dict] | None:
+    """Per-difficulty final accuracy over seeds: ``{level: {"mean", "sd", "per_seed", "n_questions"}}`` from the
+    runs' ``final_accuracy_by_level``; ``None`` when no run has one."""
+    per: dict[str, list[float]] = {}
+    n_q: dict[str, int] = {}
+    for r in runs:
+        for lv, cell in (r.get("final_accuracy_by_level") or {}).items():
+            per.setdefault(lv, []).append(float(cell["accuracy"]))
+            n_q[lv] = int(cell["n"])
+    if not per:
+        return None
+    out = {}
+    for lv, xs in sorted(per.items(), key=_level_order):
+        m, sd = _mean_sd(xs)
+        out[lv] = {"mean": m, "sd": sd, "per_seed": xs, "n_questions": n_q[lv]}
+    return out
+
+
+def summarize(runs: Sequence[dict], threshold: float, start_accuracy: float,
+              tune_runs: Sequence[dict] = ()) -> list[dict]:
+    """One table row per method (in run order): accuracy, tokens to threshold, costs, wall time, difficulty."""
     rows = []
     for name in dict.fromkeys(r["method"] for r in runs):
         mine = [r for r in runs if r["method"] == name]
         ok = [r for r in mine if r["status"] == "ok"]
         row = {"method": name, "label": mine[0]["label"], "status": "ok" if ok else mine[0]["status"],
-               "n_seeds": len(ok), "reason": None if ok else mine[0].get("reason")}
+               "n_seeds": len(ok), "reason": None if ok else mine[0].get("reason"),
+               "learning_rate": mine[0].get("learning_rate"), "lr_source": mine[0].get("lr_source"),
+               "tuning_tokens": sum(float(r.get("tokens") or 0.0) for r in tune_runs if r["method"] == name)}
         if ok:
             curves = [[{"tokens": 0.0, "greedy_accuracy": start_accuracy}, *r["curve"]] for r in ok]
             ttt = [tokens_to_threshold(c, threshold) for c in curves]
             reached = [t for t in ttt if t is not None]
             acc_m, acc_sd = _mean_sd([r["final_greedy_accuracy"] for r in ok])
+            tokens_m = _mean_sd([r["tokens"] for r in ok])[0]
+            table = next(((r.get("setup_info") or {}).get("table_tokens") for r in ok
+                          if (r.get("setup_info") or {}).get("table_tokens") is not None), None)
             row.update(
                 final_accuracy_mean=acc_m, final_accuracy_sd=acc_sd,
                 final_accuracy_per_seed=[r["final_greedy_accuracy"] for r in ok],
                 final_sampled_accuracy_mean=_mean_sd([r.get("final_sampled_accuracy") for r in ok])[0],
-                tokens_mean=_mean_sd([r["tokens"] for r in ok])[0],
+                tokens_mean=tokens_m,
                 tokens_to_threshold_mean=_mean_sd(reached)[0], tokens_to_threshold_reached=len(reached),
                 train_wall_s_mean=_mean_sd([r["train_wall_s"] for r in ok])[0],
+                train_wall_s_sd=_mean_sd([r["train_wall_s"] for r in ok])[1],
+                table_build_wall_s=next(((r.get("setup_info") or {}).get("table_build_wall_s") for r in ok
+                                         if r.get("setup_info")), None),
                 steps_mean=_mean_sd([r["steps"] for r in ok])[0],
                 rollouts_per_step_mean=_mean_sd([r.get("rollouts_per_step") for r in ok])[0],
                 failed_seeds=[r["seed"] for r in mine if r["status"] != "ok"],
+                accuracy_by_level=aggregate_by_level(ok),
+                **cost_columns(tokens_m, table),
             )
         rows.append(row)
     return rows
@@ -718,31 +1399,75 @@ def _fmt(x, spec=".3f", none="--"):
 
 
 def table_markdown(rows: Sequence[dict], threshold: float, s: dict, rule: str = "") -> str:
+    over = [n for n in AMORTIZE_OVER if n != 1]
     head = (f"Token budget {s['token_budget']:.0f} generated training tokens per run; {s['n_eval']} held-out "
-            f"questions (greedy); threshold {threshold:.3f}{f' ({rule})' if rule else ''}.\n\n"
-            "| method | seeds | final acc (mean +- sd) | per seed | tokens used | tokens to threshold "
-            "(seeds reaching) | train wall s | steps | trained rollouts/step |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
+            f"questions (greedy); threshold {threshold:.3f}{f' ({rule})' if rule else ''}. Online tokens: "
+            f"`{TOKEN_METRIC}`; table: tokens generated to build a value table (BASIS), once per warm model; total: "
+            f"online + table (one run), and with the table shared by {', '.join(map(str, over))} runs.\n\n"
+            "| method | lr | seeds | final acc (mean +- sd) | per seed | tokens to threshold (seeds reaching) "
+            "| online tokens | table tokens | total tokens | "
+            + " | ".join(f"total, table / {n}" for n in over)
+            + " | train wall s | steps | trained rollouts/step |\n"
+            + "|---" * (12 + len(over)) + "|\n")
     lines = []
     for r in rows:
+        lr = _fmt(r.get("learning_rate"), "g")
         if r["status"] != "ok":
-            lines.append(f"| {r['label']} | 0 | {r['status']}: {r['reason']} | | | | | | |")
+            lines.append(f"| {r['label']} | {lr} | 0 | {r['status']}: {r['reason']} |" + " |" * (8 + len(over)))
             continue
         per = " ".join(f"{a:.3f}" for a in r["final_accuracy_per_seed"])
         lines.append(
-            f"| {r['label']} | {r['n_seeds']} | {_fmt(r['final_accuracy_mean'])} +- {_fmt(r['final_accuracy_sd'])} "
-            f"| {per} | {_fmt(r['tokens_mean'], '.0f')} | {_fmt(r['tokens_to_threshold_mean'], '.0f')} "
-            f"({r['tokens_to_threshold_reached']}/{r['n_seeds']}) | {_fmt(r['train_wall_s_mean'], '.1f')} "
-            f"| {_fmt(r['steps_mean'], '.0f')} | {_fmt(r['rollouts_per_step_mean'], '.1f')} |")
+            f"| {r['label']} | {lr} | {r['n_seeds']} | {_fmt(r['final_accuracy_mean'])} +- "
+            f"{_fmt(r['final_accuracy_sd'])} | {per} | {_fmt(r['tokens_to_threshold_mean'], '.0f')} "
+            f"({r['tokens_to_threshold_reached']}/{r['n_seeds']}) | {_fmt(r.get('online_tokens'), '.0f')} "
+            f"| {_fmt(r.get('table_tokens'), '.0f')} | {_fmt(r.get('total_tokens'), '.0f')} | "
+            + " | ".join(_fmt(r.get(f"total_tokens_table_over_{n}"), ".0f") for n in over)
+            + f" | {_fmt(r['train_wall_s_mean'], '.1f')} | {_fmt(r['steps_mean'], '.0f')} "
+              f"| {_fmt(r['rollouts_per_step_mean'], '.1f')} |")
     return head + "\n".join(lines) + "\n"
 
 
-def compute_verdicts(runs: Sequence[dict], rows: Sequence[dict], s: dict) -> dict:
-    """Two-part-rule reports of each method against ``grpo_g16`` and against the best GRPO group size.
+def difficulty_markdown(rows: Sequence[dict], start_by_level: dict | None) -> str:
+    """Final accuracy per ``n_digits`` (mean over seeds) per method; empty without a difficulty column."""
+    levels = list(start_by_level or {})
+    for r in rows:
+        for lv in r.get("accuracy_by_level") or {}:
+            if lv not in levels:
+                levels.append(lv)
+    if not levels:
+        return ""
+    levels = [lv for lv, _ in sorted(((lv, 0) for lv in levels), key=_level_order)]
+    out = [f"Final greedy accuracy by `{DIFFICULTY_COLUMN}` (mean over seeds; questions per level in the header).\n",
+           "| method | " + " | ".join(f"{lv} ({(start_by_level or {}).get(lv, {}).get('n', '?')})" for lv in levels)
+           + " |", "|---" * (1 + len(levels)) + "|"]
+    if start_by_level:
+        out.append("| start checkpoint | " + " | ".join(_fmt(start_by_level.get(lv, {}).get("accuracy"))
+                                                       for lv in levels) + " |")
+    for r in rows:
+        by = r.get("accuracy_by_level") or {}
+        if r["status"] == "ok":
+            out.append(f"| {r['label']} | " + " | ".join(_fmt(by.get(lv, {}).get("mean")) for lv in levels) + " |")
+    return "\n".join(out) + "\n"
 
-    The best GRPO group size is the ``grpo_*`` method with the highest mean final greedy accuracy at the budget
-    (selected on the same evaluation set, which favours the reference: a conservative bar for the challengers).
-    """
+
+#: Reference methods of the verdicts: key in verdicts.json -> method name (``"best_grpo"``: :func:`best_grpo_method`).
+VERDICT_REFERENCES = {"vs_best_grpo": "best_grpo", "vs_reinforce_pp": "reinforce_pp",
+                      "vs_dapo_dynamic": "dapo_dynamic", "vs_grpo_g16": GRPO_REFERENCE}
+
+
+def verdict_references(runs: Sequence[dict]) -> dict[str, str | None]:
+    """Reference method of every verdict column (``None`` where the reference did not finish a run)."""
+    done = {r["method"] for r in runs if r["status"] == "ok"}
+    out = {}
+    for key, name in VERDICT_REFERENCES.items():
+        out[key] = best_grpo_method(runs) if name == "best_grpo" else (name if name in done else None)
+    return out
+
+
+def compute_verdicts(runs: Sequence[dict], rows: Sequence[dict], s: dict) -> dict:
+    """Two-part-rule reports of every method against each reference of :func:`verdict_references`: the best GRPO
+    setting (highest mean final greedy accuracy among ``grpo_g4/g8/g16``), REINFORCE++, DAPO dynamic sampling, and
+    ``grpo_g16`` (the papers' usual baseline). A pair already compared under another reference is not repeated."""
     from trl_ext.stats import compare_outcome_files
 
     out_dir = s["output_dir"]
@@ -750,14 +1475,12 @@ def compute_verdicts(runs: Sequence[dict], rows: Sequence[dict], s: dict) -> dic
     for r in runs:
         if r["status"] == "ok":
             files.setdefault(r["method"], []).append(os.path.join(out_dir, r["outcomes"]))
-    grpo = [r for r in rows if r["status"] == "ok" and METHODS[r["method"]].family == "grpo"]
-    best = max(grpo, key=lambda r: (r["final_accuracy_mean"], METHODS[r["method"]].group_size))["method"] \
-        if grpo else None
-    refs = {"vs_grpo_g16": GRPO_REFERENCE if GRPO_REFERENCE in files else None, "vs_best_grpo": best}
+    refs = verdict_references(runs)
     result = {"references": refs, "best_grpo_rule": "grpo_* method with the highest mean final greedy accuracy",
               "comparisons": []}
-    if best is not None and best == refs["vs_grpo_g16"]:
-        result["note"] = f"the best GRPO group size is {best} itself: the vs_best_grpo comparisons equal vs_grpo_g16"
+    if refs["vs_best_grpo"] is not None and refs["vs_best_grpo"] == refs["vs_grpo_g16"]:
+        result["note"] = (f"the best GRPO setting is {refs['vs_best_grpo']} itself: the vs_grpo_g16 comparisons equal "
+                          "vs_best_grpo")
     done = set()
     for ref_name, ref in refs.items():
         for method in files:
@@ -794,26 +1517,26 @@ def _drop_votes(rep: dict, root: str | None = None) -> dict:
 
 
 def verdicts_markdown(v: dict) -> str:
-    lines = [f"References: GRPO G=16 = `{v['references']['vs_grpo_g16']}`; best GRPO group size = "
-             f"`{v['references']['vs_best_grpo']}` ({v['best_grpo_rule']})."
+    refs = ", ".join(f"{k} = `{name}`" for k, name in v["references"].items())
+    lines = [f"References: {refs} (best GRPO: {v['best_grpo_rule']})."
              + (f" Note: {v['note']}." if v.get("note") else "") + "\n",
-             "| a (challenger) | b (reference) | verdict | margin a-b (pts) | 95% CI (pts) | detection floor (pts) "
-             "| margin/floor | paired floor (pts) | smallest gap caught 80% (pts) | votes a/b, p "
-             "| length-residualized (pts) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| reference | a (challenger) | b (reference) | verdict | margin a-b (pts) | 95% CI (pts) "
+             "| detection floor (pts) | margin/floor | paired floor (pts) | smallest gap caught 80% (pts) "
+             "| votes a/b, p | length-residualized (pts) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def pts(x):
         return "--" if x is None else f"{100 * x:+.1f}" if x < 0 or x > 0 else "0.0"
 
     for c in v["comparisons"]:
         if c["status"] == "error":
-            lines.append(f"| {c['a']} | {c['b']} | error: {c['reason']} | | | | | | | | |")
+            lines.append(f"| {c['reference']} | {c['a']} | {c['b']} | error: {c['reason']} | | | | | | | | |")
             continue
         ci = c["margin_ci"]
         gap = c["smallest_detectable_gap"]
         lines.append(
-            f"| {c['a']} | {c['b']} | {c['status']} | {pts(c['margin'])} | {pts(ci['low'])} .. {pts(ci['high'])} | "
-            f"{100 * c['detection_floor']:.1f} | {_fmt(c['margin_to_floor_ratio'], '.2f')} | "
+            f"| {c['reference']} | {c['a']} | {c['b']} | {c['status']} | {pts(c['margin'])} | {pts(ci['low'])} .. "
+            f"{pts(ci['high'])} | {100 * c['detection_floor']:.1f} | {_fmt(c['margin_to_floor_ratio'], '.2f')} | "
             f"{100 * c['paired_detection_floor']:.1f} | {'--' if gap is None else f'{100 * gap:.1f}'} | "
             f"{c['votes_a']}/{c['votes_b']}, {c['pooled_p_value']:.3g} | {pts(c.get('length_residualized'))} |")
     lines.append("\nLength-residualized: the margin after regressing out completion-length differences (section 5 "
@@ -832,7 +1555,7 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
     paths = []
     for xkey, fname, xlabel in (("tokens", "accuracy_vs_tokens.png", "generated training tokens"),
                                 ("train_wall_s", "accuracy_vs_walltime.png", "training wall time (s, eval excluded)")):
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        fig, ax = plt.subplots(figsize=(8.5, 5.2))
         for name in dict.fromkeys(r["method"] for r in runs):
             ok = [r for r in runs if r["method"] == name and r["status"] == "ok"]
             if not ok:
@@ -846,9 +1569,9 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
             line = ax.plot(xs, mean, marker="o", ms=3, label=f"{ok[0]['label']} ({len(ok)} seeds)")[0]
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("held-out greedy accuracy")
+        ax.set_ylabel("held-out greedy accuracy (band: min..max over seeds)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
         path = os.path.join(out_dir, fname)
         fig.savefig(path, dpi=110)
@@ -858,6 +1581,24 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
 
 
 # ----------------------------------------------------------------------------------------------------- main
+def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[float | None, str]]:
+    """``{method: (lr, source)}`` of the main runs: the tuned choice (``None`` with the reason when there is none)
+    or, without tuning, ``--learning_rate`` for every method."""
+    out = {}
+    for name in s["methods"]:
+        if lr_choice is None:
+            out[name] = (s["learning_rate"], "fixed (--learning_rate / preset)")
+            continue
+        c = lr_choice["methods"].get(name)
+        if c is None:
+            out[name] = (None, f"no entry in {LR_CHOICE_FILE}")
+        elif c.get("chosen_lr") is None:
+            out[name] = (None, f"lr tuning {c.get('status')}: {c.get('reason')}")
+        else:
+            out[name] = (float(c["chosen_lr"]), f"tuned on validation ({LR_CHOICE_FILE}): {c.get('reason')}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     s = resolve_settings(args)
@@ -870,63 +1611,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = Context(s)
     print(f"start checkpoint: {ctx.model_path}", flush=True)
     start = ctx.evaluate(ctx.load_model(), greedy=True)
+    start_by_level = accuracy_by_level(start.records, ctx.difficulty_levels("test"))
     print(f"start accuracy {start.accuracy:.3f} on {len(ctx.eval_ds)} held-out questions", flush=True)
 
-    runs, setup_cache = [], {}
+    setup_cache: dict = {}
+    lr_choice, tune_runs = (None, [])
+    if s["tune_lr"]:
+        lr_choice, tune_runs = tune_learning_rates(ctx, setup_cache)
+    lrs = method_learning_rates(s, lr_choice)
+
+    runs = []
     for name in s["methods"]:
         spec = METHODS[name]
-        for seed in s["seeds"]:
-            run_dir = os.path.join(out, "runs", name, f"seed{seed}")
-            res_path = os.path.join(run_dir, "result.json")
-            key = _settings_key(s, spec, seed)
-            if s["resume"] and os.path.exists(res_path):
-                with open(res_path, encoding="utf-8") as f:
-                    old = json.load(f)
-                if old.get("settings_key") == key and old.get("status") == "ok":
-                    print(f"[{name} seed {seed}] reusing {res_path}", flush=True)
-                    runs.append(old)
-                    continue
-            print(f"[{name} seed {seed}] training to {s['token_budget']:.0f} tokens", flush=True)
-            os.makedirs(run_dir, exist_ok=True)
-            t0 = time.time()
-            try:
-                rec = run_one(ctx, spec, seed, run_dir, setup_cache)
-            except Exception as e:  # a crashing trainer is recorded and reported, never dropped
-                rec = {"method": name, "label": spec.label, "family": spec.family, "seed": seed, "status": "failed",
-                       "reason": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
-                       "settings_key": key}
-            rec["run_wall_s"] = time.time() - t0
-            if rec["status"] != "ok":
-                print(f"[{name} seed {seed}] {rec['status'].upper()}: {rec['reason']}", flush=True)
-            _write_json(res_path, rec)
+        lr, source = lrs[name]
+        if lr is None:  # tuning gave no learning rate: recorded, not trained
+            runs.extend(_skip_record(spec, seed, f"no learning rate: {source}", lr_source=source)
+                        for seed in s["seeds"])
+            continue
+        for i, seed in enumerate(s["seeds"]):
+            rec = run_or_reuse(ctx, spec, seed, os.path.join(out, "runs", name, f"seed{seed}"), setup_cache, lr)
+            rec["lr_source"] = source
             runs.append(rec)
             if rec["status"] == "skipped":  # the same reason holds for every seed
-                for other in s["seeds"][s["seeds"].index(seed) + 1:]:
-                    runs.append({**rec, "seed": other})
+                runs.extend({**rec, "seed": other} for other in s["seeds"][i + 1:])
                 break
 
-    threshold, threshold_rule = choose_threshold(runs, s["threshold"], start.accuracy)
-    rows = summarize(runs, threshold, start.accuracy)
+    threshold, threshold_rule = choose_threshold(runs, s["threshold"], start.accuracy, s["threshold_reference"])
+    rows = summarize(runs, threshold, start.accuracy, tune_runs)
     verdicts = compute_verdicts(runs, rows, s)
     plots = [] if args.no_plots else make_plots(runs, start.accuracy, out)
     settings = {k: v for k, v in s.items()}
     doc = {"settings": settings, "start_checkpoint": ctx.model_path, "start_accuracy": start.accuracy,
+           "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,
            "threshold": threshold, "threshold_rule": threshold_rule, "n_eval": len(ctx.eval_ds),
-           "n_train": len(ctx.train_ds),
-           "max_completion_length": ctx.max_new, "runs": runs, "plots": [os.path.basename(p) for p in plots],
+           "n_train": len(ctx.train_ds), "n_val": len(ctx.val_ds) if s["tune_lr"] else None,
+           "max_completion_length": ctx.max_new, "runs": runs, "tuning_runs": tune_runs,
+           "lr_choice": lr_choice, "plots": [os.path.basename(p) for p in plots],
            "total_wall_s": time.time() - t_all, "command": " ".join(sys.argv),
-           "sum_run_wall_s": sum(r.get("run_wall_s", 0.0) for r in runs)}
+           "sum_run_wall_s": sum(r.get("run_wall_s", 0.0) for r in [*runs, *tune_runs])}
     _write_json(os.path.join(out, "runs.json"), doc)
-    _write_json(os.path.join(out, "table.json"), {"threshold": threshold, "threshold_rule": threshold_rule,
-                                                  "start_accuracy": start.accuracy, "rows": rows})
+    _write_json(os.path.join(out, "table.json"), {
+        "threshold": threshold, "threshold_rule": threshold_rule, "start_accuracy": start.accuracy,
+        "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,
+        "amortize_over": list(AMORTIZE_OVER), "token_metric": TOKEN_METRIC, "rows": rows})
     md = table_markdown(rows, threshold, s, threshold_rule)
+    dmd = difficulty_markdown(rows, start_by_level)
     with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as f:
-        f.write(md)
+        f.write(md + ("\n" + dmd if dmd else ""))
     _write_json(os.path.join(out, "verdicts.json"), verdicts)
     vmd = verdicts_markdown(verdicts)
     with open(os.path.join(out, "verdicts.md"), "w", encoding="utf-8") as f:
         f.write(vmd)
-    print("\n" + md + "\n" + vmd, flush=True)
+    print("\n" + md + ("\n" + dmd if dmd else "") + "\n" + vmd, flush=True)
     print(f"total wall time {doc['total_wall_s']:.0f} s; outputs in {out}", flush=True)
     return 0
 

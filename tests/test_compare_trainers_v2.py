@@ -1,0 +1,423 @@
+"""Tests of benchmark v2 in ``benchmarks/compare_trainers.py`` (the v1 harness is tested in
+``tests/test_compare_trainers.py``).
+
+What is checked:
+
+* presets and protocols: the ``scratchpad`` CPU preset, ``--scale gpu`` keeping the GPU preset, v2 defaults (seeds
+  0-4, the lr grid), argument conflicts; v1 run keys unchanged (finished v1 runs stay reusable);
+* learning-rate choice on synthetic tuning records (best mean validation accuracy, ties to the lower rate, failed
+  and skipped methods, merging with an existing ``lr_choice.json``, the settings check);
+* the validation split: from the train split, disjoint from the training prompts and from the test split;
+* BASIS cost accounting: the counting reward wrapper, counted / extrapolated table tokens, amortization arithmetic
+  and the table columns;
+* verdict references: the best GRPO setting by mean final accuracy (not by a single seed), REINFORCE++, DAPO;
+* the per-difficulty (``n_digits``) aggregation;
+* the ``tiebreak`` method's reward wiring (binary checker + graded scorer, scorer index, evaluation on the binary
+  reward; skipped with a reason on a task without a graded reward);
+* one end-to-end ``--smoke --protocol v2`` run on ``scratchpad`` with an untrained tiny model: ``lr_choice.json``,
+  ``runs.json`` and ``table.json`` carry the new fields, tuning never touches the test split, and an existing
+  ``lr_choice.json`` is read instead of re-tuning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+
+torch.set_num_threads(1)
+
+
+def _load_bench():
+    if "compare_trainers" in sys.modules:
+        return sys.modules["compare_trainers"]
+    spec = importlib.util.spec_from_file_location("compare_trainers", os.path.join(BENCH, "compare_trainers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["compare_trainers"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ct = _load_bench()
+
+
+def _settings(*argv):
+    return ct.resolve_settings(ct.build_parser().parse_args(["--output_dir", "unused", *argv]))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from trl_ext.testbed import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+# ------------------------------------------------------------------------------------------ presets, protocols
+def test_presets_and_protocols():
+    from trl_ext.testbed import TASKS
+
+    s = _settings("--task", "scratchpad")
+    assert s["task"] == "scratchpad" and s["protocol"] == "v1" and s["tune_lr"] is None and s["seeds"] == [0, 1, 2]
+    assert s["token_budget"] == 400_000 and s["eval_every_tokens"] == 100_000 and s["rollouts_per_step"] == 64
+    assert s["use_cpu"] and not s["bf16"]
+    assert TASKS["scratchpad"].max_answer_chars() + 2 == 73  # the harness's max_completion_length default
+    a = _settings()  # addition keeps the v1 preset
+    assert a["task"] == "addition" and a["token_budget"] == 40_000 and a["eval_every_tokens"] == 5_000
+    assert a["learning_rate"] == 1e-4 and a["threshold_reference"] == ct.GRPO_REFERENCE
+    g = _settings("--scale", "gpu", "--task", "scratchpad")
+    assert g["rollouts_per_step"] == 256 and g["bf16"] and not g["use_cpu"] and g["token_budget"] == 4_000_000
+    v2 = _settings("--protocol", "v2", "--task", "scratchpad")
+    assert v2["seeds"] == [0, 1, 2, 3, 4] and v2["tune_lr"] == [3e-5, 1e-4, 3e-4] and v2["tune_seeds"] == [0]
+    assert v2["threshold_reference"] == "best_grpo" and v2["token_budget"] == 400_000
+    assert set(v2["methods"]) >= {"grpo_g4", "grpo_g8", "grpo_g16", "reinforce_pp", "rloo", "dapo_dynamic", "basis",
+                                  "v05_osla", "v05_fixed4", "pair", "signal_only", "tiebreak"}
+    assert _settings("--protocol", "v2", "--no_tune", "--learning_rate", "2e-4")["tune_lr"] is None
+    assert _settings("--tune_lr", "3e-4", "1e-4", "3e-4")["tune_lr"] == [1e-4, 3e-4]  # v1 + tuning: sorted, unique
+    for bad in (["--protocol", "v2", "--learning_rate", "1e-4"], ["--tune_lr", "1e-4", "--learning_rate", "1e-4"],
+                ["--tune_lr", "1e-4", "--no_tune"], ["--config_overrides", '{"learning_rate": 0.1}']):
+        with pytest.raises(SystemExit):
+            _settings(*bad)
+
+
+def test_v1_run_keys_are_unchanged():
+    """A v1 main run's reuse key is the hash of exactly the v1 fields, so finished v1 results stay reusable."""
+    s = _settings()
+    spec = ct.METHODS["basis"]
+    v1 = {k: s[k] for k in ("task", "rollouts_per_step", "token_budget", "eval_every_tokens", "n_eval", "n_train",
+                            "learning_rate", "eval_samples", "model_name_or_path", "warm_seed", "dataset_fn",
+                            "reward_fn", "max_completion_length", "config_overrides", "bf16", "use_cpu")}
+    v1.update(method="basis", seed=1, group_size=1, config_kwargs={})
+    expected = hashlib.sha256(json.dumps(v1, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert ct._settings_key(s, spec, 1) == expected == ct._settings_key(s, spec, 1, lr=1e-4)
+    # a tuned rate, the validation split and the tiebreak's graded reward all change the key
+    keys = {ct._settings_key(s, spec, 1, lr=3e-4), ct._settings_key(s, spec, 1, split="validation"), expected,
+            ct._settings_key(s, ct.METHODS["tiebreak"], 1)}
+    assert len(keys) == 4
+
+
+def test_v2_keys_pin_the_start_checkpoint(tiny_model, tmp_path):
+    from trl_ext.testbed import save_tiny_model
+
+    other = save_tiny_model(tmp_path / "other", seed=1)
+    fp = ct.checkpoint_fingerprint(tiny_model)
+    assert fp == ct.checkpoint_fingerprint(tiny_model) != ct.checkpoint_fingerprint(other)
+    assert ct.checkpoint_fingerprint("org/hub-id") == "org/hub-id"
+    s = _settings("--protocol", "v2")
+    spec = ct.METHODS["grpo_g8"]
+    s["start_checkpoint_sha"] = fp
+    k1 = ct._settings_key(s, spec, 0, lr=1e-4)
+    s["start_checkpoint_sha"] = ct.checkpoint_fingerprint(other)
+    assert ct._settings_key(s, spec, 0, lr=1e-4) != k1  # a rebuilt warm model is not reused
+    assert "start_checkpoint_sha" in ct.tuning_context(s)
+
+
+# ------------------------------------------------------------------------------------------ learning-rate choice
+def _tune(method, lr, seed, acc, status="ok"):
+    rec = {"method": method, "learning_rate": lr, "seed": seed, "status": status, "tokens": 100.0}
+    if status == "ok":
+        rec["final_greedy_accuracy"] = acc
+    else:
+        rec["reason"] = "boom"
+    return rec
+
+
+def test_lr_choice_best_mean_ties_failed_skipped():
+    runs = [
+        # grpo_g8: 1e-4 wins on the mean (0.55) although 3e-4 has the best single seed (0.70)
+        _tune("grpo_g8", 3e-5, 0, 0.40), _tune("grpo_g8", 3e-5, 1, 0.42),
+        _tune("grpo_g8", 1e-4, 0, 0.55), _tune("grpo_g8", 1e-4, 1, 0.55),
+        _tune("grpo_g8", 3e-4, 0, 0.70), _tune("grpo_g8", 3e-4, 1, 0.30),
+        # basis: exact tie between 1e-4 and 3e-4 -> the lower rate; 3e-5 had a failed seed -> not eligible
+        _tune("basis", 3e-5, 0, 0.90), _tune("basis", 3e-5, 1, None, "failed"),
+        _tune("basis", 1e-4, 0, 0.5), _tune("basis", 3e-4, 0, 0.5),
+        # pair: every run failed; tiebreak: skipped (no graded reward)
+        _tune("pair", 1e-4, 0, None, "failed"),
+        {"method": "tiebreak", "learning_rate": 3e-5, "seed": 0, "status": "skipped", "reason": "no graded reward"},
+    ]
+    scores = ct.lr_scores(runs)
+    assert list(scores["grpo_g8"]) == ["3e-05", "0.0001", "0.0003"]  # ordered by rate
+    assert scores["grpo_g8"]["0.0001"]["mean"] == pytest.approx(0.55)
+    assert scores["grpo_g8"]["0.0003"]["per_seed"] == [0.70, 0.30]
+    assert ct.choose_lr(scores["grpo_g8"])[0] == 1e-4
+    lr, why = ct.choose_lr(scores["basis"])
+    assert lr == 1e-4 and "lower learning rate" in why
+    assert ct.choose_lr(scores["pair"])[0] is None
+    doc = ct.build_lr_choice(runs, [3e-5, 1e-4, 3e-4], [0, 1], {"task": "scratchpad"})
+    m = doc["methods"]
+    assert m["grpo_g8"]["chosen_lr"] == 1e-4 and m["grpo_g8"]["status"] == "ok"
+    assert m["grpo_g8"]["tuning_tokens"] == 600.0
+    assert m["basis"]["chosen_lr"] == 1e-4
+    assert m["pair"]["status"] == "failed" and m["pair"]["chosen_lr"] is None
+    assert m["tiebreak"]["status"] == "skipped" and m["tiebreak"]["reason"] == "no graded reward"
+    assert doc["grid"] == [3e-5, 1e-4, 3e-4] and "validation" in doc["split"]
+    # main-run learning rates follow the choice; a method without one is not trained
+    s = {"methods": ["grpo_g8", "pair", "rloo"], "learning_rate": 1e-4}
+    lrs = ct.method_learning_rates(s, doc)
+    assert lrs["grpo_g8"][0] == 1e-4 and "tuned" in lrs["grpo_g8"][1]
+    assert lrs["pair"][0] is None and lrs["rloo"][0] is None
+    assert ct.method_learning_rates(s, None)["rloo"] == (1e-4, "fixed (--learning_rate / preset)")
+
+
+def test_lr_choice_merge_and_context_check():
+    old = ct.build_lr_choice([_tune("grpo_g8", 1e-4, 0, 0.5), _tune("grpo_g8", 3e-4, 0, 0.6)], [1e-4, 3e-4], [0],
+                             {"task": "scratchpad", "token_budget": 400000.0})
+    new = ct.build_lr_choice([_tune("grpo_g8", 1e-4, 0, 0.9), _tune("rloo", 1e-4, 0, 0.4)], [1e-4], [0],
+                             {"task": "scratchpad", "token_budget": 400000.0})
+    merged = ct.merge_lr_choice(old, new)
+    assert merged["methods"]["grpo_g8"]["chosen_lr"] == 3e-4  # an existing choice is never replaced
+    assert merged["methods"]["rloo"]["chosen_lr"] == 1e-4 and merged["notes"]
+    assert ct.merge_lr_choice(None, new) is new
+    failed = {**old, "methods": {"pair": {"status": "failed", "chosen_lr": None}}}
+    retuned = ct.build_lr_choice([_tune("pair", 1e-4, 0, 0.3)], [1e-4], [0], {})
+    assert ct.merge_lr_choice(failed, retuned)["methods"]["pair"]["chosen_lr"] == 1e-4  # a failed tuning is retried
+    s = _settings("--task", "scratchpad", "--protocol", "v2")
+    doc = {"context": json.loads(json.dumps(ct.tuning_context(s)))}
+    ct.check_lr_choice_context(doc, s, "lr_choice.json")  # same settings: fine
+    doc["context"]["token_budget"] = 1.0
+    with pytest.raises(SystemExit, match="token_budget"):
+        ct.check_lr_choice_context(doc, s, "lr_choice.json")
+
+
+def test_validation_split_is_disjoint_from_training_and_test(tiny_model):
+    s = _settings("--smoke", "--task", "scratchpad", "--model_name_or_path", tiny_model, "--n_val", "300")
+    ctx = ct.Context(s)
+    val = ctx.val_ds
+    val_q, train_q, test_q = set(val["question_id"]), set(ctx.train_ds["question_id"]), set(ctx.eval_ds["question_id"])
+    assert len(val) == len(val_q) == 300
+    assert not val_q & train_q and not val_q & test_q
+    assert ctx.dataset("validation") is val and ctx.dataset("test") is ctx.eval_ds
+    pool = ctx.train_ds.select(range(10))
+    with pytest.raises(SystemExit, match="n_val"):
+        ct.validation_split(pool, ctx.train_ds, 1)
+
+
+# ------------------------------------------------------------------------------------------ costs
+def test_basis_cost_amortization_and_table_columns():
+    assert ct.amortized_total(1000, 5000, 1) == 6000
+    assert ct.amortized_total(1000, 5000, 10) == 1500
+    with pytest.raises(ValueError):
+        ct.amortized_total(1, 1, 0)
+    cols = ct.cost_columns(40_000.0, 128_000.0)
+    assert cols == {"online_tokens": 40_000.0, "table_tokens": 128_000.0, "total_tokens": 168_000.0,
+                    "total_tokens_table_over_1": 168_000.0, "total_tokens_table_over_10": 52_800.0}
+    assert ct.cost_columns(500.0, None)["total_tokens_table_over_10"] == 500.0  # no table: total = online
+    info = {"table_tokens": 128_000.0, "table_build_wall_s": 12.0}
+    runs = [{"method": "basis", "label": "BASIS", "status": "ok", "seed": sd, "final_greedy_accuracy": 0.5,
+             "curve": [{"tokens": tok, "greedy_accuracy": 0.5}], "tokens": tok, "train_wall_s": 1.0, "steps": 3,
+             "rollouts_per_step": 64.0, "setup_info": info, "learning_rate": 1e-4}
+            for sd, tok in enumerate([39_000.0, 41_000.0])]
+    tune = [{"method": "basis", "tokens": 40_000.0}] * 3
+    row = ct.summarize(runs, 0.6, 0.4, tune)[0]
+    assert row["online_tokens"] == 40_000.0 and row["table_tokens"] == 128_000.0
+    assert row["total_tokens"] == 168_000.0 and row["total_tokens_table_over_10"] == 52_800.0
+    assert row["tuning_tokens"] == 120_000.0 and row["table_build_wall_s"] == 12.0
+    md = ct.table_markdown([row], 0.6, {"token_budget": 40_000, "n_eval": 10})
+    assert "| 40000 | 128000 | 168000 | 52800 |" in md and "table / 10" in md
+
+
+def test_table_cost_record_counted_and_extrapolated():
+    full = ct.table_cost_record(3200, n_written=100, n_already_done=0, samples_per_prompt=32, build_wall_s=1.0)
+    assert full["table_tokens"] == 3200.0 and full["table_tokens_source"] == "counted"
+    assert full["table_prompts"] == 100 and full["table_samples_per_prompt"] == 32
+    part = ct.table_cost_record(3200, n_written=100, n_already_done=300, samples_per_prompt=32, build_wall_s=1.0)
+    assert part["table_tokens"] == 12800.0 and part["table_tokens_source"].startswith("extrapolated")
+    none = ct.table_cost_record(0, n_written=0, n_already_done=5, samples_per_prompt=32, build_wall_s=0.0)
+    assert none["table_tokens"] is None
+
+
+def test_counting_reward_counts_sampled_tokens_and_keeps_the_name():
+    from trl_ext.priors.value_table import reward_func_name
+    from trl_ext.testbed.tasks import scratchpad_reward
+
+    counter = {}
+    f = ct.counting_reward(scratchpad_reward, counter)
+    assert reward_func_name(f) == "scratchpad_reward"  # the value-table header and BASIS's check see the same name
+    out = f(prompts=["1+2="] * 2, completions=["1+2+0=3|3", "x"], completion_ids=[[5] * 10, [7, 1]],
+            answer=["3", "3"])
+    assert out == [1.0, 0.0] and counter == {"tokens": 12, "completions": 2}
+
+
+def test_basis_setup_counts_the_table_tokens(tiny_model, tmp_path):
+    """The cached cost equals the generated tokens of an independent regeneration of the same keyed samples."""
+    from trl_ext.measurement.keyed_sampling import SamplerSettings, keyed_generate
+    from trl_ext.priors.table_format import prompt_key
+    from trl_ext.priors.value_table import value_table_seed
+
+    s = _settings("--smoke", "--task", "scratchpad", "--model_name_or_path", tiny_model, "--n_train", "6",
+                  "--value_table_samples", "3", "--max_completion_length", "12", "--cache_dir", str(tmp_path))
+    ctx = ct.Context(s)
+    res = ct.setup_basis(ctx)
+    info = res.info
+    assert info["table_tokens_source"] == "counted" and info["table_prompts"] == 6
+    assert res.config["basis_value_table_path"] == info["table_path"] and os.path.exists(info["table_path"])
+    model = ctx.load_model().eval()
+    tok = ctx.tokenizer
+    settings = SamplerSettings(temperature=1.0, top_p=1.0, max_new_tokens=12, eos_token_ids=[tok.eos_token_id],
+                               pad_token_id=tok.pad_token_id)
+    prompts = list(ctx.train_ds["prompt"])
+    ids = [tok(text=[p])["input_ids"][0] for p in prompts for _ in range(3)]
+    keys = [value_table_seed(12345, prompt_key(p)) for p in prompts for _ in range(3)]
+    comps = keyed_generate(model, ids, keys, [k for _ in prompts for k in range(3)], settings)
+    assert info["table_tokens"] == sum(len(c) for c in comps)
+    assert ct.setup_basis(ctx).info == json.loads(json.dumps(info))  # second call: read from the cache
+
+
+# ------------------------------------------------------------------------------------------ references, difficulty
+def _final(method, accs, family=None):
+    return [{"method": method, "seed": i, "status": "ok", "final_greedy_accuracy": a,
+             **({"family": family} if family else {})} for i, a in enumerate(accs)]
+
+
+def test_best_grpo_reference_by_mean_and_verdict_references():
+    runs = (_final("grpo_g16", [0.95, 0.40, 0.40])  # best single seed, worst mean (0.583)
+            + _final("grpo_g8", [0.62, 0.62, 0.62])  # best mean
+            + _final("grpo_g4", [0.60, 0.61, 0.62])
+            + _final("reinforce_pp", [0.99, 0.99, 0.99])  # not a GRPO setting: never the best GRPO
+            + _final("signal_only", [0.99, 0.99, 0.99]))
+    assert ct.best_grpo_method(runs) == "grpo_g8"
+    refs = ct.verdict_references(runs)
+    assert refs == {"vs_best_grpo": "grpo_g8", "vs_reinforce_pp": "reinforce_pp", "vs_dapo_dynamic": None,
+                    "vs_grpo_g16": "grpo_g16"}
+    thr, rule = ct.choose_threshold(runs, None, 0.3, "best_grpo")
+    assert thr == pytest.approx(0.62) and "grpo_g8" in rule
+    assert ct.choose_threshold(runs, None, 0.3)[0] == pytest.approx((0.95 + 0.4 + 0.4) / 3)  # v1: grpo_g16
+    # ties go to the larger group size; failed runs do not count
+    tie = _final("grpo_g4", [0.5]) + _final("grpo_g16", [0.5]) + [{"method": "grpo_g8", "status": "failed"}]
+    assert ct.best_grpo_method(tie) == "grpo_g16"
+    assert ct.best_grpo_method(_final("rloo", [0.9])) is None
+
+
+def test_per_difficulty_aggregation():
+    levels = {"q1": "2", "q2": "2", "q3": "10", "q4": "7"}
+    records = [{"question_id": "q1", "pass_rate": 1.0}, {"question_id": "q2", "pass_rate": 0.0},
+               {"question_id": "q3", "pass_rate": 1.0}, {"question_id": "q4", "pass_rate": 0.5},
+               {"question_id": "unknown", "pass_rate": 1.0}]
+    by = ct.accuracy_by_level(records, levels)
+    assert list(by) == ["2", "7", "10"]  # numeric order, not string order
+    assert by["2"] == {"n": 2, "accuracy": 0.5} and by["10"] == {"n": 1, "accuracy": 1.0}
+    assert ct.accuracy_by_level(records, None) is None
+    runs = [{"final_accuracy_by_level": {"2": {"n": 2, "accuracy": a}, "3": {"n": 4, "accuracy": b}}}
+            for a, b in ((0.5, 0.0), (1.0, 0.5))]
+    agg = ct.aggregate_by_level(runs)
+    assert agg["2"]["mean"] == 0.75 and agg["2"]["per_seed"] == [0.5, 1.0] and agg["3"]["n_questions"] == 4
+    assert agg["3"]["mean"] == 0.25 and agg["3"]["sd"] == pytest.approx(0.125 ** 0.5)  # sample sd over seeds
+    assert ct.aggregate_by_level([{"final_accuracy_by_level": None}]) is None
+    row = {"status": "ok", "label": "X", "accuracy_by_level": agg}
+    md = ct.difficulty_markdown([row], {"2": {"n": 2, "accuracy": 0.25}, "3": {"n": 4, "accuracy": 0.0}})
+    assert "| X | 0.750 | 0.250 |" in md and "| start checkpoint | 0.250 | 0.000 |" in md
+    assert ct.difficulty_markdown([{"status": "ok", "label": "X"}], None) == ""
+
+
+# ------------------------------------------------------------------------------------------ tiebreak wiring
+def test_tiebreak_reward_wiring(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext.testbed.tasks import scratchpad_reward, scratchpad_steps_reward
+    from trl_ext.trainers.base import ExtGRPOConfig, GRPOTrainer
+
+    s = _settings("--smoke", "--task", "scratchpad", "--model_name_or_path", tiny_model)
+    ctx = ct.Context(s)
+    spec = ct.METHODS["tiebreak"]
+    res = ct.setup_tiebreak(ctx)
+    assert res.reward_funcs == [scratchpad_reward, scratchpad_steps_reward]
+    assert res.config == {"tie_break_scorer_index": 1} and res.info == {"graded_reward": "scratchpad_steps_reward"}
+    assert ctx.eval_reward_name == "scratchpad_reward"  # evaluation keeps the binary reward
+    config, kw, _ = ct.build_config(ctx, spec, ExtGRPOConfig, GRPOTrainer, 0, str(tmp_path), res.config)
+    assert kw["num_generations"] == 8 and config.tie_break_scorer_index == 1 and config.tie_break_epsilon == 0.1
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model), reward_funcs=res.reward_funcs,
+                          args=config, train_dataset=ctx.train_ds, processing_class=ctx.tokenizer)
+    assert list(trainer.reward_func_names) == ["scratchpad_reward", "scratchpad_steps_reward"]
+    # the checker decides, the graded reward separates attempts the checker tied (right answer, one wrong column)
+    sol = "7+5+0=12,4+8+1=13|132"
+    comps = [sol, "7+5+0=12,4+8+0=12|132", "7+5+0=12,4+8+0=12|122"]
+    assert scratchpad_reward(None, comps, answer=["132"] * 3) == [1.0, 1.0, 0.0]
+    assert scratchpad_steps_reward(None, comps, solution=[sol] * 3) == pytest.approx([1.0, 2 / 3, 1 / 3])
+    # a task without a graded reward: the method is recorded as skipped with the reason
+    actx = SimpleNamespace(graded_reward=None, task="addition")
+    with pytest.raises(ct.MethodUnavailable, match="graded reward"):
+        ct.setup_tiebreak(actx)
+    rec = ct.run_one(SimpleNamespace(s=_settings(), graded_reward=None, task="addition"), spec, 0, str(tmp_path), {})
+    assert rec["status"] == "skipped" and "graded reward" in rec["reason"]
+
+
+# ------------------------------------------------------------------------------------------ smoke end to end
+def test_smoke_v2_scratchpad_end_to_end(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    base = ["--output_dir", str(out), "--smoke", "--protocol", "v2", "--task", "scratchpad", "--model_name_or_path",
+            tiny_model, "--cache_dir", str(tmp_path / "cache"), "--value_table_samples", "2", "--n_train", "32"]
+    rc = ct.main([*base, "--methods", "grpo_g8", "basis", "tiebreak", "--tune_lr", "1e-4", "3e-4", "--seeds", "0", "1"])
+    assert rc == 0
+    choice = json.loads((out / "lr_choice.json").read_text())
+    assert choice["grid"] == [1e-4, 3e-4] and choice["tune_seeds"] == [0]
+    assert choice["context"]["task"] == "scratchpad"
+    for m in ("grpo_g8", "basis", "tiebreak"):
+        c = choice["methods"][m]
+        assert c["status"] == "ok" and c["chosen_lr"] in (1e-4, 3e-4), (m, c)
+        assert set(c["scores"]) == {"0.0001", "0.0003"} and all(v["n_ok"] == 1 for v in c["scores"].values())
+
+    doc = json.loads((out / "runs.json").read_text())
+    assert doc["settings"]["protocol"] == "v2" and doc["n_val"] == 40 and doc["lr_choice"]["methods"]
+    assert set(doc["start_accuracy_by_level"]) <= {"2", "3", "4", "5", "6", "7"}
+    test_q = {json.loads(x)["question_id"]
+              for x in (out / doc["runs"][0]["outcomes"]).read_text().splitlines()}
+    tune = doc["tuning_runs"]
+    assert len(tune) == 6 and all(r["eval_split"] == "validation" and r["status"] == "ok" for r in tune)
+    for r in tune:  # tuning never evaluates on the test split, and evaluates only at the budget
+        assert "/tune/" in r["outcomes"] and len(r["curve"]) == 1
+        qs = {json.loads(x)["question_id"] for x in (out / r["outcomes"]).read_text().splitlines()}
+        assert len(qs) == 40 and not qs & test_q
+    by = {(r["method"], r["seed"]): r for r in doc["runs"]}
+    assert set(by) == {(m, sd) for m in ("grpo_g8", "basis", "tiebreak") for sd in (0, 1)}
+    for (m, _), r in by.items():
+        assert r["status"] == "ok", (m, r.get("reason"))
+        assert r["learning_rate"] == choice["methods"][m]["chosen_lr"] == r["config"]["learning_rate"]
+        assert r["lr_source"].startswith("tuned") and r["eval_split"] == "test"
+        assert r["eval_reward"] == "scratchpad_reward" and r["token_metric"] == ct.TOKEN_METRIC
+        assert set(r["final_accuracy_by_level"]) <= {"2", "3", "4", "5", "6", "7"}
+        assert sum(c["n"] for c in r["final_accuracy_by_level"].values()) == doc["n_eval"]
+    assert by[("tiebreak", 0)]["reward_funcs"] == ["scratchpad_reward", "scratchpad_steps_reward"]
+    assert by[("tiebreak", 0)]["last_log"]["tie_break/frac_tied_by_checker"] >= 0  # the blend ran in training
+    assert by[("grpo_g8", 0)]["reward_funcs"] == ["scratchpad_reward"]
+    info = by[("basis", 0)]["setup_info"]
+    assert info["table_tokens_source"] == "counted" and info["table_prompts"] == 32
+    assert 32 * 2 <= info["table_tokens"] <= 32 * 2 * doc["max_completion_length"]
+
+    table = json.loads((out / "table.json").read_text())
+    assert table["amortize_over"] == [1, 10] and table["threshold_rule"].startswith("mean final accuracy of the best")
+    rows = {r["method"]: r for r in table["rows"]}
+    b = rows["basis"]
+    assert b["table_tokens"] == info["table_tokens"]
+    assert b["total_tokens"] == pytest.approx(b["online_tokens"] + b["table_tokens"])
+    assert b["total_tokens_table_over_10"] == pytest.approx(b["online_tokens"] + b["table_tokens"] / 10)
+    assert b["tuning_tokens"] > 0 and b["learning_rate"] == choice["methods"]["basis"]["chosen_lr"]
+    g = rows["grpo_g8"]
+    assert g["table_tokens"] == 0 and g["total_tokens"] == g["online_tokens"]
+    for r in rows.values():
+        assert set(r["accuracy_by_level"]) <= {"2", "3", "4", "5", "6", "7"}
+        assert {"final_accuracy_mean", "final_accuracy_sd", "tokens_to_threshold_mean", "train_wall_s_mean"} <= set(r)
+    assert "n_digits" in (out / "table.md").read_text()
+    v = json.loads((out / "verdicts.json").read_text())
+    assert v["references"]["vs_best_grpo"] == "grpo_g8"
+    assert {(c["a"], c["b"]) for c in v["comparisons"]} == {("basis", "grpo_g8"), ("tiebreak", "grpo_g8")}
+    assert (out / "accuracy_vs_tokens.png").is_file() and (out / "accuracy_vs_walltime.png").is_file()
+
+    # an existing lr_choice.json is read instead of re-tuning: no tuning run trains again, its choice is used
+    other = 3e-4 if choice["methods"]["grpo_g8"]["chosen_lr"] == 1e-4 else 1e-4
+    choice["methods"]["grpo_g8"]["chosen_lr"] = other
+    (out / "lr_choice.json").write_text(json.dumps(choice))
+    rc = ct.main([*base, "--methods", "grpo_g8", "--seeds", "0", "--no_plots"])
+    assert rc == 0
+    again = json.loads((out / "runs.json").read_text())
+    assert again["runs"][0]["learning_rate"] == other == again["runs"][0]["config"]["learning_rate"]
+    walls = {r["settings_key"]: r["run_wall_s"] for r in tune}
+    assert {r["settings_key"]: r["run_wall_s"] for r in again["tuning_runs"]} == {
+        r["settings_key"]: walls[r["settings_key"]] for r in tune if r["method"] == "grpo_g8"}
