@@ -467,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default $TRL_EXT_CACHE/bench or ~/.cache/trl_ext/bench)")
     p.add_argument("--no_resume", action="store_true", help="re-run runs whose result.json already exists")
     p.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--update_norms", action="store_true",
+                   help="record the parameter update norm ||theta_t - theta_{t-1}|| of every optimizer step in the "
+                        "run's trace (copies the trainable parameters once per step: fine for the testbed)")
     return p
 
 
@@ -529,7 +532,7 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         overrides["use_vllm"] = True
     if args.vllm_mode:
         overrides["vllm_mode"] = args.vllm_mode
-    s.update(config_overrides=overrides, scale=args.scale, protocol=args.protocol, smoke=bool(args.smoke),
+    s.update(update_norms=bool(getattr(args, "update_norms", False)), config_overrides=overrides, scale=args.scale, protocol=args.protocol, smoke=bool(args.smoke),
              threshold=args.threshold, model_name_or_path=args.model_name_or_path, warm_seed=args.warm_seed,
              dataset_fn=args.dataset_fn, reward_fn=args.reward_fn, graded_reward_fn=args.graded_reward_fn,
              max_completion_length=args.max_completion_length,
@@ -1004,10 +1007,11 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         def on_train_begin(self, args, state, control, **kw):
             timer["t0"] = time.perf_counter()
 
+    norms = UpdateNormCallback() if s.get("update_norms") else None
     torch.manual_seed(seed)
     model = ctx.load_model()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=config, train_dataset=ctx.train_ds,
-                          processing_class=ctx.tokenizer, callbacks=[_Clock(), cb])
+                          processing_class=ctx.tokenizer, callbacks=[_Clock(), cb] + ([norms] if norms else []))
     trainer.remove_callback(PrinterCallback)
     model_holder["trainer"] = trainer
     trainer.train()
@@ -1028,10 +1032,51 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         tokens_per_step=cb.tokens / max(1, trainer.state.global_step),
         rollouts_per_step=(sum(h.get("ext/rollouts", 0.0) for h in logs) / len(logs)) if logs else None,
         last_log={k: v for k, v in (logs[-1] if logs else {}).items() if isinstance(v, (int, float))},
+        trace=step_trace(logs, norms.norms if norms else None),
     )
     del trainer, model
     gc.collect()
     return rec
+
+
+#: Per-step metrics kept in a run's ``trace`` (what the step decided and how large it was).
+TRACE_KEYS = ("reward", "grad_norm", "adv/abs_mean", "adv/abs_max", "ext/generated_tokens", "ext/rollouts",
+              "pair/completed_per_group", "pair/ess_mean", "pair/pi_min", "pair/pi_mean", "pair/max_weight",
+              "pair/finished_in_prefix", "pair/head_brier")
+
+
+class UpdateNormCallback(_trainer_callback_base()):
+    """Records ``||theta_t - theta_{t-1}||_2`` over the trainable parameters after every optimizer step."""
+
+    def __init__(self):
+        self.norms: dict[int, float] = {}
+        self._prev = None
+
+    @staticmethod
+    def _flat(model):
+        import torch
+
+        return torch.cat([p.detach().float().reshape(-1).clone() for p in model.parameters() if p.requires_grad])
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        self._prev = self._flat(model)
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        cur = self._flat(model)
+        self.norms[int(state.global_step)] = float((cur - self._prev).norm())
+        self._prev = cur
+
+
+def step_trace(logs: Sequence[dict], update_norms: dict | None = None) -> list[dict]:
+    """One record per logged training step: ``step``, the :data:`TRACE_KEYS` present, and ``update_norm``."""
+    out = []
+    for h in logs:
+        rec = {"step": int(h.get("step", 0))}
+        rec.update({k: float(h[k]) for k in TRACE_KEYS if isinstance(h.get(k), (int, float))})
+        if update_norms and rec["step"] in update_norms:
+            rec["update_norm"] = update_norms[rec["step"]]
+        out.append(rec)
+    return out
 
 
 def _skip_record(spec: MethodSpec, seed: int, reason: str, key: str | None = None, **extra) -> dict:

@@ -421,3 +421,29 @@ def test_smoke_v2_scratchpad_end_to_end(tiny_model, tmp_path):
     walls = {r["settings_key"]: r["run_wall_s"] for r in tune}
     assert {r["settings_key"]: r["run_wall_s"] for r in again["tuning_runs"]} == {
         r["settings_key"]: walls[r["settings_key"]] for r in tune if r["method"] == "grpo_g8"}
+
+
+def test_step_trace_and_update_norms():
+    ct = _load_bench()
+    logs = [{"step": 1, "reward": 0.5, "grad_norm": 2.0, "adv/abs_mean": 0.7, "pair/pi_min": 0.2, "loss": 0.1,
+             "ext/generated_tokens_total": 10.0},
+            {"step": 2, "reward": 0.25, "grad_norm": None, "ext/generated_tokens_total": 20.0}]
+    tr = ct.step_trace(logs, {1: 0.03, 2: 0.04})
+    assert tr == [{"step": 1, "reward": 0.5, "grad_norm": 2.0, "adv/abs_mean": 0.7, "pair/pi_min": 0.2,
+                   "update_norm": 0.03},
+                  {"step": 2, "reward": 0.25, "update_norm": 0.04}]
+    assert ct.step_trace(logs[:1]) == [{"step": 1, "reward": 0.5, "grad_norm": 2.0, "adv/abs_mean": 0.7,
+                                        "pair/pi_min": 0.2}]
+    # the callback measures exactly the parameter change of each optimizer step (frozen parameters excluded)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    model[1].weight.requires_grad_(False)
+    cb = ct.UpdateNormCallback()
+    cb.on_train_begin(None, None, None, model=model)
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        model[0].weight.add_(0.5)
+        model[1].weight.add_(10.0)  # frozen: not counted
+    cb.on_step_end(None, SimpleNamespace(global_step=1), None, model=model)
+    assert cb.norms == {1: pytest.approx(float((model[0].weight - before[0]).norm()))}
+    cb.on_step_end(None, SimpleNamespace(global_step=2), None, model=model)
+    assert cb.norms[2] == 0.0
