@@ -18,11 +18,16 @@ and ``backward`` gives the gradient on the policy parameters. The expected gradi
 ``-(1/K) ...`` with ``s_i = grad mean_t log p`` (``grpo``), computed here independently from the model's
 log-probabilities of the intended tokens. The same check with the realized normalizer or without the inclusion
 weights fails (the test can fail).
+
+Two settings: ``short`` (``L = 6``, ``tau = 2``) and ``long`` (``L = 32``, PAIR's default ``tau = L // 8 = 4``,
+scratchpad-style completions of 3-32 tokens: the regime where PAIR was reported to degrade the policy), so the
+gradient identity and the token alignment are checked where the probe and the continuation are both long.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -36,7 +41,7 @@ from trl_ext.trainers.pair import PAIRConfig, PAIRTrainer
 pytestmark = pytest.mark.filterwarnings("ignore::trl_ext.trainers.pair.PAIRShortProbeWarning")
 
 G, L, TAU = 4, 6, 2
-"""Candidates per prompt, ``max_completion_length``, probe tokens."""
+"""Candidates per prompt, ``max_completion_length``, probe tokens (the short setting)."""
 
 # Per prompt: (completion as a string of digits, "E" = EOS; reward). Texts are distinct within a prompt.
 POPULATION = {
@@ -52,6 +57,33 @@ POPULATION = {
 P_HAT = {"12+30=": [0.9, 0.3, 0.6, 0.8], "7+5=": [0.5, 0.9, 0.2, 0.6]}
 COST_HAT = {"12+30=": [1.0, 2.0, 4.0, 1.0], "7+5=": [1.0, 4.0, 4.0, 2.0]}
 """Fixed head predictions (the design is the real ``pair_design`` on these): a non-uniform design."""
+
+
+class Setting(NamedTuple):
+    G: int
+    L: int
+    TAU: int
+    population: dict
+    p_hat: dict
+    cost_hat: dict
+
+
+SHORT = Setting(G, L, TAU, POPULATION, P_HAT, COST_HAT)
+# The long-completion setting (the regime where PAIR was reported to degrade the policy): scratchpad-style
+# completions of 10-32 tokens, ``L = 32`` and PAIR's default probe ``tau = L // 8 = 4``; per prompt one candidate
+# finishes inside the probe, one runs to the cap, the others end with EOS in the continuation.
+LONG = Setting(4, 32, 4, {
+    "12+30=": [("42E", 1.0),
+               ("2+0+0=2,1+3+0=4|42E", 1.0),
+               ("0+2+0=2,1+3+0=4|4200000000000000000", 0.0),
+               ("5+5+0=10,1+3+1=5|50E", 0.0)],
+    "7+5=": [("E", 0.0),
+             ("7+5+0=12|12E", 1.0),
+             ("5+7+0=12|1200000000000000000000000000", 0.0),
+             ("1+1+1=3,0+0+0=0|3E", 0.0)],
+}, {"12+30=": [0.9, 0.7, 0.6, 0.2], "7+5=": [0.5, 0.9, 0.3, 0.4]},
+    {"12+30=": [1.0, 16.0, 28.0, 14.0], "7+5=": [1.0, 9.0, 28.0, 16.0]})
+SETTINGS = {"short": SHORT, "long": LONG}
 
 
 def _tokens(tok, s: str) -> list[int]:
@@ -94,14 +126,15 @@ class FrozenPAIR(PAIRTrainer, FrozenBackend):
     pass
 
 
-def build_trainer(tmp_path, loss_type: str, **over) -> FrozenPAIR:
+def build_trainer(tmp_path, loss_type: str, setting: Setting = SHORT, **over) -> FrozenPAIR:
     from trl_ext.testbed import build_tiny_model, build_tokenizer, make_dataset
 
     torch.set_num_threads(1)
     tok = build_tokenizer()
+    G, L, TAU, POPULATION, P_HAT, COST_HAT = setting
     prompts = list(POPULATION)
     ds = make_dataset("addition", 2, seed=0).select_columns(["question_id"]).add_column("prompt", prompts)
-    rewards = {(p, c.replace("E", "")): r for p in prompts for c, r in POPULATION[p]}
+    rewards = {(p, c.split("E")[0][:L]): r for p in prompts for c, r in POPULATION[p]}
 
     def reward(prompts, completions, **kw):
         return [rewards[(p, c)] for p, c in zip(prompts, completions)]
@@ -115,6 +148,7 @@ def build_trainer(tmp_path, loss_type: str, **over) -> FrozenPAIR:
     tr = FrozenPAIR(model=build_tiny_model(tok, seed=0), reward_funcs=[reward], args=PAIRConfig(**kw),
                     train_dataset=ds, processing_class=tok)
     tr.eos_token_id_ = tok.eos_token_id
+    tr.setting = setting
     tr.prompt_ids = dict(zip(prompts, compat.tokenize_prompts(tr, prompts)))  # exactly as TRL tokenizes them
     tr.population = {tuple(tr.prompt_ids[p]): [_tokens(tok, c) for c, _ in cands] for p, cands in POPULATION.items()}
     # heads "ready" with fixed predictions: the real pair_design runs on them, nothing is refit
@@ -164,6 +198,7 @@ def trainer_gradient(tr, patterns: list[np.ndarray]):
 
 def expected_gradient(tr):
     """sum_J P(J) grad(J) over every selection pattern of the unfinished candidates of both prompts."""
+    G = tr.setting.G
     _, pis, _ = trainer_gradient(tr, [np.ones(G, bool)] * 2)
     pi = [tr.pair_design_log[k]["pi"] for k in range(2)]
     fin = [np.asarray(tr.pair_design_log[k]["finished"], bool) for k in range(2)]
@@ -193,6 +228,7 @@ def complete_pair_gradient(tr, loss_type: str) -> torch.Tensor:
     the intended tokens (no trainer code): g_pair = (1/M) sum_{i<j} (r_i - r_j)(s_i - s_j) / 2 (Eq. 3-4)."""
     tok = tr.processing_class
     model = tr.model
+    G, L, _, POPULATION = tr.setting[:4]
     K, M = len(POPULATION), G * (G - 1) / 2
     scores = {}
     for p, cands in POPULATION.items():
@@ -218,9 +254,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+@pytest.mark.parametrize("setting", ["short", "long"])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
-def test_expected_gradient_over_the_design_equals_the_complete_pair_gradient(tmp_path, loss_type):
-    tr = build_trainer(tmp_path, loss_type)
+def test_expected_gradient_over_the_design_equals_the_complete_pair_gradient(tmp_path, loss_type, setting):
+    tr = build_trainer(tmp_path, loss_type, SETTINGS[setting])
+    G = tr.setting.G
     target = complete_pair_gradient(tr, loss_type)
     expect, pi, fin = expected_gradient(tr)
     # the design is non-uniform, finished candidates have pi = 1, the smallest pi gives edge weights > 25
@@ -230,7 +268,7 @@ def test_expected_gradient_over_the_design_equals_the_complete_pair_gradient(tmp
     assert np.ptp(pi_unf) > 0.15 and 1.0 / pi_unf.min() ** 2 > 25, pi_unf
     assert rel_err(expect, target) < 1e-5, rel_err(expect, target)
     # the trainer's complete design (every candidate continued, weights 1) gives the target draw by draw
-    full = build_trainer(tmp_path / "full", loss_type, pair_budget_ratio=1.0)
+    full = build_trainer(tmp_path / "full", loss_type, SETTINGS[setting], pair_budget_ratio=1.0)
     g_full, _, _ = trainer_gradient(full, [np.ones(G, bool)] * 2)
     assert all(np.all(np.asarray(d["pi"]) == 1.0) for d in full.pair_design_log)
     assert rel_err(g_full, target) < 1e-5, rel_err(g_full, target)
@@ -260,12 +298,14 @@ def test_the_expected_gradient_check_can_fail(tmp_path, monkeypatch, mutation):
     assert rel_err(expect, target) > 0.1, rel_err(expect, target)
 
 
-def test_loss_sees_exactly_the_sampled_tokens_of_probe_and_continuation(tmp_path):
+@pytest.mark.parametrize("setting", ["short", "long"])
+def test_loss_sees_exactly_the_sampled_tokens_of_probe_and_continuation(tmp_path, setting):
     """Every completed candidate reaches TRL's loss as probe + continuation, token for token: the EOS included and
     nothing after it, the completion mask covering exactly those tokens; candidates that finished inside the probe
     (EOS as the first token, EOS as the last probe token) are never continued; the others are continued once from
     ``prompt + prefix`` with ``L - tau`` new tokens at most."""
-    tr = build_trainer(tmp_path, "dapo")
+    tr = build_trainer(tmp_path, "dapo", SETTINGS[setting])
+    G, L, TAU, POPULATION = tr.setting[:4]
     _, _, out = trainer_gradient(tr, [np.ones(G, bool)] * 2)
     assert tr.generation_calls == [(2 * G, TAU), (2 * G - 2, L - TAU)]
     ids, mask = out["completion_ids"], out["completion_mask"]
@@ -274,7 +314,7 @@ def test_loss_sees_exactly_the_sampled_tokens_of_probe_and_continuation(tmp_path
     for row in range(ids.shape[0]):
         got = ids[row][mask[row].bool()].tolist()
         p = prompts[row]
-        want = [t for t in (_tokens(tr.processing_class, c) for c, _ in POPULATION[p]) if t == got]
+        want = [t for t in (_tokens(tr.processing_class, c)[:L] for c, _ in POPULATION[p]) if t == got]
         assert len(want) == 1, (p, got)
         n = int(mask[row].sum())
         assert bool(mask[row, :n].all()) and not bool(mask[row, n:].any())  # one contiguous run from the start
