@@ -900,7 +900,7 @@ def test_zero_selected_vertices_are_counted_and_masked(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------- example
 def test_example_runs_with_peft_and_writes_summary(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    sys.path.insert(0, os.path.join(ROOT, "examples", "testbed"))
     import pair as pair_example
 
     from trl_ext.testbed import save_tiny_model

@@ -1,4 +1,5 @@
-"""``examples/quickstart.py --trainer v05`` hands off to ``examples/v05_grpo.py`` and leaves the standard outputs."""
+"""``examples/testbed/quickstart.py --trainer v05`` hands off to ``examples/testbed/v05_grpo.py`` and leaves the standard
+outputs."""
 
 import json
 import os
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "testbed")
 
 
 @pytest.fixture()

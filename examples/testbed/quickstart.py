@@ -1,8 +1,10 @@
 """Quickstart: watch RLVR improve a tiny model on CPU in a few minutes, with no downloads.
 
-Run with ``python examples/quickstart.py`` or ``accelerate launch examples/quickstart.py`` (several CPU ranks:
-``accelerate launch --multi_gpu --num_processes 2 examples/quickstart.py``; note that
-``accelerate launch --cpu --num_processes 2`` silently starts one process).
+Run with ``python examples/testbed/quickstart.py`` or ``accelerate launch examples/testbed/quickstart.py`` (several
+CPU ranks: ``accelerate launch --multi_gpu --num_processes 2 examples/testbed/quickstart.py``; note that
+``accelerate launch --cpu --num_processes 2`` silently starts one process). This is an in-house demo harness on the
+offline testbed; the TRL-style training scripts (any model and dataset, CPU or GPU) are in ``examples/scripts/``
+(``docs/examples.md``).
 
 Steps: build (or load from the cache) the warmed-up tiny model of :mod:`trl_ext.testbed`; evaluate held-out
 accuracy (greedy, and sampled at temperature 1); train with a TRL-style GRPO trainer on the addition task;
@@ -16,8 +18,9 @@ evaluate again at a few checkpoints and at the end; write to ``--output_dir``
 Adding a GRPO-shaped trainer is one entry in :data:`TRAINERS`: ``name -> (config class, trainer class, extra
 config kwargs)``. The trl_ext method trainers need method-specific set-up (BASIS builds a value table and uses
 ``G = 1``; V0.5 needs a value prior; PAIR probes prefixes), so ``--trainer basis|v05|pair`` runs the
-matching example script (``examples/basis.py``, ``examples/v05_grpo.py``, ``examples/pair.py``) with the remaining arguments (``--output_dir``, ``--max_steps``, ``--seed``, and
-any option that script accepts); each writes the same ``summary.json`` / ``trainer_state.json`` outputs.
+matching example script (``examples/testbed/basis.py``, ``examples/testbed/v05_grpo.py``,
+``examples/testbed/pair.py``) with the remaining arguments (``--output_dir``, ``--max_steps``, ``--seed``, and any
+option that script accepts); each writes the same ``summary.json`` / ``trainer_state.json`` outputs.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _common.add_common_args(p, output_dir="outputs/quickstart", max_steps=300)
     p.add_argument("--trainer", choices=sorted({*TRAINERS, *METHOD_EXAMPLES}), default="grpo",
-                   help="trainer to use (default grpo; basis, v05 and pair run examples/<name>.py)")
+                   help="trainer to use (default grpo; basis, v05 and pair run examples/testbed/<name>.py)")
     p.add_argument("--learning_rate", type=_common.positive_float, default=1e-4,
                    help="GRPO learning rate (default 1e-4; 3e-4 destabilises this model)")
     p.add_argument("--num_generations", type=int, default=8, help="completions per prompt (default 8)")

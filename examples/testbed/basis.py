@@ -1,7 +1,7 @@
 """BASIS on the offline testbed: one rollout per prompt (G = 1) with the batchwise value baseline.
 
-Run with ``python examples/basis.py`` (CPU, a few minutes, no downloads; several CPU ranks with
-``torchrun --standalone --nproc_per_node 2 examples/basis.py``).
+Run with ``python examples/testbed/basis.py`` (CPU, a few minutes, no downloads; several CPU ranks with
+``torchrun --standalone --nproc_per_node 2 examples/testbed/basis.py``).
 
 Steps (see ``docs/basis.md``):
 

