@@ -593,6 +593,7 @@ def test_vllm_continuation_resubmits_prefix_and_concatenates_logprobs(tmp_path, 
         (dict(dynamic_sampling=True), "dynamic_sampling"),
         (dict(keyed_sampling=True), "keyed_sampling"),
         (dict(advantage_estimator="rloo"), "computes its own advantages"),
+        (dict(pair_lr_scaling="sqrt"), "pair_lr_scaling"),
     ],
 )
 def test_config_validation(tmp_path, over, match):
@@ -630,6 +631,37 @@ def test_config_defaults_and_upgrade_of_a_plain_trl_config(tmp_path):
         as_config(bad, PAIRConfig, "PAIRTrainer")
     with pytest.raises(TypeError, match="PAIRConfig"):
         PAIRTrainer(model=None, args=object())
+
+
+@pytest.mark.parametrize("mode, factor", [("sqrt_budget", 0.5 ** 0.5), ("linear_budget", 0.5), ("none", 1.0)])
+def test_learning_rate_scaling_reaches_the_optimizer_and_the_logs(tmp_path, caplog, mode, factor):
+    """``pair_lr_scaling``: the optimizer (and the scheduler built on it, hence the logged ``learning_rate``) runs at
+    ``learning_rate x factor``; the construction log says so; ``sqrt_budget`` is the default."""
+    import logging
+
+    assert PAIRConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none").pair_lr_scaling == "sqrt_budget"
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.pair"):
+        tr = make_trainer(tmp_path, pair_lr_scaling=mode, lr_scheduler_type="constant")
+    said = [r.getMessage() for r in caplog.records if "optimizer learning rate" in r.getMessage()]
+    assert len(said) == (mode != "none")
+    if said:
+        assert f"{factor * 1e-3:.3g}" in said[0] and mode in said[0]
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    tr.train()
+    assert all(g["lr"] == pytest.approx(1e-3 * factor) for g in tr.optimizer.param_groups)
+    assert tr.state.log_history[0]["learning_rate"] == pytest.approx(1e-3 * factor)
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters()))
+    # an optimizer the caller passes in is never rescaled
+    from trl_ext.testbed import build_tiny_model, build_tokenizer, make_dataset
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=0)
+    own = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    tr2 = PAIRTrainer(model=model, reward_funcs=[parity_reward], args=make_config(tmp_path / "own",
+                      pair_lr_scaling=mode, lr_scheduler_type="constant"), train_dataset=make_dataset("addition", 32, seed=0), processing_class=tok,
+                      optimizers=(own, None))
+    tr2.train()
+    assert own.param_groups[0]["lr"] == pytest.approx(2e-3)
 
 
 def test_every_option_is_declared_once_with_help_and_documented():

@@ -57,6 +57,7 @@ Evaluation uses TRL's standard full-group path.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ from . import _trl_compat as compat
 from .base import ExtGRPOConfig, GRPOTrainer, validate_ext_config
 from .batch import RolloutBatch
 from .rollouts import RolloutStrategy
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "validate_pair_config",
            "PAIRShortProbeWarning", "short_probe_message", "PAIR_PAPER", "SHORT_PROBE_TOKENS"]
@@ -206,6 +209,17 @@ class PAIRConfig(ExtGRPOConfig):
                           "token-level losses) instead of the realized row/token counts, so Eq. 13 stays "
                           "design-unbiased. Not available with loss_type='bnpo'."},
     )
+    pair_lr_scaling: str = field(
+        default="sqrt_budget",
+        metadata={"help": "How the optimizer's learning rate relates to learning_rate. PAIR completes about "
+                          "pair_budget_ratio of the candidates TRL's GRPO would train on per step, so at the same "
+                          "learning_rate and generated tokens it takes ~1/(tau/L + budget_ratio) more Adam steps, each "
+                          "from fewer rollouts (noisier), and Adam's step length does not shrink with the batch. "
+                          "'sqrt_budget': learning_rate x sqrt(pair_budget_ratio) (Adam's square-root scaling rule for "
+                          "a budget_ratio-times smaller batch; 0.71x at the default 0.5); 'linear_budget': "
+                          "learning_rate x pair_budget_ratio; 'none': learning_rate as given. Logged at construction; "
+                          "not applied to an optimizer passed in through `optimizers`."},
+    )
     pair_head_hidden: int = field(default=256, metadata={"help": "Head MLP width (Appendix C: 256)."})
     pair_head_lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate of both heads."})
     pair_replay_size: int = field(
@@ -245,6 +259,15 @@ class PAIRConfig(ExtGRPOConfig):
         return int(self.pair_prefix_tokens)
 
 
+#: ``pair_lr_scaling`` choices: the factor on ``learning_rate`` as a function of ``pair_budget_ratio``.
+PAIR_LR_SCALINGS: dict = {"sqrt_budget": math.sqrt, "linear_budget": float, "none": lambda ratio: 1.0}
+
+
+def pair_lr_factor(args) -> float:
+    """The factor PAIR applies to ``learning_rate`` (``pair_lr_scaling`` of ``pair_budget_ratio``)."""
+    return float(PAIR_LR_SCALINGS[args.pair_lr_scaling](float(args.pair_budget_ratio)))
+
+
 def validate_pair_config(args) -> None:
     """Reject PAIR settings that cannot work, saying what to change. Raises ``ValueError``."""
     L = args.max_completion_length
@@ -273,6 +296,8 @@ def validate_pair_config(args) -> None:
             "below pi_min * predicted cost, so no design satisfies both the floor and the budget (Proposition 2). "
             "Raise pair_budget_ratio or lower pair_pi_min."
         )
+    if args.pair_lr_scaling not in PAIR_LR_SCALINGS:
+        raise ValueError(f"pair_lr_scaling must be one of {sorted(PAIR_LR_SCALINGS)}, got {args.pair_lr_scaling!r}.")
     if args.pair_edge_proxy != "disagreement":
         raise ValueError(f'pair_edge_proxy must be "disagreement" (Eq. 8), got {args.pair_edge_proxy!r}.')
     if args.pair_w_max is not None and (not math.isfinite(float(args.pair_w_max)) or float(args.pair_w_max) < 1):
@@ -675,6 +700,27 @@ class PAIRTrainer(GRPOTrainer):
         short = short_probe_message(args)
         if short is not None:
             warnings.warn(short, PAIRShortProbeWarning, stacklevel=2)
+        # an optimizer passed in through `optimizers` is the caller's: never rescaled
+        self._pair_scale_optimizer = self.optimizer is None
+        factor = pair_lr_factor(args)
+        if factor != 1.0 and self.accelerator.is_main_process:
+            logger.info("PAIRTrainer: optimizer learning rate = learning_rate x %.3g = %.3g (pair_lr_scaling=%r: PAIR "
+                        "trains on ~pair_budget_ratio = %s of the rollouts per step; set pair_lr_scaling='none' to "
+                        "keep learning_rate).", factor, factor * args.learning_rate, args.pair_lr_scaling,
+                        args.pair_budget_ratio)
+
+    def create_optimizer(self, model=None):
+        """Transformers' optimizer, with every parameter group's learning rate multiplied by
+        :func:`pair_lr_factor` (before the scheduler is built, so warm-up and decay follow the scaled rate)."""
+        fresh = self.optimizer is None and self._pair_scale_optimizer
+        opt = super().create_optimizer(model)
+        factor = pair_lr_factor(self.args)
+        if fresh and factor != 1.0:
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] * factor
+                if "initial_lr" in group:
+                    group["initial_lr"] = group["initial_lr"] * factor
+        return opt
 
     def create_rollout_strategy(self) -> PrefixProbeRollouts:
         """PAIR's probe-then-continue allocation (:class:`PrefixProbeRollouts`)."""
