@@ -33,6 +33,8 @@ from trl import ScriptArguments
 __all__ = [
     "MODEL_ALIASES",
     "ExtScriptArguments",
+    "prepare_training_inputs",
+    "train_save_push",
     "build_value_table_for_training",
     "builtin_tasks",
     "builtin_reward_funcs",
@@ -276,6 +278,34 @@ def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None) -> l
         except RefError as e:
             raise ValueError(str(e)) from e
     return funcs
+
+
+# ------------------------------------------------------------------------------------------------ script body
+def prepare_training_inputs(script_args: ExtScriptArguments, training_args: Any, model_args: Any):
+    """What every example script needs before building its trainer: ``(model, reward_funcs, train_dataset,
+    eval_dataset)``. Rewards and the model are resolved by name; rank 0 fills the model and dataset caches first
+    (``main_process_first``); ``model_args`` become the trainer's ``model_init_kwargs``."""
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.dataset_name)
+    with training_args.main_process_first(desc="model and dataset"):
+        model = resolve_model_name(model_args.model_name_or_path, dataset_name=script_args.dataset_name,
+                                   cache_dir=script_args.cache_dir)
+        train_dataset, eval_dataset = load_datasets(script_args, training_args)
+    set_model_init_kwargs(model_args, training_args)
+    return model, reward_funcs, train_dataset, eval_dataset
+
+
+def train_save_push(trainer: Any, script_args: ExtScriptArguments, training_args: Any):
+    """Train (resuming when ``--resume_from_checkpoint`` is set), write ``trainer_state.json`` and the model (the
+    adapter with ``--use_peft``, plus the method's model card and ``trl_ext_state.pt``) to ``output_dir``, and push
+    to the Hub when ``--push_to_hub``, as TRL's own scripts do. Returns ``trainer``."""
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_state()  # trainer_state.json (log history) next to the model
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}.")
+    return trainer
 
 
 # ------------------------------------------------------------------------------------------------------ BASIS

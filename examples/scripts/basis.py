@@ -24,10 +24,8 @@ from trl_ext import BASISConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
     build_value_table_for_training,
-    load_datasets,
-    resolve_model_name,
-    resolve_reward_funcs,
-    set_model_init_kwargs,
+    prepare_training_inputs,
+    train_save_push,
 )
 
 
@@ -53,13 +51,10 @@ def main(script_args: BASISScriptArguments, training_args: BASISConfig, model_ar
     card to ``output_dir``, push them when asked; returns the trainer."""
     from trl_ext import BASISTrainer
 
-    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.dataset_name)
-    set_model_init_kwargs(model_args, training_args)
-    with training_args.main_process_first(desc="model, dataset and value table"):
-        model = resolve_model_name(model_args.model_name_or_path, dataset_name=script_args.dataset_name,
-                                   cache_dir=script_args.cache_dir)
-        train_dataset, eval_dataset = load_datasets(script_args, training_args)
-        if script_args.build_value_table:
+    model, reward_funcs, train_dataset, eval_dataset = prepare_training_inputs(script_args, training_args,
+                                                                               model_args)
+    if script_args.build_value_table:
+        with training_args.main_process_first(desc="value table"):  # rank 0 builds it, the others find it complete
             training_args.basis_value_table_path = build_value_table_for_training(
                 model, train_dataset, reward_funcs,
                 training_args.basis_value_table_path or os.path.join(training_args.output_dir, "value_table.jsonl"),
@@ -78,14 +73,7 @@ def main(script_args: BASISScriptArguments, training_args: BASISConfig, model_ar
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_state()
-    trainer.save_model(training_args.output_dir)
-    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
-        trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}.")
-    return trainer
+    return train_save_push(trainer, script_args, training_args)
 
 
 def make_parser() -> TrlParser:

@@ -22,10 +22,8 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from trl_ext import ExtGRPOConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
-    load_datasets,
-    resolve_model_name,
-    resolve_reward_funcs,
-    set_model_init_kwargs,
+    prepare_training_inputs,
+    train_save_push,
 )
 
 
@@ -34,12 +32,8 @@ def main(script_args: ExtScriptArguments, training_args: ExtGRPOConfig, model_ar
     trainer. ``callbacks`` (TrainerCallback list) is for programmatic callers; the command line has none."""
     from trl_ext import GRPOTrainer
 
-    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.dataset_name)
-    with training_args.main_process_first(desc="model and dataset"):  # rank 0 fills the caches first
-        model = resolve_model_name(model_args.model_name_or_path, dataset_name=script_args.dataset_name,
-                                   cache_dir=script_args.cache_dir)
-        train_dataset, eval_dataset = load_datasets(script_args, training_args)
-    set_model_init_kwargs(model_args, training_args)
+    model, reward_funcs, train_dataset, eval_dataset = prepare_training_inputs(script_args, training_args,
+                                                                               model_args)
 
     trainer = GRPOTrainer(
         model=model,
@@ -50,14 +44,7 @@ def main(script_args: ExtScriptArguments, training_args: ExtGRPOConfig, model_ar
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_state()  # trainer_state.json (log history) next to the model
-    trainer.save_model(training_args.output_dir)
-    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
-        trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}.")
-    return trainer
+    return train_save_push(trainer, script_args, training_args)
 
 
 def make_parser() -> TrlParser:
