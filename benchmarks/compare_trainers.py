@@ -274,7 +274,7 @@ SCALES: dict[str, dict] = {
                 n_train=8000, n_val=1000, learning_rate=1e-4, eval_samples=0, value_table_samples=32, use_cpu=False,
                 bf16=True, eval_batch_size=250),
 }
-#: Per-task overrides of a scale preset. ``scratchpad`` (completions of 21-71 tokens, max_completion_length 73 =
+#: Per-task overrides of a scale preset. ``scratchpad`` (completions of 18-71 tokens, max_completion_length 73 =
 #: the longest completion + 2): the CPU budget is sized from a measurement (untrained tiny model, 73-token
 #: completions, one thread, the other core busy): GRPO G=8 took 1.21 s per step of 64 rollouts (4,672 tokens) and
 #: 2.8 s to evaluate 250 questions greedily (2.77 s per step when the 2 cores were oversubscribed, load ~5). A warm

@@ -626,6 +626,8 @@ def pair_model_card_details(trainer) -> dict[str, Any]:
         "design": f"pair_budget_ratio = {a.pair_budget_ratio}, pair_pi_min = {a.pair_pi_min}, edge proxy "
                   f"{a.pair_edge_proxy}, anchor pair {a.pair_anchor_pair}, warm start {a.pair_solver_warm_start}, "
                   f"fixed normalizer {a.pair_fixed_normalizer}",
+        "policy learning rate": f"learning_rate {a.learning_rate} x {pair_lr_factor(a):.4g} "
+                                f"(pair_lr_scaling = {a.pair_lr_scaling!r})",
         "biased options (App. B)": f"pair_standardize = {a.pair_standardize}, pair_w_max = {a.pair_w_max}, "
                                    f"pair_self_normalize = {a.pair_self_normalize}",
         "prefix heads": f"hidden {a.pair_head_hidden}, lr {a.pair_head_lr}, replay window {a.pair_replay_size}, "
