@@ -30,7 +30,6 @@ Offline use: pass ``source=`` (``--source``) a local copy of the wheel or of the
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -42,6 +41,9 @@ import time
 import uuid
 import warnings
 import zipfile
+
+from .._io import read_cache_meta
+from .._io import sha256_file as _sha256
 
 __all__ = [
     "CACHE_VERSION", "GGUF_FILE", "GGUF_MEMBER", "GGUF_SHA256", "MARKER", "META", "MODEL_NAME", "PACKAGE",
@@ -82,14 +84,6 @@ def real_model_dir(cache_dir: str | os.PathLike | None = None) -> str:
     return os.path.join(root, f"{MODEL_NAME}-v{CACHE_VERSION}")
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def validate_real_model(path: str | os.PathLike, verify: bool = False) -> str | None:
     """``None`` if ``path`` is a complete cached model folder, else the reason it is not (``"missing"`` if absent).
 
@@ -97,15 +91,9 @@ def validate_real_model(path: str | os.PathLike, verify: bool = False) -> str | 
     ``verify=True`` also checks every file's SHA-256 (a few seconds for the 517 MB weights).
     """
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        return "missing"
-    if not os.path.isfile(os.path.join(path, MARKER)):
-        return f"no {MARKER} marker (an interrupted build)"
-    try:
-        with open(os.path.join(path, META), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        return f"unreadable {META}: {e}"
+    meta, reason = read_cache_meta(path, MARKER, META)
+    if reason is not None:
+        return reason
     expected = {"model": MODEL_NAME, "cache_version": CACHE_VERSION, "package": f"{PACKAGE}=={PACKAGE_VERSION}",
                 "gguf_sha256": GGUF_SHA256}
     for key, value in expected.items():

@@ -37,13 +37,15 @@ reported with a ``UserWarning`` and rebuilt -- never used.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
 import uuid
 import warnings
+
+from .._io import read_cache_meta
+from .._io import sha256_file as _sha256
 
 __all__ = ["CACHE_VERSION", "CACHE_VERSIONS", "EVAL_EVERY", "MAX_STEPS", "SCRATCHPAD_TARGET", "TEST_QUESTIONS",
            "FINE_EVAL_EVERY",
@@ -95,27 +97,11 @@ def _version(task: str) -> int:
     return CACHE_VERSIONS.get(task, CACHE_VERSION)
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def validate_cache(path: str, task: str, seed: int) -> str | None:
     """Return ``None`` if ``path`` is a complete, intact warm-model directory for (task, seed), else the reason."""
-    if not os.path.isdir(path):
-        return "missing"
-    if not os.path.exists(os.path.join(path, MARKER)):
-        return f"no {MARKER} marker (partial write)"
-    try:
-        with open(os.path.join(path, META), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        return f"unreadable {META} ({e})"
-    if not isinstance(meta, dict):
-        return f"{META} is not a JSON object"
+    meta, reason = read_cache_meta(path, MARKER, META)
+    if reason is not None:
+        return reason
     for key, want in (("task", task), ("seed", seed), ("version", _version(task))):
         if meta.get(key) != want:
             return f"metadata {key}={meta.get(key)!r}, expected {want!r}"
