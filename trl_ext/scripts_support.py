@@ -34,6 +34,7 @@ __all__ = [
     "MODEL_ALIASES",
     "ExtScriptArguments",
     "prepare_training_inputs",
+    "run_training",
     "train_save_push",
     "build_value_table_for_training",
     "builtin_tasks",
@@ -292,6 +293,20 @@ def prepare_training_inputs(script_args: ExtScriptArguments, training_args: Any,
         train_dataset, eval_dataset = load_datasets(script_args, training_args)
     set_model_init_kwargs(model_args, training_args)
     return model, reward_funcs, train_dataset, eval_dataset
+
+
+def run_training(trainer_cls: type, script_args: ExtScriptArguments, training_args: Any, model_args: Any,
+                 inputs: tuple | None = None, callbacks: list | None = None):
+    """Build ``trainer_cls`` the way TRL's scripts build ``GRPOTrainer`` (model by name, rewards, datasets, the PEFT
+    config of ``model_args``), then :func:`train_save_push`. ``inputs`` is :func:`prepare_training_inputs`'s result
+    when the script needed it first (BASIS builds its value table from it). Returns the trainer."""
+    from trl import get_peft_config
+
+    model, reward_funcs, train_dataset, eval_dataset = inputs or prepare_training_inputs(
+        script_args, training_args, model_args)
+    trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train_dataset,
+                          eval_dataset=eval_dataset, peft_config=get_peft_config(model_args), callbacks=callbacks)
+    return train_save_push(trainer, script_args, training_args)
 
 
 def train_save_push(trainer: Any, script_args: ExtScriptArguments, training_args: Any):

@@ -18,14 +18,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser
 
 from trl_ext import BASISConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
     build_value_table_for_training,
     prepare_training_inputs,
-    train_save_push,
+    run_training,
 )
 
 
@@ -64,16 +64,8 @@ def main(script_args: BASISScriptArguments, training_args: BASISConfig, model_ar
         raise ValueError("BASIS needs a value table: pass --basis_value_table_path TABLE.jsonl (built with "
                          "`trl-ext build-value-table`) or --build_value_table.")
 
-    trainer = BASISTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
-    )
-    return train_save_push(trainer, script_args, training_args)
+    return run_training(BASISTrainer, script_args, training_args, model_args,
+                        inputs=(model, reward_funcs, train_dataset, eval_dataset), callbacks=callbacks)
 
 
 def make_parser() -> TrlParser:

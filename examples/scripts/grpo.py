@@ -17,13 +17,12 @@ trl_ext's fields), ``ModelConfig`` (model loading, LoRA) or ``ExtScriptArguments
 
 from __future__ import annotations
 
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser
 
 from trl_ext import ExtGRPOConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
-    prepare_training_inputs,
-    train_save_push,
+    run_training,
 )
 
 
@@ -32,19 +31,7 @@ def main(script_args: ExtScriptArguments, training_args: ExtGRPOConfig, model_ar
     trainer. ``callbacks`` (TrainerCallback list) is for programmatic callers; the command line has none."""
     from trl_ext import GRPOTrainer
 
-    model, reward_funcs, train_dataset, eval_dataset = prepare_training_inputs(script_args, training_args,
-                                                                               model_args)
-
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
-    )
-    return train_save_push(trainer, script_args, training_args)
+    return run_training(GRPOTrainer, script_args, training_args, model_args, callbacks=callbacks)
 
 
 def make_parser() -> TrlParser:

@@ -13,13 +13,12 @@ option; ``--help`` lists them. ``--per_device_train_batch_size`` x ``--steps_per
 
 from __future__ import annotations
 
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser
 
 from trl_ext import PAIRConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
-    prepare_training_inputs,
-    train_save_push,
+    run_training,
 )
 
 
@@ -28,19 +27,7 @@ def main(script_args: ExtScriptArguments, training_args: PAIRConfig, model_args:
     when asked; returns the trainer."""
     from trl_ext import PAIRTrainer
 
-    model, reward_funcs, train_dataset, eval_dataset = prepare_training_inputs(script_args, training_args,
-                                                                               model_args)
-
-    trainer = PAIRTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
-    )
-    return train_save_push(trainer, script_args, training_args)
+    return run_training(PAIRTrainer, script_args, training_args, model_args, callbacks=callbacks)
 
 
 def make_parser() -> TrlParser:

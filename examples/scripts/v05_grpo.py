@@ -14,13 +14,12 @@ docs/examples.md and docs/v05.md.
 
 from __future__ import annotations
 
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser
 
 from trl_ext import V05GRPOConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
-    prepare_training_inputs,
-    train_save_push,
+    run_training,
 )
 
 
@@ -30,19 +29,7 @@ def main(script_args: ExtScriptArguments, training_args: V05GRPOConfig, model_ar
     frozen starting policy: the LoRA base weights with ``--use_peft``, no copy)."""
     from trl_ext import V05GRPOTrainer
 
-    model, reward_funcs, train_dataset, eval_dataset = prepare_training_inputs(script_args, training_args,
-                                                                               model_args)
-
-    trainer = V05GRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
-    )
-    return train_save_push(trainer, script_args, training_args)
+    return run_training(V05GRPOTrainer, script_args, training_args, model_args, callbacks=callbacks)
 
 
 def make_parser() -> TrlParser:
