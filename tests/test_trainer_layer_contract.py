@@ -1,0 +1,148 @@
+"""Structural contract of the trainer layer (no training; runs in a few seconds).
+
+* options are declared once: every trl_ext field of ``ExtGRPOConfig``, ``V05GRPOConfig``, ``BASISConfig`` and
+  ``PAIRConfig`` is one dataclass field with help text, declared in exactly one place of ``trl_ext/trainers/``, and
+  no ``*Options`` mirror class exists;
+* one naming convention: method-specific fields carry their method's prefix (``v05_``, ``basis_``, ``pair_``);
+* one rule for config classes: a plain ``trl.GRPOConfig`` is upgraded to each trainer's config class, anything that
+  is not a ``trl.GRPOConfig`` is a ``TypeError``, and method configs refuse an ``advantage_estimator`` they would
+  ignore;
+* each equation once: the estimator functions (GRPO, OSLA, BASIS std scaling, PAIR design / advantages, PAIR heads)
+  are defined in ``trl_ext/estimators/`` only; no module of ``trl_ext/trainers/`` redefines them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+import re
+import typing
+
+import pytest
+import trl
+
+from trl_ext import BASISConfig, PAIRConfig, V05GRPOConfig
+from trl_ext.trainers.base import ExtGRPOConfig, as_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "trl_ext"
+TRAINERS = ROOT / "trainers"
+
+METHOD_CONFIGS = [(V05GRPOConfig, "v05_"), (BASISConfig, "basis_"), (PAIRConfig, "pair_")]
+TRL_FIELDS = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+
+
+def _own_fields(cls) -> list[dataclasses.Field]:
+    """Dataclass fields declared in ``cls`` itself (not inherited), ClassVars excluded by ``dataclasses``."""
+    own = cls.__dict__.get("__annotations__", {})
+    return [f for f in dataclasses.fields(cls) if f.name in own]
+
+
+def _kw(tmp_path) -> dict:
+    return {"output_dir": str(tmp_path), "use_cpu": True, "report_to": "none"}
+
+
+@pytest.mark.parametrize("cls", [ExtGRPOConfig, V05GRPOConfig, BASISConfig, PAIRConfig], ids=lambda c: c.__name__)
+def test_every_option_is_one_field_with_help(cls):
+    own = _own_fields(cls)
+    assert own, f"{cls.__name__} declares no field"
+    no_help = [f.name for f in own if len(str(f.metadata.get("help", "")).strip()) < 10]
+    assert not no_help, f"{cls.__name__}: fields without help text: {no_help}"
+
+
+@pytest.mark.parametrize("cls,prefix", METHOD_CONFIGS, ids=lambda x: getattr(x, "__name__", x))
+def test_method_fields_carry_the_method_prefix(cls, prefix):
+    own = [f.name for f in _own_fields(cls) if f.name not in TRL_FIELDS]  # TRL fields keep TRL's names
+    assert own
+    wrong = [n for n in own if not n.startswith(prefix)]
+    assert not wrong, f"{cls.__name__}: method fields without the {prefix!r} prefix: {wrong}"
+    others = [p for _, p in METHOD_CONFIGS if p != prefix]
+    assert not [n for n in own if any(n.startswith(p) for p in others)]
+
+
+def test_each_option_is_declared_in_exactly_one_place():
+    """No mirror: the name of every trl_ext option is annotated once across ``trl_ext/trainers/``."""
+    names = {f.name for cls in (ExtGRPOConfig, *(c for c, _ in METHOD_CONFIGS)) for f in _own_fields(cls)}
+    names -= TRL_FIELDS  # e.g. BASIS re-declares num_generations with default 1 (a TRL field, not an option)
+    counts = dict.fromkeys(names, 0)
+    for path in TRAINERS.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in counts:
+                counts[node.target.id] += 1
+    assert {n: c for n, c in counts.items() if c != 1} == {}
+
+
+def test_no_options_mirror_class():
+    mirrors = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and re.search(r"Options?$", node.name):
+                mirrors.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}")
+    assert not mirrors, mirrors
+
+
+@pytest.mark.parametrize("cls", [V05GRPOConfig, BASISConfig, PAIRConfig], ids=lambda c: c.__name__)
+def test_method_configs_refuse_an_advantage_estimator_they_would_ignore(tmp_path, cls):
+    assert cls(**_kw(tmp_path)).advantage_estimator == "grpo"
+    with pytest.raises(ValueError, match="computes its own advantages"):
+        cls(**_kw(tmp_path), advantage_estimator="rloo")
+
+
+@pytest.mark.parametrize("cls", [ExtGRPOConfig, V05GRPOConfig, BASISConfig, PAIRConfig], ids=lambda c: c.__name__)
+def test_one_config_rule(tmp_path, cls):
+    extra = {"num_generations": 2, "per_device_train_batch_size": 4}
+    if cls is V05GRPOConfig:
+        extra = {"num_generations": 4, "per_device_train_batch_size": 8, "loss_type": "dapo"}
+    plain = trl.GRPOConfig(**_kw(tmp_path), **extra)
+    if cls is BASISConfig:  # BASIS needs one rollout per prompt: the upgrade validates and says so
+        with pytest.raises(ValueError, match="num_generations"):
+            as_config(plain, cls, "Trainer")
+        plain.num_generations = 1
+    up = as_config(plain, cls, "Trainer")
+    assert type(up) is cls and up.learning_rate == plain.learning_rate
+    for f in _own_fields(cls):  # the fields the plain config lacks take the class defaults
+        if f.name in TRL_FIELDS:
+            continue
+        want = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        got = getattr(up, f.name)
+        assert got == want or (isinstance(want, str | type(None)) and isinstance(got, dict) and not got), f.name
+    own = cls(**_kw(tmp_path), **({"num_generations": 1} if cls is BASISConfig else {}))
+    assert as_config(own, cls, "Trainer") is own
+    with pytest.raises(TypeError, match=cls.__name__):
+        as_config({"learning_rate": 1e-5}, cls, "Trainer")
+
+
+ESTIMATOR_FUNCTIONS = {
+    "trl_grpo_advantages", "grpo_advantages", "osla_step", "shrinkage_fusion_batch", "fused_advantages_batch",
+    "equal_prompt_weights", "std_scale_advantages", "calibrate_beta", "pair_design", "pair_advantages",
+    "draw_selection", "scorable_selection", "nanstd",
+}
+ESTIMATOR_CLASSES = {"PrefixHeads", "DesignWarmStart"}
+
+
+def test_each_equation_is_defined_once_in_estimators():
+    import trl_ext.estimators as est
+
+    for name in ESTIMATOR_FUNCTIONS | ESTIMATOR_CLASSES:
+        obj = getattr(est, name, None) or getattr(__import__("trl_ext.estimators.pair_heads", fromlist=[name]),
+                                                  name, None)
+        assert obj is not None, f"trl_ext.estimators has no {name}"
+        assert obj.__module__.startswith("trl_ext.estimators"), (name, obj.__module__)
+    names = ESTIMATOR_FUNCTIONS | ESTIMATOR_CLASSES
+    redefined = []
+    for path in TRAINERS.glob("*.py"):
+        if path.name == "_trl_compat.py":  # re-exports TRL's nanstd for the bitwise test, defines nothing else
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in names:
+                redefined.append(f"trainers/{path.name}:{node.lineno}: {node.name}")
+    assert not redefined, redefined
+
+
+def test_optional_kwargs_fields_are_typed_as_dict_or_json():
+    """Dict-valued options accept a dict or a JSON string (command line) under one parser."""
+    for cls in (ExtGRPOConfig, V05GRPOConfig):
+        hints = typing.get_type_hints(cls)
+        for f in _own_fields(cls):
+            if f.name.endswith("_kwargs"):
+                assert dict in typing.get_args(hints[f.name]) and str in typing.get_args(hints[f.name]), f.name
