@@ -19,7 +19,9 @@ Protocols (``--protocol``)::
 Learning-rate tuning (v2, or ``--tune_lr`` under v1): per method and learning rate, one run per tuning seed to the
 same token budget, scored once at the budget by greedy accuracy on ``n_val`` questions drawn from the task's TRAIN
 split, disjoint from the training prompts (the test split is never used). The chosen rate has the highest mean
-validation accuracy (ties: the lower rate); ``lr_choice.json`` records every score. When ``lr_choice.json`` already
+validation accuracy (ties: the lower rate); when that rate is the lowest or highest tried, the grid did not bracket
+the optimum and the next rate beyond it on the 1-3-10 ladder is tuned as well (``--tune_extend``, at most twice per
+method under v2); ``lr_choice.json`` records every score. When ``lr_choice.json`` already
 exists it is read instead of re-tuning (only methods it lacks, or whose tuning gave no rate, are tuned and added; it
 must have been tuned under the same task, start checkpoint, budget and pool, else the script stops and says so).
 Tuning runs live in ``runs/tune/<method>/lr<lr>/seed<k>/`` and are reused like the main runs.
@@ -104,7 +106,8 @@ Outputs in ``--output_dir``::
                             dynamic sampling and vs grpo_g16
     accuracy_vs_tokens.png  held-out greedy accuracy against generated training tokens (mean, min..max band)
     accuracy_vs_walltime.png  the same against training wall time (evaluation time excluded)
-    runs/<method>/seed<k>/outcomes.jsonl    per-question outcomes at the final (budget) checkpoint
+    runs/<method>/seed<k>/outcomes.jsonl.gz  per-question outcomes at the final (budget) checkpoint (gzip; runs
+                            written before that have outcomes.jsonl, read the same way)
     runs/tune/<method>/lr<lr>/seed<k>/      tuning runs (outcomes on the validation split)
 
 Usage::
@@ -135,6 +138,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -145,6 +149,7 @@ from importlib import import_module
 from trl_ext._argtypes import nonneg_int as _nonneg_int
 from trl_ext._argtypes import positive_float as _pos_float
 from trl_ext._argtypes import positive_int as _pos_int
+from trl_ext._io import resolve_jsonl
 from trl_ext._io import write_json as _write_json
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -291,8 +296,9 @@ TASK_PRESETS: dict[tuple[str, str], dict] = {
 #: CPU run); ``v2``: each method's learning rate tuned on a validation split (grid 3e-5, 1e-4, 3e-4, seed 0), then
 #: seeds 0-4 at the chosen rates, the threshold set by the best GRPO setting.
 PROTOCOLS: dict[str, dict] = {
-    "v1": dict(seeds=[0, 1, 2], tune_lr=None, tune_seeds=[0], threshold_reference=GRPO_REFERENCE),
-    "v2": dict(seeds=[0, 1, 2, 3, 4], tune_lr=[3e-5, 1e-4, 3e-4], tune_seeds=[0], threshold_reference="best_grpo"),
+    "v1": dict(seeds=[0, 1, 2], tune_lr=None, tune_seeds=[0], threshold_reference=GRPO_REFERENCE, tune_extend=0),
+    "v2": dict(seeds=[0, 1, 2, 3, 4], tune_lr=[3e-5, 1e-4, 3e-4], tune_seeds=[0], threshold_reference="best_grpo",
+               tune_extend=2),
 }
 SMOKE = dict(methods=["grpo_g16", "grpo_g4"], seeds=[0], token_budget=500, eval_every_tokens=250, n_eval=40,
              n_train=64, n_val=40, rollouts_per_step=32, n_sim=50, n_boot=200)
@@ -429,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "3e-5 1e-4 3e-4); lr_choice.json in --output_dir, if present, is read instead")
     p.add_argument("--tune_seeds", nargs="+", type=_nonneg_int, default=None,
                    help="training seeds of the tuning runs (default 0)")
+    p.add_argument("--tune_extend", type=_nonneg_int, default=None,
+                   help="when a method's best learning rate is the lowest or highest tried, tune the next one beyond "
+                        "it on the 1-3-10 ladder, at most this many times per method (v2 default 2, v1 0)")
     p.add_argument("--no_tune", action="store_true", help="v2 without tuning: --learning_rate for every method")
     p.add_argument("--n_eval", type=_pos_int, default=None, help="held-out evaluation questions (test split)")
     p.add_argument("--n_val", type=_pos_int, default=None,
@@ -496,6 +505,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         s["seeds"] = list(dict.fromkeys(args.seeds))
     if args.tune_seeds is not None:
         s["tune_seeds"] = list(dict.fromkeys(args.tune_seeds))
+    if args.tune_extend is not None:
+        s["tune_extend"] = args.tune_extend
     if args.tune_lr is not None and args.no_tune:
         raise SystemExit("--tune_lr and --no_tune exclude each other")
     if args.tune_lr is not None and args.learning_rate is not None:
@@ -569,6 +580,33 @@ def checkpoint_fingerprint(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+START_CHECKPOINT_DIR = "start_checkpoint"
+
+
+def pinned_start_checkpoint(s: dict, build: Callable[[], str]) -> str:
+    """The testbed start checkpoint, pinned inside ``--output_dir`` under v2.
+
+    The warm-up is deterministic on one machine but not across machines (CPU kernels change the SFT trajectory), so
+    a rebuilt warm model on a fresh clone would differ and none of the committed runs could be reused or extended.
+    Under a tuning protocol (v2) the first invocation copies the warm model to ``<output_dir>/start_checkpoint/``
+    and every later one (on any machine) starts from that copy; its fingerprint is part of the run keys either way.
+    v1 keeps using the cache (``build()``).
+    """
+    if not s.get("tune_lr"):
+        return build()
+    pinned = os.path.join(s["output_dir"], START_CHECKPOINT_DIR)
+    if os.path.isfile(os.path.join(pinned, "config.json")):
+        print(f"start checkpoint pinned in the output directory: {pinned}", flush=True)
+        return pinned
+    src = build()
+    tmp = f"{pinned}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    os.replace(tmp, pinned)
+    print(f"start checkpoint {src} pinned as {pinned}", flush=True)
+    return pinned
+
+
 def validation_split(train_pool, train_ds, n_val: int):
     """``n_val`` rows of ``train_pool`` (the task's train split) whose ``question_id`` is not a training prompt.
 
@@ -621,8 +659,8 @@ class Context:
             self.reward_funcs = get_reward_funcs(self.task)
             if self.graded_reward is None and self.task in GRADED_REWARDS:
                 self.graded_reward = _load_object(GRADED_REWARDS[self.task])
-            self.model_path = s["model_name_or_path"] or get_warm_model(self.task, seed=s["warm_seed"],
-                                                                        verbose=True)
+            self.model_path = s["model_name_or_path"] or pinned_start_checkpoint(
+                s, lambda: get_warm_model(self.task, seed=s["warm_seed"], verbose=True))
             self.max_new = s["max_completion_length"] or TASKS[self.task].max_answer_chars() + 2
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.cache_dir = s["cache_dir"]
@@ -983,9 +1021,10 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         if is_final:
             from trl_ext.testbed import write_outcomes_jsonl
 
-            final["outcomes"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes.jsonl"), g.records)
+            # gzip-compressed (the results are committed); the readers also accept an older run's plain .jsonl
+            final["outcomes"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes.jsonl.gz"), g.records)
             if sampled is not None:
-                final["outcomes_sampled"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes_sampled.jsonl"),
+                final["outcomes_sampled"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes_sampled.jsonl.gz"),
                                                                  sampled.records)
             final["point"] = point
             final["by_level"] = accuracy_by_level(g.records, ctx.difficulty_levels(split))
@@ -1090,7 +1129,7 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
 
     A crash is recorded as ``failed`` with its traceback, never raised. A reused record gains what later versions
     of the harness add (``setup_info`` such as the BASIS table's tokens; the per-difficulty accuracy, recomputed from
-    its ``outcomes.jsonl``).
+    its ``outcomes.jsonl.gz``, or the plain ``outcomes.jsonl`` of an older run).
     """
     s = ctx.s
     res_path = os.path.join(run_dir, "result.json")
@@ -1127,7 +1166,7 @@ def _complete_reused(ctx: Context, spec: MethodSpec, rec: dict, setup_cache: dic
             rec["setup_info"] = dict(setup.info)
     if "final_accuracy_by_level" not in rec:
         levels = ctx.difficulty_levels(split)
-        path = os.path.join(ctx.s["output_dir"], rec.get("outcomes") or "")
+        path = resolve_jsonl(os.path.join(ctx.s["output_dir"], rec.get("outcomes") or ""))
         if levels is not None and rec.get("outcomes") and os.path.exists(path):
             from trl_ext.testbed import read_outcomes_jsonl
 
@@ -1139,11 +1178,13 @@ def _complete_reused(ctx: Context, spec: MethodSpec, rec: dict, setup_cache: dic
 
 # ------------------------------------------------------------------------------------------ learning-rate tuning
 LR_SELECTION_RULE = ("highest mean final greedy accuracy on the validation split over the tuning seeds; ties go to "
-                     "the lower learning rate; a learning rate with a failed tuning run is not eligible")
+                     "the lower learning rate; a learning rate with a failed tuning run is not eligible; when the "
+                     "best rate is the lowest or highest tried, the next rate beyond it on the 1-3-10 ladder is "
+                     "tuned too (at most tune_extend times per method)")
 #: Settings that must match for an existing lr_choice.json to apply to this invocation.
 TUNING_CONTEXT_KEYS = ("task", "dataset_fn", "reward_fn", "model_name_or_path", "start_checkpoint_sha", "warm_seed",
                        "token_budget", "n_train", "n_val", "rollouts_per_step", "max_completion_length",
-                       "config_overrides", "scale", "bf16")
+                       "config_overrides", "scale", "bf16", "tune_extend")
 
 
 def lr_key(lr: float) -> str:
@@ -1190,6 +1231,40 @@ def choose_lr(scores: dict[str, dict]) -> tuple[float | None, str]:
     if len(ties) > 1:
         why += f"; tied with {sorted(x for x in ties if x != best['lr'])}, the lower learning rate wins"
     return best["lr"], why
+
+
+def lr_ladder_neighbour(lr: float, direction: int) -> float:
+    """The next learning rate below (``direction=-1``) or above (``+1``) ``lr`` on the 1-3-10 ladder
+    (..., 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, ...); ``lr`` need not be on the ladder."""
+    import math
+
+    if direction not in (-1, 1):
+        raise ValueError("direction must be -1 or +1")
+    lo = math.floor(math.log10(lr)) - 1
+    ladder = sorted(m * 10.0 ** e for e in range(lo, lo + 4) for m in (1.0, 3.0))
+    ladder = [float(f"{x:.1g}") for x in ladder]
+    if direction < 0:
+        return max(x for x in ladder if x < lr * (1 - 1e-9))
+    return min(x for x in ladder if x > lr * (1 + 1e-9))
+
+
+def edge_extension(scores: dict[str, dict]) -> float | None:
+    """The learning rate to try next when tuning ended at an edge, else ``None``.
+
+    ``scores`` is one method's :func:`lr_scores` entry. When the rate :func:`choose_lr` picks is the lowest (highest)
+    rate tried and at least two rates were tried, the grid did not bracket the optimum: the next rate below (above)
+    it on the 1-3-10 ladder (:func:`lr_ladder_neighbour`) is returned. ``None`` when the pick is interior, when nothing
+    finished, or with fewer than two rates.
+    """
+    lr, _ = choose_lr(scores) if scores else (None, "")
+    tried = sorted(c["lr"] for c in scores.values())
+    if lr is None or len(tried) < 2:
+        return None
+    if lr == tried[0]:
+        return lr_ladder_neighbour(lr, -1)
+    if lr == tried[-1]:
+        return lr_ladder_neighbour(lr, +1)
+    return None
 
 
 def build_lr_choice(tune_runs: Sequence[dict], grid: Sequence[float], tune_seeds: Sequence[int],
@@ -1271,15 +1346,25 @@ def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dic
         if name in have:  # chosen earlier: report the tuning runs found on disk, train nothing
             tune_runs.extend(_read_results(base))
             continue
-        for lr in s["tune_lr"]:
+        mine: list[dict] = []
+        queue, extensions = list(s["tune_lr"]), 0
+        while queue:
+            lr = queue.pop(0)
             recs = [run_or_reuse(ctx, spec, seed, os.path.join(base, f"lr{lr_key(lr)}", f"seed{seed}"), setup_cache,
                                  lr, split="validation") for seed in s["tune_seeds"][:1]]
             if recs[0]["status"] == "skipped":  # the same reason holds for every learning rate and seed
-                tune_runs.extend(recs)
+                mine.extend(recs)
                 break
             recs += [run_or_reuse(ctx, spec, seed, os.path.join(base, f"lr{lr_key(lr)}", f"seed{seed}"),
                                   setup_cache, lr, split="validation") for seed in s["tune_seeds"][1:]]
-            tune_runs.extend(recs)
+            mine.extend(recs)
+            if not queue and extensions < s.get("tune_extend", 0):
+                nxt = edge_extension(lr_scores(mine).get(name, {}))
+                if nxt is not None:
+                    print(f"[lr] {name}: best learning rate at the edge of those tried; trying {nxt:g}", flush=True)
+                    queue.append(nxt)
+                    extensions += 1
+        tune_runs.extend(mine)
     todo = [m for m in s["methods"] if m not in have]
     new = build_lr_choice([r for r in tune_runs if r["method"] in todo], s["tune_lr"], s["tune_seeds"],
                           json.loads(json.dumps(tuning_context(s), default=str)))

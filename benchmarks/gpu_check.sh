@@ -6,6 +6,8 @@
 # 1. installs the carried wheels offline (benchmarks/fetch_gpu_wheels.sh put them in .gpu_wheels/): trl (--no-deps),
 #    scipy when missing, datasets/evaluate only if the image can satisfy them (pyarrow, pandas), then this repository
 #    with `pip install --no-deps -e .` (PYTHONPATH is set to the repository as well, in case the editable install fails);
+#    the image's own transformers is used (about 5.17, below trl_ext's declared 5.20 but enough for this check: see
+#    docs/gpu.md), so the "unmet requirement ... transformers" line printed next is expected;
 # 2. prints the versions and the GPU;
 # 3. runs benchmarks/gpu_check.py, writing $OUT/gpu_check.json and the whole console log to $OUT/log ($OUT is the
 #    folder the device tool copies back; without it: outputs/gpu_check/).

@@ -30,6 +30,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trl_ext.testbed import read_outcomes_jsonl
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 
@@ -310,9 +312,10 @@ def test_smoke_end_to_end(tmp_path, monkeypatch):
             assert r["config"]["num_generations"] == g and r["prompts_per_step"] == s["rollouts_per_step"] // g
             assert [p["nominal_tokens"] for p in r["curve"]] == [250.0, 500.0]
             assert all(p["tokens"] >= p["nominal_tokens"] for p in r["curve"])
-            lines = (out / r["outcomes"]).read_text().splitlines()
-            assert len(lines) == s["n_eval"] and f"seed{sd}" in r["outcomes"]
-            assert {"question_id", "correct", "pass_rate"} <= set(json.loads(lines[0]))
+            assert r["outcomes"].endswith("outcomes.jsonl.gz")  # stored gzip-compressed
+            recs = read_outcomes_jsonl(out / r["outcomes"])
+            assert len(recs) == s["n_eval"] and f"seed{sd}" in r["outcomes"]
+            assert {"question_id", "correct", "pass_rate"} <= set(recs[0])
     table = json.loads((out / "table.json").read_text())
     assert [r["method"] for r in table["rows"]] == ["grpo_g16", "grpo_g4", "missing_trainer", "bad_config"]
     assert "skipped" in (out / "table.md").read_text()

@@ -31,6 +31,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from trl_ext.testbed import read_outcomes_jsonl
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 
@@ -367,13 +369,12 @@ def test_smoke_v2_scratchpad_end_to_end(tiny_model, tmp_path):
     doc = json.loads((out / "runs.json").read_text())
     assert doc["settings"]["protocol"] == "v2" and doc["n_val"] == 40 and doc["lr_choice"]["methods"]
     assert set(doc["start_accuracy_by_level"]) <= {"2", "3", "4", "5", "6", "7"}
-    test_q = {json.loads(x)["question_id"]
-              for x in (out / doc["runs"][0]["outcomes"]).read_text().splitlines()}
+    test_q = {x["question_id"] for x in read_outcomes_jsonl(out / doc["runs"][0]["outcomes"])}
     tune = doc["tuning_runs"]
     assert len(tune) == 6 and all(r["eval_split"] == "validation" and r["status"] == "ok" for r in tune)
     for r in tune:  # tuning never evaluates on the test split, and evaluates only at the budget
         assert "/tune/" in r["outcomes"] and len(r["curve"]) == 1
-        qs = {json.loads(x)["question_id"] for x in (out / r["outcomes"]).read_text().splitlines()}
+        qs = {x["question_id"] for x in read_outcomes_jsonl(out / r["outcomes"])}
         assert len(qs) == 40 and not qs & test_q
     by = {(r["method"], r["seed"]): r for r in doc["runs"]}
     assert set(by) == {(m, sd) for m in ("grpo_g8", "basis", "tiebreak") for sd in (0, 1)}
@@ -447,3 +448,75 @@ def test_step_trace_and_update_norms():
     assert cb.norms == {1: pytest.approx(float((model[0].weight - before[0]).norm()))}
     cb.on_step_end(None, SimpleNamespace(global_step=2), None, model=model)
     assert cb.norms[2] == 0.0
+
+
+def test_lr_ladder_and_edge_extension():
+    """Tuning that ends at an edge of the rates tried extends the grid one 1-3-10 step beyond that edge."""
+    assert ct.lr_ladder_neighbour(3e-5, -1) == pytest.approx(1e-5)
+    assert ct.lr_ladder_neighbour(3e-4, +1) == pytest.approx(1e-3)
+    assert ct.lr_ladder_neighbour(1e-4, -1) == pytest.approx(3e-5)
+    assert ct.lr_ladder_neighbour(2e-4, +1) == pytest.approx(3e-4)  # off-ladder input
+    with pytest.raises(ValueError):
+        ct.lr_ladder_neighbour(1e-4, 0)
+
+    def runs(acc_by_lr):
+        return [{"method": "m", "learning_rate": lr, "seed": 0, "status": "ok", "final_greedy_accuracy": a}
+                for lr, a in acc_by_lr.items()]
+
+    low = ct.lr_scores(runs({3e-5: 0.7, 1e-4: 0.6, 3e-4: 0.3}))["m"]
+    assert ct.edge_extension(low) == pytest.approx(1e-5)
+    high = ct.lr_scores(runs({3e-5: 0.3, 1e-4: 0.6, 3e-4: 0.7}))["m"]
+    assert ct.edge_extension(high) == pytest.approx(1e-3)
+    inner = ct.lr_scores(runs({3e-5: 0.3, 1e-4: 0.7, 3e-4: 0.6}))["m"]
+    assert ct.edge_extension(inner) is None
+    assert ct.edge_extension(ct.lr_scores(runs({1e-4: 0.7}))["m"]) is None  # one rate: nothing to bracket
+    failed = runs({3e-5: 0.7, 1e-4: 0.6})
+    failed[0]["status"] = "failed"
+    assert ct.edge_extension(ct.lr_scores(failed)["m"]) == pytest.approx(3e-4)  # 1e-4 is the only eligible
+
+
+def test_tuning_loop_extends_at_the_edge_and_stops(monkeypatch, tmp_path):
+    """tune_learning_rates runs the grid, then at most ``tune_extend`` extra rates while the best stays at an edge."""
+    calls = []
+
+    def fake_run(ctx, spec, seed, run_dir, setup_cache, lr, split="test"):
+        calls.append(lr)
+        return {"method": spec.name, "learning_rate": lr, "seed": seed, "status": "ok",
+                "final_greedy_accuracy": 1.0 - lr * 1e3, "tokens": 10.0}  # lower is always better
+
+    monkeypatch.setattr(ct, "run_or_reuse", fake_run)
+    s = {"output_dir": str(tmp_path), "methods": ["grpo_g8"], "tune_lr": [3e-5, 1e-4, 3e-4], "tune_seeds": [0],
+         "tune_extend": 2, "task": "addition"}
+    ctx = SimpleNamespace(s=s)
+    doc, tune_runs = ct.tune_learning_rates(ctx, {})
+    assert calls == pytest.approx([3e-5, 1e-4, 3e-4, 1e-5, 3e-6])
+    assert doc["methods"]["grpo_g8"]["chosen_lr"] == pytest.approx(3e-6)
+    assert len(doc["methods"]["grpo_g8"]["scores"]) == 5
+    calls.clear()
+    s2 = dict(s, output_dir=str(tmp_path / "b"), tune_extend=0)
+    ct.tune_learning_rates(SimpleNamespace(s=s2), {})
+    assert calls == pytest.approx([3e-5, 1e-4, 3e-4])
+
+
+def test_start_checkpoint_is_pinned_in_the_output_dir_under_v2(tmp_path):
+    """v2 copies the warm model into --output_dir once and starts every later invocation from that copy."""
+    src = tmp_path / "warm"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"weights")
+    built = []
+
+    def build():
+        built.append(1)
+        return str(src)
+
+    s = {"output_dir": str(tmp_path / "out"), "tune_lr": [1e-4]}
+    first = ct.pinned_start_checkpoint(s, build)
+    assert first == os.path.join(s["output_dir"], ct.START_CHECKPOINT_DIR) and built == [1]
+    assert ct.checkpoint_fingerprint(first) == ct.checkpoint_fingerprint(str(src))
+    (src / "model.safetensors").write_bytes(b"rebuilt elsewhere")  # a different warm model on another machine
+    again = ct.pinned_start_checkpoint(s, build)
+    assert again == first and built == [1]
+    assert ct.checkpoint_fingerprint(again) != ct.checkpoint_fingerprint(str(src))
+    assert ct.pinned_start_checkpoint({"output_dir": str(tmp_path / "v1"), "tune_lr": None}, build) == str(src)
+    assert not (tmp_path / "v1" / ct.START_CHECKPOINT_DIR).exists()

@@ -2,11 +2,49 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import os
 
-__all__ = ["write_json", "sha256_file", "read_cache_meta"]
+__all__ = ["write_json", "sha256_file", "read_cache_meta", "resolve_jsonl", "open_text", "write_text_atomic"]
+
+
+def resolve_jsonl(path: str | os.PathLike) -> str:
+    """The file to read for a JSON Lines ``path``: ``path`` itself when it exists; otherwise, for a ``X.jsonl`` path,
+    ``X.jsonl.gz`` when that exists (results stored compressed keep working under their ``.jsonl`` name); otherwise
+    ``path`` unchanged, so the caller reports it as missing."""
+    path = os.fspath(path)
+    if not os.path.exists(path) and path.endswith(".jsonl") and os.path.isfile(path + ".gz"):
+        return path + ".gz"
+    return path
+
+
+def open_text(path: str | os.PathLike):
+    """Open ``path`` for reading UTF-8 text, gunzipping it when its name ends with ``.gz``."""
+    path = os.fspath(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> str:
+    """Write ``text`` as UTF-8 to ``path`` atomically (tmp file then rename); gzip-compressed when the name ends with
+    ``.gz`` (level 9, no file name or time stamp in the header, so equal text gives equal bytes). Returns ``path``."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    data = text.encode("utf-8")
+    if path.endswith(".gz"):
+        buf = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buf, mtime=0) as gz:
+            gz.write(data)
+        data = buf.getvalue()
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
 
 
 def sha256_file(path: str) -> str:

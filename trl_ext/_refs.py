@@ -142,8 +142,10 @@ def resolve_callable(ref: str, *, option: str = "reference") -> Callable[..., An
 
 # ------------------------------------------------------------------------------------------------- datasets
 def _rows_from_jsonl(path: str) -> list[dict]:
+    from ._io import open_text
+
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:  # gunzips a .gz file
         for i, line in enumerate(f, start=1):
             if not line.strip():
                 continue

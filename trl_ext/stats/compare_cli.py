@@ -4,8 +4,9 @@ Usage::
 
     trl-ext compare --a run_a_seed*/outcomes.jsonl --b run_b_seed*/outcomes.jsonl [--json out.json] [--intersect]
 
-Seeds are paired by the ``seedN`` path component when every file has one, otherwise by sorted path order. ``--b`` is
-the baseline whose accuracy sets the detection floor. See ``docs/measurement.md``.
+Files may be gzip-compressed (``outcomes.jsonl.gz``); a ``.jsonl`` path or pattern that matches nothing falls back
+to the ``.jsonl.gz`` file(s). Seeds are paired by the ``seedN`` path component when every file has one, otherwise by
+sorted path order. ``--b`` is the baseline whose accuracy sets the detection floor. See ``docs/measurement.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--a", nargs="+", required=True, metavar="FILE",
-                        help="Configuration A outcomes JSONL, one per seed (shell globs or quoted glob patterns).")
+                        help="Configuration A outcomes JSONL (or .jsonl.gz), one per seed (shell globs or quoted glob "
+                        "patterns).")
     parser.add_argument("--b", nargs="+", required=True, metavar="FILE",
                         help="Configuration B (baseline) outcomes JSONL, one per seed.")
     parser.add_argument("--json", default=None, metavar="OUT", help="Also write the full report as JSON here.")
@@ -35,10 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _expand(patterns: list[str]) -> list[str]:
-    """Expand quoted glob patterns; a pattern matching nothing is kept so the reader reports it as missing."""
+    """Expand quoted glob patterns; a ``*.jsonl`` pattern matching nothing is retried as ``*.jsonl.gz``; a pattern
+    matching nothing is kept so the reader reports it as missing."""
     out: list[str] = []
     for p in patterns:
-        hits = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else []
+        hits = []
+        if any(ch in p for ch in "*?["):
+            hits = sorted(glob.glob(p))
+            if not hits and p.endswith(".jsonl"):
+                hits = sorted(glob.glob(p + ".gz"))
         out.extend(hits or [p])
     return out
 

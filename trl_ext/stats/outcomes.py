@@ -7,7 +7,7 @@ Format (one JSON object per line, written by the testbed evaluation)::
 
 Only ``question_id`` (str) and ``correct`` (0/1) are required; ``pass_rate`` (float in [0, 1]), ``n_samples`` (int)
 and ``completion_tokens`` (float, mean tokens per completion) are validated when present and read as NaN when
-absent (the comparison then reports that it cannot use them).
+absent (the comparison then reports that it cannot use them). Files may be gzip-compressed (``.jsonl.gz``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .._io import open_text, resolve_jsonl
 
 __all__ = ["OutcomeFormatError", "RunOutcomes", "read_outcomes", "pair_seed_files", "align_runs"]
 
@@ -65,17 +67,21 @@ def _num(path, lineno, key, value, *, integer=False, lo=None, hi=None):
 
 
 def read_outcomes(path: str | Path) -> RunOutcomes:
-    """Read one outcomes JSONL file.
+    """Read one outcomes JSONL file (gzip-compressed when its name ends with ``.gz``; a missing ``X.jsonl`` whose
+    ``X.jsonl.gz`` exists is read from the latter).
 
     Blank lines are skipped. Raises :class:`OutcomeFormatError` naming ``file:line`` for invalid JSON, a non-object
     line, a missing/invalid ``question_id`` or ``correct``, out-of-range optional fields, a duplicated
     ``question_id``, or a file with no records.
     """
-    path = str(path)
+    path = resolve_jsonl(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open_text(path) as fh:
+            text = fh.read()
     except FileNotFoundError:
         raise OutcomeFormatError(f"{path}: file not found") from None
+    except (OSError, EOFError) as exc:  # e.g. a truncated or non-gzip .gz file
+        raise OutcomeFormatError(f"{path}: unreadable ({exc})") from None
     ids, correct, pr, ns, ct = [], [], [], [], []
     seen: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):

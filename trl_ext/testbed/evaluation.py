@@ -8,6 +8,9 @@ question and line, with keys
 generated tokens per sample, counting the ``<eos>`` when one was produced), ``prompt`` (str), ``answer`` (str),
 ``completions`` (list of str), plus ``channels`` for the substitution task (``{name: [n_correct, n_slots]}``
 summed over samples).
+
+A path ending in ``.gz`` is written and read gzip-compressed; reading ``X.jsonl`` when only ``X.jsonl.gz`` exists
+reads the latter.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from .._io import open_text, resolve_jsonl, write_text_atomic
 
 __all__ = ["EvalResult", "evaluate_model", "write_outcomes_jsonl", "read_outcomes_jsonl", "REQUIRED_KEYS"]
 
@@ -222,7 +227,8 @@ def _validate_record(rec: dict, where: str) -> None:
 
 
 def write_outcomes_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> str:
-    """Write per-question outcome records, one JSON object per line (atomically: tmp file then rename).
+    """Write per-question outcome records, one JSON object per line (atomically: tmp file then rename;
+    gzip-compressed, deterministically, when ``path`` ends with ``.gz``).
 
     Raises ``ValueError`` if a record misses a required key, has a bad value, or a ``question_id`` repeats.
     Returns the path written.
@@ -237,21 +243,18 @@ def write_outcomes_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> st
             raise ValueError(f"record {i}: duplicate question_id {qid!r}; one record per question")
         seen.add(qid)
         lines.append(json.dumps({**rec, "question_id": qid}, sort_keys=True))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + ("\n" if lines else ""))
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, "\n".join(lines) + ("\n" if lines else ""))
 
 
 def read_outcomes_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Read records written by :func:`write_outcomes_jsonl` (blank lines skipped).
+    """Read records written by :func:`write_outcomes_jsonl` (blank lines skipped). A ``.gz`` file is gunzipped; a
+    missing ``X.jsonl`` whose ``X.jsonl.gz`` exists is read from the latter.
 
     Raises ``ValueError`` naming the line for invalid JSON or an invalid record.
     """
+    path = resolve_jsonl(path)
     out = []
-    with open(os.fspath(path), encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
