@@ -8,8 +8,9 @@ Times (median over ``--repeats`` runs after a warm-up) of
   counts, the global-stop check, and the final V0.5 advantages;
 
 and, measured in the same run, a numpy reference op (sorting 8192 float64 values) so the numbers can be compared
-across machines as a ratio. Target: well under 10 ms each on one core. Modules that are not available are skipped
-with a message. Writes JSON (default ``benchmarks/results/estimator_microbench.json``).
+across machines as a ratio. Targets (median, one core): 5 ms for ``calibrate_beta`` (it runs every BASIS step over
+the whole grid), 10 ms for the others (``TARGETS_MS``). Modules that are not available are skipped with a message.
+Writes JSON (default ``benchmarks/results/estimator_microbench.json``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ import sys
 import time
 
 import numpy as np
+
+DEFAULT_TARGET_MS = 10.0
+TARGETS_MS = {"basis_calibrate_beta_512_full_grid": 5.0}
+"""Per-entry median targets in ms (entries not listed: ``DEFAULT_TARGET_MS``)."""
 
 
 def _time(fn, repeats: int) -> dict[str, float]:
@@ -38,7 +43,7 @@ def _time(fn, repeats: int) -> dict[str, float]:
 def bench(repeats: int = 50, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     out: dict = {"python": sys.version.split()[0], "numpy": np.__version__, "machine": platform.machine(),
-                 "threads_env": os.environ.get("OMP_NUM_THREADS"), "target_ms": 10.0, "results": {}}
+                 "threads_env": os.environ.get("OMP_NUM_THREADS"), "results": {}}
     ref_x = rng.random(8192)
     out["reference_numpy_sort_8192"] = _time(lambda: np.sort(ref_x), repeats)
     ref = out["reference_numpy_sort_8192"]["median_ms"]
@@ -46,7 +51,8 @@ def bench(repeats: int = 50, seed: int = 0) -> dict:
     def record(name: str, fn) -> None:
         r = _time(fn, repeats)
         r["ratio_to_reference"] = r["median_ms"] / ref
-        r["under_target"] = r["median_ms"] < out["target_ms"]
+        r["target_ms"] = TARGETS_MS.get(name, DEFAULT_TARGET_MS)
+        r["under_target"] = r["median_ms"] <= r["target_ms"]
         out["results"][name] = r
 
     # --- BASIS
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<40} SKIPPED ({r['skipped']})")
         else:
             print(f"{name:<40} median {r['median_ms']:8.3f} ms  (x{r['ratio_to_reference']:.1f} reference)  "
-                  f"{'OK' if r['under_target'] else 'OVER 10 ms'}")
+                  f"{'OK' if r['under_target'] else 'OVER'} (target {r['target_ms']:g} ms)")
     print(f"-> {args.output}")
     return 0
 

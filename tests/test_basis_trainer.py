@@ -431,7 +431,7 @@ def test_table_bad_input(tmp_path):
 # ------------------------------------------------------------------------------------------------------ resume
 def test_trls_default_num_generations_is_refused_with_the_fix(tmp_path):
     """TRL's default G (8) cannot silently become BASIS's G = 1: BASISConfig and a plain TRL config (upgraded by
-    the trainer) both raise the error that says what to set."""
+    the trainer) both raise the error that says what to change (for the TRL config: build a BASISConfig)."""
     import trl
 
     with pytest.raises(ValueError, match=r"num_generations must be 1 \(BASIS uses one rollout per prompt\), got 8\. "
@@ -442,9 +442,12 @@ def test_trls_default_num_generations_is_refused_with_the_fix(tmp_path):
     assert plain.num_generations == 8  # TRL's default
     model, tok = tiny_model_and_tokenizer(0)
     ds = tiny_dataset(16)
-    with pytest.raises(ValueError, match="num_generations must be 1 .*got 8"):
+    # the fix for a plain TRL config is BASISConfig (trl.GRPOConfig itself refuses num_generations=1)
+    with pytest.raises(ValueError, match=r"num_generations must be 1 .*got 8\. Pass args=trl_ext\.BASISConfig\(\.\.\., "
+                                         r"num_generations=1\) instead \(trl\.GRPOConfig refuses") as err:
         BASISTrainer(model=model, reward_funcs=[binary_reward], args=plain, train_dataset=ds, processing_class=tok,
                      value_table=make_table(ds["prompt"]))
+    assert "Set num_generations=1" not in str(err.value)
 
 
 def test_rollouts_and_tokens_per_step_equal_trls_with_the_same_batch(tmp_path):

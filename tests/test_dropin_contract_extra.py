@@ -117,6 +117,9 @@ def test_all_unscorable_rewards_warn_count_and_do_not_update(tmp_path, kind, bad
     assert log["grad_norm"] == 0 and _unchanged(before, tr.model)
     if kind == "v05":
         assert log["v05/unscorable_rollouts"] == n
+        # V0.5's own warnings name both kinds of unscorable reward (here: all None, or all NaN)
+        v05_msgs = [m for m in map(str, (w.message for w in caught)) if m.startswith("V0.5:") and "scorable" in m]
+        assert v05_msgs and all("every reward function returned None or NaN" in m for m in v05_msgs), v05_msgs
     if kind == "pair":
         assert log["pair/nan_rewards"] == n
 

@@ -836,3 +836,72 @@ def test_design_never_exceeds_a_tight_budget():
             assert not d.fell_back
             assert d.expected_cost <= budget * (1 + 1e-12), (seed, ratio, d.expected_cost / budget - 1)
             assert d.pi.min() >= 0.3 * (1 - 1e-12) and d.pi.max() <= 1.0
+
+
+# ------------------------------------------------------------------------------------------------ loss normalizer
+def test_fixed_normalizer_is_k_or_k_times_l():
+    assert P.fixed_normalizer(4) == 4.0 and E.fixed_normalizer(4, 32) == 128.0
+    assert P.fixed_normalizer(np.int64(3), max_completion_length=np.int64(5)) == 15.0
+    assert P.fixed_normalizer(0) == 1.0 and P.fixed_normalizer(0, 8) == 8.0  # an empty batch never divides by 0
+    for bad in (-1, 2.5, True, "4", None):
+        with pytest.raises(ValueError, match="num_prompts"):
+            P.fixed_normalizer(bad)
+    for bad in (0, -3, 1.5, False):
+        with pytest.raises(ValueError, match="max_completion_length"):
+            P.fixed_normalizer(2, bad)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fixed_normalizer_keeps_the_loss_design_unbiased_and_a_realized_one_does_not(seed):
+    """Theorem 2 through the normalizer: with K fixed before the draw, E_design[(1/K) sum_k sum_i A_ki s_ki] is the
+    complete-pair average over the K prompts; dividing by the realized completed rows (a ratio) is biased."""
+    K, G = 2, 4
+    pops = [population(seed * 10 + k, G) for k in range(K)]
+    masks = all_masks(G)
+    target = sum(P.complete_pair_average(r, s) for r, s, _ in pops) / P.fixed_normalizer(K)
+    fixed = realized = 0.0
+    for m0, p0 in zip(masks, bernoulli_mask_probs(masks, pops[0][2])):
+        for m1, p1 in zip(masks, bernoulli_mask_probs(masks, pops[1][2])):
+            g = sum(estimate(r, s, m, pi) for (r, s, pi), m in zip(pops, (m0, m1)))
+            fixed = fixed + p0 * p1 * g / P.fixed_normalizer(K)
+            n = int(m0.sum() + m1.sum())  # completed rows of this draw, as a fraction of K G: a ratio estimator
+            realized = realized + p0 * p1 * (g / (n / G) if n else 0.0)
+    np.testing.assert_allclose(fixed, target, atol=1e-12)
+    assert np.linalg.norm(realized - target) > 1e-3 * np.linalg.norm(target)
+
+
+# ------------------------------------------------------------------------------------------------ pair_standardize
+def test_standardize_pair_advantages_divides_by_the_std_of_completed_scorable_rewards():
+    r = np.array([1.0, 0.0, np.nan, 1.0, 0.5, np.inf])  # NaN on a completed vertex: unscorable; inf: not completed
+    sel = np.array([True, True, True, True, False, False])
+    res = P.pair_advantages(r, sel, np.full(6, 0.5))
+    scaled, scale = E.standardize_pair_advantages(res.advantages, r, sel)
+    want = float(np.std([1.0, 0.0, 1.0], ddof=1)) + 1e-4
+    assert scale == want
+    np.testing.assert_array_equal(scaled, res.advantages / want)  # bitwise the trainer's former inline formula
+    assert scaled[2] == 0 and scaled[4] == 0 and scaled[5] == 0
+    _, scale0 = P.standardize_pair_advantages(res.advantages, r, sel, eps=0.0)
+    assert scale0 == float(np.std([1.0, 0.0, 1.0], ddof=1))
+
+
+def test_standardize_pair_advantages_needs_two_scorable_rewards():
+    adv = np.array([0.3, -0.3, 0.0])
+    for r, sel in (([1.0, np.nan, 0.0], [True, True, False]), ([1.0, 0.0, 1.0], [True, False, False])):
+        out, scale = P.standardize_pair_advantages(adv, np.array(r), np.array(sel))
+        assert scale == 1.0 and out is not adv
+        np.testing.assert_array_equal(out, adv)
+    # equal completed rewards: sd = 0, the divisor is eps (their advantages are 0 anyway)
+    out, scale = P.standardize_pair_advantages(np.zeros(3), np.ones(3), np.ones(3, bool))
+    assert scale == 1e-4 and not out.any()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(advantages=[0.1, -0.1], rewards=[1.0, 0.0, 1.0], selected=[True, True, True]), "entries"),
+    (dict(advantages=[np.nan, 0.0], rewards=[1.0, 0.0], selected=[True, True]), "advantages"),
+    (dict(advantages=[0.1, -0.1], rewards=[np.inf, 0.0], selected=[True, True]), "infinite"),
+    (dict(advantages=[0.1, -0.1], rewards=[1.0, 0.0], selected=[True, True], eps=-1e-4), "eps"),
+    (dict(advantages=[0.1, -0.1], rewards=[1.0, 0.0], selected=[True, True], eps=np.nan), "eps"),
+])
+def test_standardize_pair_advantages_bad_input(kw, match):
+    with pytest.raises(ValueError, match=match):
+        P.standardize_pair_advantages(**kw)

@@ -4,6 +4,68 @@ Each test injects one fault the drop-in-contract review found (or a neighbour of
 behaviour (``docs/bad_input.md``). Trainer-specific faults of V0.5, BASIS and PAIR live next to their trainers'
 tests; this module covers the shared base (every trainer goes through it) plus resume bit-identity for every
 trainer on one and two processes.
+
+Index: each bad input and silent failure of the drop-in work -> the tests that cover it. A bare name is in this
+module; ``extra`` is ``tests/test_dropin_contract_extra.py`` (the same fault through V0.5, BASIS and PAIR);
+``[mp]`` marks a two-process test (``-m multiprocess``).
+
+Bad input (a clear early error, or a documented, counted and warned behaviour):
+
+* dataset without the ``prompt`` column: ``test_dataset_without_prompt_column_fails_at_construction``,
+  ``test_dataset_without_prompt_column_fails_for_basis``, ``test_dataset_without_prompt_column_fails_for_v05``,
+  ``extra::test_dataset_without_prompt_column_fails_for_pair``;
+* empty dataset: ``test_empty_dataset_fails_at_construction``, ``extra::test_empty_dataset_fails_at_construction``;
+* reward function returning strings / the wrong number of values:
+  ``test_reward_returning_strings_names_the_function``, ``extra::test_reward_returning_strings_names_the_function``,
+  ``test_reward_returning_wrong_count_names_the_function``;
+* all-NaN / all-None rewards: ``test_all_unscorable_rewards_warn_count_and_do_not_update``,
+  ``extra::test_all_unscorable_rewards_warn_count_and_do_not_update``,
+  ``tests/test_v05_trainer.py::test_all_unscorable_prompts_fall_back_to_zero_advantage``;
+  some rows: ``test_partly_unscorable_rewards_are_counted_and_warned_once``,
+  ``tests/test_estimator_selection.py::test_adapter_hides_unscorable_rows_from_the_estimator``,
+  ``tests/test_pair_trainer.py::test_unscorable_rows_in_training_are_counted_and_get_no_advantage_or_label``,
+  ``tests/test_pair_trainer.py::test_nan_reward_on_completed_vertex_is_an_unobserved_vertex``;
+* a plain ``trl.GRPOConfig`` (one rule for every trainer):
+  ``tests/test_estimator_selection.py::test_plain_trl_config_is_upgraded``,
+  ``tests/test_v05_trainer.py::test_plain_grpo_config_is_upgraded``,
+  ``tests/test_basis_trainer.py::test_trls_default_num_generations_is_refused_with_the_fix``,
+  ``tests/test_pair_trainer.py::test_config_defaults_and_upgrade_of_a_plain_trl_config``;
+* PAIR with a 1-2 token probe: ``tests/test_pair_trainer.py::test_a_one_or_two_token_probe_warns_at_construction``;
+* PAIR with ``keyed_sampling=True``: ``tests/test_pair_trainer.py::test_config_validation``;
+* ``trl-ext gate`` on a user's dataset and reward:
+  ``tests/test_shut_gate.py::test_gate_cli_on_a_user_dataset_and_reward``,
+  ``tests/test_shut_gate.py::test_gate_cli_user_dataset_bad_input``;
+* reward/scorer references (one form in every command):
+  ``tests/test_cli.py::test_every_reference_option_uses_the_shared_resolver``,
+  ``tests/test_noise_floor.py::test_cli_scorer_file_form_and_current_directory``;
+* ``trl-ext replay`` against another model than the log's:
+  ``tests/test_replay.py::test_cli_replay_warns_when_model_is_not_the_logged_one``;
+* the launcher starts two processes but the trainer sees one:
+  ``test_launcher_with_two_processes_but_trainer_seeing_one_is_refused`` [mp].
+
+Silent failures found by fault injection:
+
+* V0.5 dropping NaN/None rollouts: ``tests/test_v05_dropin.py::test_unscorable_rollouts_are_counted_and_warned_once``;
+* one rank's reward returning None on two processes:
+  ``tests/test_base_two_rank.py::test_one_rank_unscorable_is_counted_on_every_rank`` [mp] (GRPO),
+  ``extra::test_one_rank_unscorable_is_counted_and_warned_on_two_processes`` [mp] (GRPO and BASIS);
+* a stale ``trl_ext_state.pt`` in a newer checkpoint: ``test_stale_ext_state_is_refused``,
+  ``extra::test_stale_ext_state_is_refused`` (V0.5 buffer, BASIS beta history, PAIR heads);
+* a value table cut on a row boundary (or edited):
+  ``tests/test_value_table.py::test_table_cut_on_a_row_boundary_is_refused_and_a_rerun_restores_it``,
+  ``tests/test_value_table.py::test_modified_or_appended_rows_are_refused``;
+* ``kill -9`` during a checkpoint save: ``test_interrupted_save_is_skipped_on_resume``,
+  ``test_no_complete_checkpoint_is_a_clear_error``;
+* V0.5's default embedding prior not bit-identical after resume or between 1 and 2 processes:
+  ``tests/test_priors.py::test_embeddings_are_bitwise_batch_invariant``,
+  ``tests/test_v05_dropin.py::test_resume_is_bit_identical_with_the_default_prior``,
+  ``tests/test_v05_trainer.py::test_one_and_two_processes_bitwise_with_the_default_embedding_prior`` [mp],
+  ``test_resume_is_bit_identical_one_process``, ``test_resume_is_bit_identical_two_processes`` [mp] (all trainers);
+* V0.5 updating on all-tied / all-zero batches (the paper's estimator, documented):
+  ``tests/test_v05_dropin.py::test_all_tied_batch_follows_the_paper_estimator``;
+* an ``inf`` reward (stops training, documented): ``test_infinite_reward_stops_with_a_clear_error``,
+  ``extra::test_infinite_reward_stops_before_any_update``;
+* the keyed rollout log after crash and resume: ``test_keyed_rollout_log_holds_each_step_once_after_resume``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Each trainer is built on the tiny testbed model and writes its card with ``create_model_card()`` (what TRL calls at
 every checkpoint and ``push_to_hub`` calls) into ``output_dir/README.md``. Checked: the card names the method and
 cites its paper (BibTeX), carries the tags, and records what the run depended on (BASIS: the value table's content
-hash and reference model; V0.5: the prior type; PAIR: the head settings). ``trl_ext.GRPOTrainer`` keeps GRPO's
+hash and reference model; V0.5: the prior type, the model the default embedding prior embeds with, and for a table
+prior the value table's content hash; PAIR: the head settings). ``trl_ext.GRPOTrainer`` keeps GRPO's
 card and adds the ``trl-ext`` tag. Also: what ``push_to_hub`` / ``save_model`` put in the uploaded folder.
 """
 
@@ -26,7 +27,7 @@ from trl_ext.trainers import _trl_compat as compat  # noqa: E402
 from trl_ext.trainers.base import EXT_STATE_FILE, ExtGRPOConfig, GRPOTrainer  # noqa: E402
 from trl_ext.trainers.basis import BASISConfig, BASISTrainer  # noqa: E402
 from trl_ext.trainers.pair import PAIRConfig, PAIRTrainer  # noqa: E402
-from trl_ext.trainers.v05 import V05GRPOConfig, V05GRPOTrainer  # noqa: E402
+from trl_ext.trainers.v05 import V05GRPOConfig, V05GRPOTrainer, v05_model_card_details  # noqa: E402
 
 COMMON = dict(per_device_train_batch_size=8, max_completion_length=5, max_steps=1, learning_rate=1e-3, use_cpu=True,
               bf16=False, report_to="none", beta=0.0, logging_steps=1, save_strategy="no", seed=0,
@@ -36,10 +37,10 @@ V05_CARD = dict(
     name="V0.5", tags=("trl", compat.TRL_EXT_TAG, "v05"),
     paper=compat.paper_info(title="V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", year=2026,
                             arxiv_id="2603.10848", bibtex_key="v05_2026"),
-    details=("v05_value_prior", "v05_value_prior_kwargs", lambda tr: {"value prior class": type(tr.prior).__name__}),
+    details=("v05_value_prior", "v05_value_prior_kwargs", v05_model_card_details),
 )
-"""The one statement the lead adds after ``class V05GRPOTrainer`` in ``trl_ext/trainers/v05.py``:
-``compat.set_model_card_info(V05GRPOTrainer, **<these arguments written out>)``."""
+"""The arguments of the ``compat.set_model_card_info(V05GRPOTrainer, ...)`` statement after the class in
+``trl_ext/trainers/v05.py``."""
 
 
 def _card(trainer) -> str:
@@ -74,13 +75,15 @@ def _basis(tmp_path, table, **over) -> BASISTrainer:
                         train_dataset=tiny_dataset(16), processing_class=tok, value_table=table)
 
 
-def _v05(tmp_path, cls=V05GRPOTrainer) -> V05GRPOTrainer:
+def _v05(tmp_path, cls=V05GRPOTrainer, model=None, tok=None, **over) -> V05GRPOTrainer:
     torch.set_num_threads(1)
-    model, tok = tiny_model_and_tokenizer(0)
-    args = V05GRPOConfig(**{**COMMON, "output_dir": str(tmp_path)}, v05_value_prior="constant",
-                         v05_value_prior_kwargs={"p": 0.3})
-    return cls(model=model, reward_funcs=[binary_reward], args=args, train_dataset=tiny_dataset(16),
-               processing_class=tok)
+    if model is None:
+        model, tok = tiny_model_and_tokenizer(0)
+    trainer_kw = {k: over.pop(k) for k in ("prior", "peft_config") if k in over}
+    kw = {**COMMON, "output_dir": str(tmp_path), "v05_value_prior": "constant", "v05_value_prior_kwargs": {"p": 0.3},
+          **over}
+    return cls(model=model, reward_funcs=[binary_reward], args=V05GRPOConfig(**kw), train_dataset=tiny_dataset(16),
+               processing_class=tok, **trainer_kw)
 
 
 # ------------------------------------------------------------------------------------------------------ TRL
@@ -228,6 +231,61 @@ def test_v05_one_line_card_settings_name_v05_and_record_the_prior(tmp_path):
 def test_v05_trainer_card_names_v05(tmp_path):
     card = _card(_v05(tmp_path))
     assert "This model was trained with V0.5" in card and "**args.v05_value_prior**: constant" in card
+    assert "**embedding model**" not in card and "value table" not in card  # nothing to record for a constant
+
+
+def test_v05_card_records_the_value_table_hash_of_a_table_prior(tmp_path):
+    """``v05_value_prior="table"``: the card records the table as BASIS's does (rows' content hash, file hash,
+    source and rows, reference model from the header); a ``TablePrior`` passed as ``prior=`` is recorded too."""
+    import hashlib
+
+    from trl_ext.priors import TablePrior
+
+    table = _table(tiny_dataset(16)["prompt"], model="ref/policy-0.5B", n_samples=4)
+    path = tmp_path / "table.jsonl"
+    save_value_table(path, table)
+    tr = _v05(tmp_path / "file", v05_value_prior="table", v05_value_prior_kwargs={"table": str(path)})
+    info = tr.value_table_info()
+    assert info["rows_sha256"] == table.content_hash and info["rows"] == 16
+    section = _card(tr).split("## trl_ext run details")[1].split("## Citations")[0]
+    assert "**value prior class**: TablePrior" in section
+    assert f"**value table sha256 (rows)**: `{table.content_hash}`" in section
+    assert f"**value table file sha256**: `{hashlib.sha256(path.read_bytes()).hexdigest()}`" in section
+    assert f"**value table**: {path} (16 rows)" in section
+    assert "**reference model (table header)**: ref/policy-0.5B" in section
+    assert "**embedding model**" not in section
+    section = _card(_v05(tmp_path / "mem", prior=TablePrior(table))).split("## trl_ext run details")[1]
+    assert f"**value table sha256 (rows)**: `{table.content_hash}`" in section
+    assert "**value table**: in-memory ValueTable (16 rows)" in section and "file sha256" not in section
+    assert _v05(tmp_path / "c").value_table_info() is None
+
+
+def test_v05_card_names_the_model_the_default_embedding_prior_embeds_with(tmp_path):
+    """The default embedding prior's model in the card: a frozen policy copy (full fine-tuning, beta = 0), the LoRA
+    base with the adapter disabled, or TRL's reference model (beta > 0)."""
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+
+    from trl_ext.testbed import save_tiny_model
+
+    def embedding_line(tr):
+        assert tr.args.v05_value_prior == "embedding"
+        section = _card(tr).split("## trl_ext run details")[1].split("## Citations")[0]
+        assert "**value prior class**: EmbeddingInContextPrior" in section and "value table" not in section
+        return next(line for line in section.splitlines() if line.startswith("- **embedding model**: "))
+
+    default = dict(v05_value_prior="embedding", v05_value_prior_kwargs=None)
+    tr = _v05(tmp_path / "copy", **default)
+    n = tr.prior_backbone["parameters"]
+    assert n > 0 and embedding_line(tr).endswith(f"a frozen copy of the starting policy (policy_copy; {n} parameters "
+                                                 "copied)")
+    tr = _v05(tmp_path / "lora", peft_config=LoraConfig(r=4, target_modules="all-linear"), **default)
+    assert "PEFT/LoRA base model with the adapter disabled" in embedding_line(tr)
+    assert embedding_line(tr).endswith("(peft_base_model; shared, no copy)")
+    path = save_tiny_model(str(tmp_path / "tiny"), seed=0)
+    tr = _v05(tmp_path / "ref", model=path, tok=AutoTokenizer.from_pretrained(path), beta=0.1, **default)
+    assert embedding_line(tr) == (f"- **embedding model**: TRL's reference model `{path}` (reference_model; shared, "
+                                  "no copy)")
 
 
 # ------------------------------------------------------------------------------------------------------ helper

@@ -5,7 +5,8 @@ fresh draws on candidate groups the tiny policy generated), the policy-loss coef
 full trainer path for every supported loss type (PAIR's fixed normalizer, whatever the number of real and pad rows),
 the expected-cost budget, the solver warm start, the NaN rule, heads learning when the prefix predicts success,
 1 vs 2 processes, resume of heads, replay window and warm start, vLLM stand-in continuation, the one generated-token
-counter, config validation and the bad inputs of the issue.
+counter, config validation and bad inputs (degenerate or NaN head outputs, solver failures, NaN rewards, every
+candidate finishing inside the prefix, zero selected vertices).
 """
 
 from __future__ import annotations

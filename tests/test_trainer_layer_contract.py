@@ -4,11 +4,13 @@
   ``PAIRConfig`` is one dataclass field with help text, declared in exactly one place of ``trl_ext/trainers/``, and
   no ``*Options`` mirror class exists;
 * one naming convention: method-specific fields carry their method's prefix (``v05_``, ``basis_``, ``pair_``);
-* one rule for config classes: a plain ``trl.GRPOConfig`` is upgraded to each trainer's config class, anything that
-  is not a ``trl.GRPOConfig`` is a ``TypeError``, and method configs refuse an ``advantage_estimator`` they would
-  ignore;
-* each equation once: the estimator functions (GRPO, OSLA, BASIS std scaling, PAIR design / advantages, PAIR heads)
-  are defined in ``trl_ext/estimators/`` only; no module of ``trl_ext/trainers/`` redefines them.
+* options are documented once: the help of each field; no config class docstring repeats the fields in a numpydoc
+  ``Parameters`` block;
+* one rule for config classes: a plain ``trl.GRPOConfig`` or the base ``ExtGRPOConfig`` is upgraded to each
+  trainer's config class, another trainer's method config and anything that is not a ``trl.GRPOConfig`` are a
+  ``TypeError``, and method configs refuse an ``advantage_estimator`` they would ignore;
+* each equation once: the estimator functions (GRPO, OSLA, BASIS std scaling, PAIR design / advantages / fixed
+  normalizer / standardization, PAIR heads) are defined in ``trl_ext/estimators/`` only; no module of ``trl_ext/trainers/`` redefines them.
 """
 
 from __future__ import annotations
@@ -72,6 +74,22 @@ def test_each_option_is_declared_in_exactly_one_place():
     assert {n: c for n, c in counts.items() if c != 1} == {}
 
 
+ALL_CONFIGS = [ExtGRPOConfig, V05GRPOConfig, BASISConfig, PAIRConfig]
+
+
+@pytest.mark.parametrize("cls", ALL_CONFIGS, ids=lambda c: c.__name__)
+def test_class_docstring_does_not_repeat_the_field_help(cls):
+    """The help lives in ``metadata={"help": ...}`` (as in TRL's configs); the class docstring is prose that points
+    at it, with no numpydoc ``Parameters`` block listing the fields a second time."""
+    doc = cls.__doc__ or ""
+    assert not re.search(r"^\s*(Parameters|Attributes)\s*\n\s*-{3,}", doc, flags=re.M), \
+        f"{cls.__name__} docstring has a Parameters/Attributes block"
+    names = {f.name for f in _own_fields(cls)} - TRL_FIELDS
+    listed = [n for n in names if re.search(rf"^\s*{n}\s*(,[\w\s,]*)?:", doc, flags=re.M)]
+    assert not listed, f"{cls.__name__} docstring lists fields numpydoc-style: {listed}"
+    assert "help" in doc, f"{cls.__name__} docstring does not point at the field help"
+
+
 def test_no_options_mirror_class():
     mirrors = []
     for path in ROOT.rglob("*.py"):
@@ -112,10 +130,43 @@ def test_one_config_rule(tmp_path, cls):
         as_config({"learning_rate": 1e-5}, cls, "Trainer")
 
 
+def _config(cls, tmp_path):
+    extra = {"num_generations": 1} if cls is BASISConfig else {}
+    if cls is V05GRPOConfig:
+        extra = {"num_generations": 4, "per_device_train_batch_size": 8, "loss_type": "dapo"}
+    return cls(**_kw(tmp_path), **extra)
+
+
+@pytest.mark.parametrize("src,dst", [(s, d) for s, _ in METHOD_CONFIGS for d, _ in METHOD_CONFIGS if s is not d],
+                         ids=lambda c: c.__name__)
+def test_a_sibling_method_config_is_refused(tmp_path, src, dst):
+    """Another trainer's method config is not silently upgraded (it would carry its own options along, unused): a
+    ``TypeError`` names both classes and says what to pass."""
+    with pytest.raises(TypeError) as err:
+        as_config(_config(src, tmp_path), dst, "Trainer")
+    msg = str(err.value)
+    assert src.__name__ in msg and dst.__name__ in msg and f"Pass args={dst.__name__}(...)" in msg
+
+
+@pytest.mark.parametrize("dst", [c for c, _ in METHOD_CONFIGS], ids=lambda c: c.__name__)
+def test_the_base_ext_config_is_upgraded(tmp_path, dst):
+    base = ExtGRPOConfig(**_kw(tmp_path), num_generations=4, per_device_train_batch_size=8, loss_type="dapo",
+                         log_rollout_metadata=True)
+    if dst is BASISConfig:  # the upgrade runs BASIS's validation, which wants one rollout per prompt
+        base.num_generations = 1
+    up = as_config(base, dst, "Trainer")
+    assert type(up) is dst and up.log_rollout_metadata is True
+    own = {f.name for f in _own_fields(dst)} - TRL_FIELDS
+    assert own <= set(vars(up))  # the method's fields at their defaults
+    # every method config is an ExtGRPOConfig: trl_ext.GRPOTrainer takes it unchanged (subclass of its class)
+    cfg = _config(dst, tmp_path)
+    assert as_config(cfg, ExtGRPOConfig, "GRPOTrainer") is cfg
+
+
 ESTIMATOR_FUNCTIONS = {
     "trl_grpo_advantages", "grpo_advantages", "osla_step", "shrinkage_fusion_batch", "fused_advantages_batch",
     "equal_prompt_weights", "std_scale_advantages", "calibrate_beta", "pair_design", "pair_advantages",
-    "draw_selection", "scorable_selection", "nanstd",
+    "draw_selection", "scorable_selection", "nanstd", "fixed_normalizer", "standardize_pair_advantages",
 }
 ESTIMATOR_CLASSES = {"PrefixHeads", "DesignWarmStart"}
 

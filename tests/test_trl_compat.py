@@ -5,6 +5,9 @@
   a TRL release that renames one fails here, with its name;
 * no module of ``trl_ext`` other than ``_trl_compat.py`` uses a private name of TRL's ``GRPOTrainer`` or
   transformers' ``Trainer`` (attribute access or method override), found by parsing the source;
+* no module of ``trl_ext`` other than ``_trl_compat.py`` imports from TRL's submodules (``trl.models``,
+  ``trl.trainer``, ...) or reaches them as ``trl.<submodule>``: only TRL's public top-level names
+  (``from trl import GRPOConfig``, ``trl.GRPOTrainer``) are used elsewhere (``IMPORT_ALLOWLIST`` for exceptions);
 * the library's ``nanstd`` is bitwise TRL's.
 """
 
@@ -32,6 +35,42 @@ ALLOWLIST: dict[str, set[str]] = {
     # file (relative to trl_ext/) -> private TRL names it may use, with the reason
     # (none today: every contact goes through _trl_compat.py)
 }
+
+
+IMPORT_ALLOWLIST: dict[str, set[str]] = {
+    # file (relative to trl_ext/) -> TRL submodules it may import from, with the reason
+    # (none today: the generation context, nanstd and every other TRL internal are reached through _trl_compat.py)
+}
+
+
+def _trl_submodule_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import from a TRL submodule and every ``trl.<submodule>`` attribute access."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("trl."):
+            out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("trl.")]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "trl" \
+                and inspect.ismodule(getattr(trl, node.attr, None)):
+            out.append((node.lineno, f"trl.{node.attr}"))
+    return out
+
+
+def test_no_trl_submodule_import_outside_trl_compat():
+    probe = ast.parse("from trl.models import unwrap_model_for_generation\nimport trl.trainer.utils\n"
+                      "x = trl.trainer.utils.nanstd\nfrom trl import GRPOConfig\ny = trl.GRPOTrainer\n")
+    assert [m for _, m in _trl_submodule_uses(probe)] == ["trl.models", "trl.trainer.utils", "trl.trainer"]
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel == "trainers/_trl_compat.py":
+            continue
+        allowed = IMPORT_ALLOWLIST.get(rel, set())
+        offenders += [f"{rel}:{line}: {mod}" for line, mod in _trl_submodule_uses(ast.parse(path.read_text()))
+                      if mod not in allowed]
+    assert not offenders, ("TRL submodules used outside _trl_compat.py (add a helper there, or a reasoned "
+                           "IMPORT_ALLOWLIST entry):\n" + "\n".join(offenders))
 
 
 def _trl_private_names() -> set[str]:

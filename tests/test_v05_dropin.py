@@ -310,7 +310,8 @@ def test_unscorable_rollouts_are_counted_and_warned_once(tmp_path):
 
     tr = make_v05(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[flaky], per_device_train_batch_size=16,
                   generation_kwargs=None, v05_extra_rollout_budget=0.0)
-    with pytest.warns(UserWarning, match="rollouts were unscorable") as rec:
+    with pytest.warns(UserWarning, match=r"rollouts were unscorable \(every reward function returned None or NaN\)"
+                      ) as rec:
         tr.train()
     assert sum("rollouts were unscorable" in str(w.message) for w in rec) == 1
     assert not any("generation batch are unscorable" in str(w.message) for w in rec)  # no second, generic warning

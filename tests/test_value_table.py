@@ -448,7 +448,7 @@ def test_reward_range_declared_and_enforced(tmp_path, model, tok, ds):
         ({"reward_range": (0, math.inf)}, ValueError, "finite"),
         ({"reward_weights": [1.0, 2.0]}, ValueError, "reward_weights"),
         ({"reward_weights": [math.nan]}, ValueError, "reward_weights"),
-        ({"prompt_column": "question"}, ValueError, "no column 'question'"),
+        ({"prompt_column": "question"}, ValueError, "has no 'question' column"),
         ({"max_prompts": -1}, ValueError, "max_prompts"),
     ],
 )

@@ -14,8 +14,8 @@ round) and ``keyed_sampling=True``: building keyed requests is a collective ever
 With a third argument ``embedding``, the run uses V0.5's **default** prior (the batch-invariant embedding prior on a
 frozen copy of the starting policy), keyed sampling (every rollout's noise is a function of its prompt and sample
 index, so both layouts draw the same rollouts) and a reward that depends on the completion; rank 0 also writes
-``OUT_DIR/params.pt`` (the final parameters) and the prior's outputs per step (``prior_p``), for the bitwise
-1-vs-2-process comparison.
+``OUT_DIR/params.pt`` (the final parameters, trained with plain SGD) and the prior's outputs per step (``prior_p``),
+for the bitwise 1-vs-2-process comparison.
 
 Per step the global batch is 8 prompts: ``per_device_train_batch_size = 32 // world`` rollouts (TRL's meaning),
 ``v05_k_init = 4``, so round 1 holds 8 prompts x 4 rollouts on any number of processes. With a third argument
@@ -77,6 +77,9 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
         max_completion_length=4, max_steps=max_steps, learning_rate=1e-2 if embedding else 1e-3, use_cpu=True,
         bf16=False, report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0,
         v05_dispatch_multiple=v05_dispatch_multiple, keyed_sampling=keyed or embedding, v05_context_size=8,
+        # embedding: plain SGD, so the final parameters compare at the float-summation level (Adam's first steps are
+        # ~lr * g / |g| per entry and blow the reduction-order noise of near-zero gradient entries up to ~lr)
+        **({"optim": "sgd"} if embedding else {}),
     )
 
     records, calls, backend_calls, drawn = [], [], [], []

@@ -40,6 +40,7 @@ __all__ = [
     "edge_proxies",
     "effective_sample_size",
     "fit_to_budget",
+    "fixed_normalizer",
     "independent_joint_inclusion",
     "loo_score_gradient",
     "pair_advantages",
@@ -48,6 +49,7 @@ __all__ = [
     "pair_kernel",
     "scorable_selection",
     "shared_vertex_term",
+    "standardize_pair_advantages",
     "uniform_design",
 ]
 
@@ -933,6 +935,102 @@ def pair_advantages(rewards, selected, inclusion, *, joint=None, w_max=None, sel
         biased=variant != "ht",
         n_unscorable=n_unscorable,
     )
+
+
+def fixed_normalizer(num_prompts: int, max_completion_length: int | None = None) -> float:
+    r"""The design-independent denominator of PAIR's policy loss (Sec. 4.5, Eq. 13; Theorem 2).
+
+    For the ``K`` prompts of a generation batch, PAIR's policy loss is
+
+    .. math:: \mathcal L = \frac1K \sum_{k=1}^K \sum_i \tilde A_{ki}\, \ell_{ki}
+              \quad\text{or}\quad \frac{1}{KL} \sum_{k=1}^K \sum_i \tilde A_{ki} \sum_t \ell_{kit},
+
+    (sequence-level losses, :math:`\ell_{ki}` the row's length-averaged term; token-level losses, ``L`` the
+    completion-length cap), with :math:`\tilde A` the Eq. 13 advantages (:func:`pair_advantages`). ``K`` counts every
+    prompt whose candidates were probed, also those that completed no vertex: it is fixed before the continuation
+    draw, so the loss is linear in the :math:`J_iJ_j / \rho_{ij}` terms and its unclipped gradient at
+    :math:`\theta_{old}` is design-unbiased for the complete-pair gradient (Theorem 2). A denominator counting the
+    *realized* rows or tokens (TRL's) depends on the draw and turns the estimator into a ratio estimator (biased).
+
+    Parameters
+    ----------
+    num_prompts : int >= 0
+        ``K``, the prompts of the generation batch whose candidates were probed (all ranks).
+    max_completion_length : int >= 1, optional
+        ``L``, for the global token-level losses (``dapo``, ``cispo``, ``vespo``); ``None`` for the sequence-level
+        denominator ``K`` (``grpo``, ``sapo``, ``luspo``; ``dr_grpo``, whose loss already divides by ``L``).
+
+    Returns
+    -------
+    float
+        ``K`` (or ``K * L``), with ``K`` taken as 1 for an empty batch (whose loss is 0 anyway) so it never divides
+        by zero.
+
+    Raises
+    ------
+    ValueError
+        ``num_prompts`` negative or not an integer, ``max_completion_length`` < 1 or not an integer.
+    """
+    if isinstance(num_prompts, bool) or not isinstance(num_prompts, int | np.integer) or num_prompts < 0:
+        raise ValueError(f"`num_prompts` must be an integer >= 0 (the probed prompts K), got {num_prompts!r}.")
+    k = float(max(int(num_prompts), 1))
+    if max_completion_length is None:
+        return k
+    if isinstance(max_completion_length, bool) or not isinstance(max_completion_length, int | np.integer) \
+            or max_completion_length < 1:
+        raise ValueError(f"`max_completion_length` must be an integer >= 1, got {max_completion_length!r}.")
+    return k * float(max_completion_length)
+
+
+def standardize_pair_advantages(advantages, rewards, selected, eps: float = 1e-4) -> tuple[np.ndarray, float]:
+    r"""The biased ``pair_standardize`` option: one group's Eq. 13 advantages divided by the std of its rewards.
+
+    .. math:: \tilde A_i \;\to\; \frac{\tilde A_i}{\operatorname{sd}(\{r_j : J_j = 1,\ r_j\ \text{scorable}\})
+              + \epsilon}
+
+    with the sample standard deviation (Bessel's correction, ``ddof=1``) of the completed, scorable rewards
+    (:func:`scorable_selection`) and ``eps`` the guard standardized GRPO adds (1e-4 in TRL 1.16). Appendix B lists
+    reward standardization among the variants that are **not** design-unbiased: the divisor depends on which
+    vertices the draw completed, so Theorem 2 no longer holds. Off by default in the trainer.
+
+    Parameters
+    ----------
+    advantages : array_like, shape (G,)
+        Eq. 13 advantages of one candidate group (:attr:`PairAdvantages.advantages`).
+    rewards : array_like, shape (G,)
+        Rewards; entries of unselected vertices are ignored (NaN allowed there), a NaN on a selected vertex marks it
+        unscorable and leaves it out of the std.
+    selected : array_like of bool, shape (G,)
+        Continuation indicators J.
+    eps : float, default 1e-4
+        Guard added to the std, finite and >= 0.
+
+    Returns
+    -------
+    scaled : numpy.ndarray, shape (G,), float64
+        ``advantages / (sd + eps)``; unchanged (a copy) when fewer than two completed vertices are scorable (the
+        sample std is undefined; their advantages are 0 anyway).
+    scale : float
+        The divisor ``sd + eps``; 1.0 when unscaled.
+
+    Raises
+    ------
+    ValueError
+        Shapes that differ, advantages that are not finite, ``eps`` negative or not finite, an infinite reward on a
+        selected vertex.
+    """
+    a = _vector("advantages", advantages)
+    r = _vector("rewards", rewards, allow_nan=True)
+    if r.shape != a.shape:
+        raise ValueError(f"`rewards` has {r.shape[0]} entries but `advantages` has {a.shape[0]}.")
+    eps = float(eps)
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"`eps` must be finite and >= 0, got {eps}.")
+    observed, _ = scorable_selection(r, selected)
+    if observed.sum() < 2:
+        return a.copy(), 1.0
+    scale = float(np.std(r[observed], ddof=1)) + eps
+    return a / scale, scale
 
 
 def effective_sample_size(weights) -> float:

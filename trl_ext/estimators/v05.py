@@ -208,10 +208,6 @@ def shrinkage_fusion_batch(rewards: Any, group_ids: Any, priors: Any) -> FusionR
     return FusionResult(mean=mean, bias2=b2, weight=w, baseline=mu, k=k.astype(np.int64))
 
 
-def _sigma(mu: np.ndarray, floor: float) -> np.ndarray:
-    return np.maximum(np.sqrt(np.clip(1.0 - mu**2, 0.0, None)), floor)
-
-
 def fused_advantages(rewards: Any, prior: float, floor: float = DEFAULT_SIGMA_FLOOR) -> AdvantageResult:
     """V0.5 advantages for one prompt: A_i = (r_i - mu*) / sigma*, sigma* = max(sqrt(1 - mu*^2), floor).
 

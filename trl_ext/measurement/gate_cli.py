@@ -148,20 +148,13 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
     import torch
 
     from trl_ext.measurement.keyed_sampling import truncate_at_eos
-    from trl_ext.priors.value_table import _check_prompt, _eos_ids, _prompt_token_ids, _score
+    from trl_ext.priors.value_table import _check_prompt_rows, _eos_ids, _prompt_token_ids, _score
 
     from .shut_gate import shut_gate_stats
 
     rows = [dict(r) for r in dataset]
-    if not rows:
-        raise ValueError("the dataset is empty; nothing to measure.")
-    if prompt_column not in rows[0]:
-        raise ValueError(f"the dataset has no {prompt_column!r} column (columns: {sorted(rows[0])}); name the prompt "
-                         "column with --prompt_column / prompt_column=.")
-    for i, r in enumerate(rows):
-        if prompt_column not in r:
-            raise ValueError(f"dataset row {i} has no {prompt_column!r} column.")
-        _check_prompt(r[prompt_column], i, prompt_column)
+    _check_prompt_rows(rows, prompt_column, empty="nothing to measure",
+                       hint="name the prompt column with --prompt_column / prompt_column=")
     if row_indices is not None and len(row_indices) != len(rows):
         raise ValueError(f"row_indices has {len(row_indices)} entries for {len(rows)} rows.")
     if tokenizer.pad_token_id is None:

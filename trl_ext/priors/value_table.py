@@ -151,6 +151,23 @@ def _check_prompt(prompt: Any, index: int, column: str) -> None:
     )
 
 
+def _check_prompt_rows(rows: list[dict], prompt_column: str, *, empty: str, hint: str) -> None:
+    """The dataset check shared by value tables and ``trl-ext gate``: at least one row, and every row has a valid
+    prompt (:func:`_check_prompt`) in ``prompt_column``.
+
+    ``empty`` ends the message for an empty dataset (why it cannot be), ``hint`` the one for a missing column (how to
+    name the prompt column in the caller's interface). Raises ``ValueError``.
+    """
+    if not rows:
+        raise ValueError(f"the dataset is empty; {empty}.")
+    if prompt_column not in rows[0]:
+        raise ValueError(f"the dataset has no {prompt_column!r} column (columns: {sorted(rows[0])}); {hint}.")
+    for i, r in enumerate(rows):
+        if prompt_column not in r:
+            raise ValueError(f"dataset row {i} has no {prompt_column!r} column.")
+        _check_prompt(r[prompt_column], i, prompt_column)
+
+
 def _dataset_rows(dataset: Any, prompt_column: str) -> list[dict]:
     """Rows of a ``datasets.Dataset``, a list of dicts or a dict of columns, as a list of dicts."""
     if isinstance(dataset, Mapping):  # dict of columns
@@ -172,15 +189,8 @@ def _dataset_rows(dataset: Any, prompt_column: str) -> list[dict]:
     else:
         raise TypeError(f"dataset must be a datasets.Dataset, a list of dict rows or a dict of columns, got "
                         f"{type(dataset).__name__}.")
-    if not rows:
-        raise ValueError("dataset is empty; a value table needs at least one prompt.")
-    if prompt_column not in rows[0]:
-        raise ValueError(f"dataset has no column {prompt_column!r} (columns: {sorted(rows[0])}); "
-                         "pass prompt_column=<the prompt column>.")
-    for i, r in enumerate(rows):
-        if prompt_column not in r:
-            raise ValueError(f"dataset row {i} has no column {prompt_column!r}.")
-        _check_prompt(r[prompt_column], i, prompt_column)
+    _check_prompt_rows(rows, prompt_column, empty="a value table needs at least one prompt",
+                       hint="pass prompt_column=<the prompt column>")
     return rows
 
 

@@ -78,123 +78,100 @@ _EXT_STATE_VERSION = 1
 class ExtGRPOConfig(trl.GRPOConfig):
     """:class:`trl.GRPOConfig` plus the trl_ext measurement options.
 
-    Every new option is off (or purely additive) by default, so a default ``ExtGRPOConfig`` trains exactly like
-    ``trl.GRPOConfig``. Which config classes a trainer accepts (one rule for every trl_ext trainer, see
-    :func:`as_config`): its own config class or a subclass of it, or a plain ``trl.GRPOConfig`` (or a parent
-    trl_ext config), which is upgraded to the trainer's config class with that class's defaults for the fields it
-    lacks. Anything else is a ``TypeError``.
-
-    Parameters
-    ----------
-    advantage_estimator : str, default "grpo"
-        Name of a registered advantage estimator (:func:`trl_ext.estimators.register_advantage_estimator`):
-        ``"grpo"`` (TRL's advantages, bitwise, honouring ``scale_rewards`` and ``multi_objective_aggregation``),
-        ``"dr_grpo"`` (group mean, no std; use with ``loss_type="dr_grpo"``), ``"rloo"`` (leave-one-out),
-        ``"reinforce_pp"`` (global batch mean and std; accepts ``num_generations=1``), or your own.
-    advantage_estimator_kwargs : dict or JSON str, optional
-        Keyword arguments of the estimator (e.g. ``{"normalize": true}`` for ``rloo``).
-    dynamic_sampling : bool, default False
-        DAPO dynamic sampling (:class:`~trl_ext.trainers.rollouts.DynamicSampling`): drop groups whose rewards are
-        all equal and generate more prompts until the batch is full or ``dynamic_sampling_max_rounds`` extra rounds
-        ran.
-    dynamic_sampling_max_rounds : int, default 3
-        Cap of extra generation rounds per generation batch (each at most as large as the missing groups).
-    dynamic_sampling_std_atol : float, default 0.0
-        A group is dropped when ``max - min`` of its finite rewards is ``<=`` this.
-    shared_prefix_rollouts : bool, default False
-        Generate with :func:`trl_ext.measurement.shared_prefix.shared_prefix_generate`: the completions of one prompt
-        run as one generation while they agree and fork at the first differing token (exactly independent
-        sampling; byte-identical completions under ``keyed_sampling``). Transformers generation only (refused with
-        ``use_vllm``); sampling settings only (temperature, top-k, top-p, min-p). Off by default: it pays when
-        completions share long prefixes (measured in ``docs/shared_prefix.md``).
-    signal_only_denominator : bool, default False
-        Divide the policy loss only by the sequences (sequence-level losses ``grpo``, ``sapo``, ``luspo``,
-        ``dr_grpo``) or tokens (token-level losses ``dapo``, ``cispo``, ``vespo``, ``bnpo``) of **groups that carry
-        a nonzero advantage**, instead of all of them (the paper's "fair-accounting" configuration: a tied group
-        "contributes no signal, and this configuration also drops it from the count it averages over"). The KL
-        and entropy terms keep TRL's normalizers. For equal-size groups, dividing by the live rows equals
-        dividing by the number of live groups of per-group means.
-    tie_break_scorer_index : int or None, default None
-        Index into ``reward_funcs`` of the scorer (any reward function or reward model). When set, the other
-        reward functions are checkers whose weighted sum is the grade, and the reward is
-        ``grade + tie_break_epsilon * within-class rank of the score`` (rank normalized to [0, 1] inside each
-        (group, grade) class), computed on the groups gathered across ranks.
-    tie_break_epsilon : float, default 0.1
-        Blend weight (the paper's epsilon = 0.1; not GRPO's clipping epsilon). Must be > 0 and below the smallest
-        gap between distinct grades inside a group (checked at run time), so the blend never overrules the
-        checker.
-    tie_break_confidence_scaling : bool, default False
-        Multiply the advantages of every group the blend opened (checker-tied, scorer-separated) by
-        ``min(1, (max score - min score) / scorer_noise_floor)``: a group the scorer separated by less than its
-        own noise floor is shrunk proportionally instead of getting a full-strength update (the experiment the
-        paper says would separate its two explanations of the tie-break's gap). Requires
-        ``scorer_noise_floor``.
-    scorer_noise_floor : float or None, default None
-        The scorer's noise floor on its own scale (3 x the 95th percentile of per-item spread; measure it with
-        ``trl-ext noise-floor``).
-    log_shut_gate : bool, default True
-        Log ``gate/tied_share``, ``gate/tied_all_right_share``, ``gate/tied_all_wrong_share``,
-        ``gate/tied_correct_share`` every generation batch.
-    gate_success_threshold : float, default 0.5
-        A rollout counts as correct for the gate when its reward (the grade under the tie-break) is >= this.
-    gate_atol : float, default 0.0
-        Tie tolerance of the gate (``max - min <= gate_atol``).
-    log_rollout_metadata : bool, default False
-        Add ``row_idx``, ``group_id`` and the trainer's ``rollout_columns`` to the completions table.
+    Every trl_ext option is one dataclass field below; its ``help`` metadata documents it (the text
+    ``HfArgumentParser`` shows on the command line, as in TRL's own configs), and ``docs/base_trainer.md`` describes
+    them. Every new option is off (or purely additive) by default, so a default ``ExtGRPOConfig`` trains exactly
+    like ``trl.GRPOConfig``. Which config classes a trainer accepts (one rule for every trl_ext trainer, see
+    :func:`as_config`): its own config class or a subclass of it, or a plain ``trl.GRPOConfig`` or
+    ``ExtGRPOConfig``, which is upgraded to the trainer's config class with that class's defaults for the fields it
+    lacks. Anything else (another trainer's config class included) is a ``TypeError``.
     """
 
     advantage_estimator: str = field(
         default="grpo",
-        metadata={"help": "Registered advantage estimator: grpo (TRL's, default), dr_grpo, rloo, reinforce_pp, or a "
-                          "name registered with trl_ext.estimators.register_advantage_estimator."},
+        metadata={"help": "Registered advantage estimator: grpo (TRL's advantages, bitwise, honouring scale_rewards "
+                          "and multi_objective_aggregation; the default), dr_grpo (group mean, no std; use with "
+                          "loss_type='dr_grpo'), rloo (leave-one-out), reinforce_pp (global batch mean and std; "
+                          "accepts num_generations=1), or a name registered with "
+                          "trl_ext.estimators.register_advantage_estimator."},
     )
     advantage_estimator_kwargs: dict | str | None = field(
-        default=None, metadata={"help": "Keyword arguments of the advantage estimator (dict or JSON string)."}
+        default=None,
+        metadata={"help": "Keyword arguments of the advantage estimator (dict or JSON string), e.g. "
+                          "{\"normalize\": true} for rloo."},
     )
     dynamic_sampling: bool = field(
         default=False,
-        metadata={"help": "DAPO dynamic sampling: drop zero-variance groups and generate more prompts until the batch "
-                          "is full or dynamic_sampling_max_rounds extra rounds ran."},
+        metadata={"help": "DAPO dynamic sampling (trl_ext.trainers.rollouts.DynamicSampling): drop groups whose "
+                          "rewards are all equal and generate more prompts until the batch is full or "
+                          "dynamic_sampling_max_rounds extra rounds ran."},
     )
     dynamic_sampling_max_rounds: int = field(
-        default=3, metadata={"help": "Cap of extra generation rounds per generation batch (dynamic_sampling)."}
+        default=3,
+        metadata={"help": "Cap of extra generation rounds per generation batch (dynamic_sampling); each round is at "
+                          "most as large as the missing groups."},
     )
     dynamic_sampling_std_atol: float = field(
-        default=0.0, metadata={"help": "Groups with max - min reward <= this are dropped (dynamic_sampling)."}
+        default=0.0,
+        metadata={"help": "A group is dropped (dynamic_sampling) when max - min of its finite rewards is <= this."},
     )
     shared_prefix_rollouts: bool = field(
         default=False,
-        metadata={"help": "Sample a prompt's completions as one generation that forks at the first differing token "
-                          "(same distribution; with keyed_sampling the same tokens). Transformers generation only; "
-                          "see docs/shared_prefix.md."},
+        metadata={"help": "Generate with trl_ext.measurement.shared_prefix.shared_prefix_generate: a prompt's "
+                          "completions run as one generation while they agree and fork at the first differing "
+                          "token (exactly independent sampling; with keyed_sampling the same tokens). "
+                          "Transformers generation only (refused with use_vllm); sampling settings only "
+                          "(temperature, top-k, top-p, min-p). Off by default: it pays when completions share long "
+                          "prefixes (measured in docs/shared_prefix.md)."},
     )
     signal_only_denominator: bool = field(
         default=False,
-        metadata={"help": "Divide the policy loss only by the sequences/tokens of groups with nonzero advantage "
-                          "(KL and entropy keep their normalizers). Off by default."},
+        metadata={"help": "Divide the policy loss only by the sequences (sequence-level losses grpo, sapo, luspo, "
+                          "dr_grpo) or tokens (token-level losses dapo, cispo, vespo, bnpo) of groups that carry a "
+                          "nonzero advantage, instead of all of them (the paper's 'fair-accounting' configuration: a "
+                          "tied group contributes no signal and is also dropped from the count it averages over). "
+                          "The KL and entropy terms keep TRL's normalizers. For equal-size groups this equals "
+                          "dividing by the number of live groups of per-group means. Off by default."},
     )
     tie_break_scorer_index: int | None = field(
         default=None,
-        metadata={"help": "Index of the scorer in reward_funcs; the other reward functions are the checkers. "
-                          "Enables reward = grade + epsilon * within-class rank of the score."},
+        metadata={"help": "Index into reward_funcs of the scorer (any reward function or reward model). When set, "
+                          "the other reward functions are checkers whose weighted sum is the grade, and the reward is "
+                          "grade + tie_break_epsilon * within-class rank of the score (rank normalized to [0, 1] "
+                          "inside each (group, grade) class), computed on the groups gathered across ranks."},
     )
     tie_break_epsilon: float = field(
-        default=0.1, metadata={"help": "Tie-break blend weight epsilon (> 0, below the smallest grade gap)."}
+        default=0.1,
+        metadata={"help": "Tie-break blend weight (the paper's epsilon = 0.1; not GRPO's clipping epsilon). Must be "
+                          "> 0 and below the smallest gap between distinct grades inside a group (checked at run "
+                          "time), so the blend never overrules the checker."},
     )
     tie_break_confidence_scaling: bool = field(
         default=False,
-        metadata={"help": "Scale each formerly tied group's advantages by min(1, score range / scorer_noise_floor)."},
+        metadata={"help": "Multiply the advantages of every group the blend opened (checker-tied, scorer-separated) "
+                          "by min(1, (max score - min score) / scorer_noise_floor): a group the scorer separated by "
+                          "less than its own noise floor is shrunk proportionally instead of getting a full-strength "
+                          "update. Requires scorer_noise_floor."},
     )
     scorer_noise_floor: float | None = field(
-        default=None, metadata={"help": "Noise floor of the scorer on its own scale (trl-ext noise-floor)."}
+        default=None,
+        metadata={"help": "The scorer's noise floor on its own scale (3 x the 95th percentile of per-item spread; "
+                          "measure it with trl-ext noise-floor)."},
     )
-    log_shut_gate: bool = field(default=True, metadata={"help": "Log shut-gate diagnostics (gate/*) every batch."})
+    log_shut_gate: bool = field(
+        default=True,
+        metadata={"help": "Log the shut-gate diagnostics gate/tied_share, gate/tied_all_right_share, "
+                          "gate/tied_all_wrong_share and gate/tied_correct_share every generation batch."},
+    )
     gate_success_threshold: float = field(
-        default=0.5, metadata={"help": "Reward (grade) >= this counts as a correct rollout for the shut gate."}
+        default=0.5,
+        metadata={"help": "A rollout counts as correct for the shut gate when its reward (the grade under the "
+                          "tie-break) is >= this."},
     )
-    gate_atol: float = field(default=0.0, metadata={"help": "Tie tolerance of the shut gate (max - min <= atol)."})
+    gate_atol: float = field(default=0.0, metadata={"help": "Tie tolerance of the shut gate (max - min <= gate_atol)."})
     log_rollout_metadata: bool = field(
-        default=False, metadata={"help": "Add row_idx, group_id and rollout columns to the completions table."}
+        default=False,
+        metadata={"help": "Add row_idx, group_id and the trainer's rollout_columns to the completions table."},
     )
     keyed_sampling: bool = field(
         default=False,
@@ -245,16 +222,25 @@ def as_config(args: Any, config_class: type, trainer_name: str):
     """Return ``args`` as an instance of ``config_class`` (the one rule every trl_ext trainer applies).
 
     * an instance of ``config_class`` (or a subclass) is returned unchanged;
-    * a ``trl.GRPOConfig`` that is not (a plain TRL config, or a parent trl_ext config) is upgraded: a
-      ``config_class`` object with the same field values, the defaults of ``config_class`` for the fields it lacks,
-      and ``config_class``'s own validation (TRL's ``__post_init__`` is not re-run: its derived fields are kept);
-    * anything else raises ``TypeError``.
+    * an instance of a parent class of ``config_class`` -- a plain ``trl.GRPOConfig`` or the base
+      :class:`ExtGRPOConfig` -- is upgraded: a ``config_class`` object with the same field values, the defaults of
+      ``config_class`` for the fields it lacks, and ``config_class``'s own validation (TRL's ``__post_init__`` is
+      not re-run: its derived fields are kept);
+    * any other config class raises ``TypeError``, in particular another trainer's method config (e.g. a
+      ``V05GRPOConfig`` given to the PAIR trainer): upgrading it would carry that method's options along, unused.
     """
     if isinstance(args, config_class):
         return args
     if not isinstance(args, trl.GRPOConfig):
         raise TypeError(f"{trainer_name} needs a {config_class.__name__} (or a trl.GRPOConfig), got "
                         f"{type(args).__name__}.")
+    if not issubclass(config_class, type(args)):
+        raise TypeError(
+            f"{trainer_name} needs a {config_class.__name__}, got a {type(args).__name__}, which is neither a "
+            f"{config_class.__name__} nor one of its parent classes (trl.GRPOConfig, ExtGRPOConfig); its own options "
+            f"would be carried along unused. Pass args={config_class.__name__}(...) with the same arguments (or a "
+            "plain trl.GRPOConfig / ExtGRPOConfig, which is upgraded with its defaults)."
+        )
     new = object.__new__(config_class)
     new.__dict__.update(args.__dict__)
     for f in fields(config_class):

@@ -89,47 +89,14 @@ def file_sha256(path: str | os.PathLike) -> str:
 class BASISConfig(ExtGRPOConfig):
     """:class:`~trl_ext.trainers.base.ExtGRPOConfig` for BASIS: one rollout per prompt and a value table.
 
-    ``num_generations`` defaults to (and must be) **1**. TRL's ``GRPOConfig.__post_init__`` rejects
-    ``num_generations < 2``; BASISConfig runs TRL's validation with a *placeholder* ``num_generations`` that divides
-    the generation batch and restores 1 (``trl_ext.trainers._trl_compat.validate_config_with_placeholder_group_size``;
-    ``num_generations_eval`` defaults to 1). All of TRL's other checks run unchanged. The generation batch must hold at least 2 prompts (the baseline is
-    leave-one-out).
-
-    TRL's ``scale_rewards`` and ``multi_objective_aggregation`` do not apply (the advantage is ``r - b``); use
-    ``basis_scale_advantages`` for std scaling. The reward is TRL's weighted sum of ``reward_funcs``.
-
-    Parameters
-    ----------
-    basis_value_table_path : str, optional
-        JSON Lines value table (``trl_ext.priors.table_format``; build it with ``trl-ext build-value-table``).
-        Required unless ``BASISTrainer(value_table=...)`` is given.
-    basis_variant : {"unb", "vop", "rvg"}, default "unb"
-        Batchwise refinement rule: UNB (Eq. 4, BLUE of Prop. 1), VOP (Eq. 5, least MSE, shrinks to 0), RVG (Eq. 6).
-    basis_objective : {"robust", "paper"}, default "robust"
-        Calibration objective for ``beta_t``: ``"robust"`` = mean squared error of the baseline actually used on
-        all prompts with a finite reward (immune to the active-set collapse of Eq. 3); ``"paper"`` = Eq. 3 over the
-        beta-dependent active set.
-    basis_fallback : {"zero", "batch_mean", "value"}, default "zero"
-        Baseline for prompts outside the active set ``eps < V < 1 - eps``, missing from the table, or without any
-        leave-one-out source: ``"zero"`` (the vanilla G = 1 baseline, paper Appendix 10), ``"batch_mean"`` (the
-        leave-one-out mean of the other rewards), ``"value"`` (the prompt's own ``V_beta``; 0 when missing).
-        Counted in ``basis/fallback_count``.
-    basis_beta_grid : list of float, optional
-        Grid of KL strengths (strictly increasing, > 0). Default: the paper's 230 points on [0.01, 5.0].
-    basis_eps : float, default 1e-6
-        Active-set threshold ``eps`` (Appendix 10), in [0, 0.5).
-    basis_min_active_fraction : float, default 0.0
-        Excludes grid values whose active set is smaller than this share of the batch (dropped, with
-        ``constraint_satisfied=False``, when no beta qualifies).
-    basis_scale_advantages : bool, default False
-        Divide the advantages by their batch std (Bessel, over prompts with a finite reward) plus 1e-4. Off by
-        default as in the paper; ``r - b`` is already on the reward scale.
-    basis_max_missing_fraction : float, default 0.1
-        Raise ``ValueError`` when more than this share of a batch's prompts is missing from the table (a table
-        built for other data is a user error). Missing prompts below the limit get the fallback and are counted.
-    basis_strict_table_check : bool, default False
-        Raise instead of warning when the table header's ``reward_funcs`` / ``model`` differ from the training
-        setup.
+    Every BASIS option is one dataclass field below whose ``help`` metadata documents it (the command-line help);
+    ``docs/basis.md`` tabulates them. ``num_generations`` defaults to (and must be) **1**: TRL's
+    ``GRPOConfig.__post_init__`` rejects ``num_generations < 2``, so BASISConfig runs TRL's validation with a
+    *placeholder* ``num_generations`` that divides the generation batch and restores 1
+    (``trl_ext.trainers._trl_compat.validate_config_with_placeholder_group_size``; ``num_generations_eval`` defaults
+    to 1); all of TRL's other checks run unchanged. The generation batch must hold at least 2 prompts (the baseline
+    is leave-one-out). TRL's ``scale_rewards`` and ``multi_objective_aggregation`` do not apply (the advantage is
+    ``r - b``; use ``basis_scale_advantages`` for std scaling); the reward is TRL's weighted sum of ``reward_funcs``.
     """
 
     uses_advantage_estimator: ClassVar[bool] = False
@@ -139,30 +106,56 @@ class BASISConfig(ExtGRPOConfig):
         metadata={"help": "Rollouts per prompt: BASIS uses exactly 1 (TRL's >= 2 check is bypassed, see docs)."},
     )
     basis_value_table_path: str | None = field(
-        default=None, metadata={"help": "Value table (JSON Lines) from `trl-ext build-value-table`."}
+        default=None,
+        metadata={"help": "JSON Lines value table (trl_ext.priors.table_format; build it with trl-ext "
+                          "build-value-table). Required unless BASISTrainer(value_table=...) is given."},
     )
-    basis_variant: str = field(default="unb", metadata={"help": "Refinement rule: unb (Eq. 4), vop (Eq. 5), rvg (Eq. 6)."})
+    basis_variant: str = field(
+        default="unb",
+        metadata={"help": "Batchwise refinement rule: unb (Eq. 4, the BLUE of Prop. 1), vop (Eq. 5, least MSE, "
+                          "shrinks to 0) or rvg (Eq. 6)."},
+    )
     basis_objective: str = field(
-        default="robust", metadata={"help": "beta calibration objective: robust (default) or paper (Eq. 3)."}
+        default="robust",
+        metadata={"help": "Calibration objective for beta_t: robust (default) = mean squared error of the baseline "
+                          "actually used on all prompts with a finite reward (immune to the active-set collapse of "
+                          "Eq. 3); paper = Eq. 3 over the beta-dependent active set."},
     )
     basis_fallback: str = field(
-        default="zero", metadata={"help": "Baseline of inactive/missing prompts: zero, batch_mean or value."}
+        default="zero",
+        metadata={"help": "Baseline for prompts outside the active set eps < V < 1 - eps, missing from the table, or "
+                          "without any leave-one-out source: zero (the vanilla G = 1 baseline, paper Appendix 10), "
+                          "batch_mean (the leave-one-out mean of the other rewards) or value (the prompt's own "
+                          "V_beta; 0 when missing). Counted in basis/fallback_count."},
     )
     basis_beta_grid: list[float] | None = field(
-        default=None, metadata={"help": "Beta grid (increasing, > 0). Default: the paper's 230 points on [0.01, 5]."}
+        default=None,
+        metadata={"help": "Grid of KL strengths (strictly increasing, > 0). Default: the paper's 230 points on "
+                          "[0.01, 5.0]."},
     )
-    basis_eps: float = field(default=1e-6, metadata={"help": "Active-set threshold eps in [0, 0.5)."})
+    basis_eps: float = field(
+        default=1e-6, metadata={"help": "Active-set threshold eps (Appendix 10), in [0, 0.5)."}
+    )
     basis_min_active_fraction: float = field(
-        default=0.0, metadata={"help": "Exclude betas whose active set is below this share of the batch."}
+        default=0.0,
+        metadata={"help": "Exclude grid values whose active set is smaller than this share of the batch (the "
+                          "constraint is dropped, with constraint_satisfied=False, when no beta qualifies)."},
     )
     basis_scale_advantages: bool = field(
-        default=False, metadata={"help": "Divide advantages by their batch std (off by default, as in the paper)."}
+        default=False,
+        metadata={"help": "Divide the advantages by their batch std (Bessel, over prompts with a finite reward) plus "
+                          "1e-4. Off by default as in the paper; r - b is already on the reward scale."},
     )
     basis_max_missing_fraction: float = field(
-        default=0.1, metadata={"help": "Error when more than this share of a batch's prompts is not in the table."}
+        default=0.1,
+        metadata={"help": "Raise ValueError when more than this share of a batch's prompts is missing from the table "
+                          "(a table built for other data is a user error). Missing prompts below the limit get the "
+                          "fallback and are counted."},
     )
     basis_strict_table_check: bool = field(
-        default=False, metadata={"help": "Raise (not warn) when the table's reward_funcs/model differ from training."}
+        default=False,
+        metadata={"help": "Raise instead of warning when the table header's reward_funcs / model differ from the "
+                          "training setup."},
     )
 
     def __post_init__(self):
@@ -174,17 +167,20 @@ class BASISConfig(ExtGRPOConfig):
     @staticmethod
     def validate_method_options(cfg) -> None:
         """Validation of a plain ``trl.GRPOConfig`` upgraded to a ``BASISConfig`` (``as_config``)."""
-        _check_single_rollout(cfg)
+        _check_single_rollout(cfg, upgraded=True)
         validate_ext_config(cfg)
         _validate_basis_options(cfg)
 
 
-def _check_single_rollout(cfg) -> None:
+def _check_single_rollout(cfg, upgraded: bool = False) -> None:
     g = cfg.num_generations
     if g != 1 or isinstance(g, bool):
+        # an upgraded trl.GRPOConfig cannot be fixed in place: trl.GRPOConfig refuses num_generations=1
+        fix = ("Pass args=trl_ext.BASISConfig(..., num_generations=1) instead (trl.GRPOConfig refuses "
+               "num_generations=1; BASISConfig accepts it)" if upgraded else "Set num_generations=1")
         raise ValueError(
-            f"BASISConfig: num_generations must be 1 (BASIS uses one rollout per prompt), got {g!r}. Set "
-            "num_generations=1, or for several rollouts per prompt use trl_ext.GRPOTrainer / ExtGRPOConfig."
+            f"BASISConfig: num_generations must be 1 (BASIS uses one rollout per prompt), got {g!r}. {fix}, or for "
+            "several rollouts per prompt use trl_ext.GRPOTrainer / ExtGRPOConfig."
         )
     if cfg.generation_batch_size is not None and int(cfg.generation_batch_size) < 2:
         raise ValueError(

@@ -46,9 +46,11 @@ Not supported (clear ``NotImplementedError``): vLLM server mode and TP > 1 (abov
 batching, images/multimodal prompts, and tool-calling loops (TRL re-enters ``_generate_single_turn`` with partial
 rollouts).
 
-Subclasses that call ``_generate_single_turn`` themselves (variable-G rounds, two-phase generation) must first
-call :meth:`KeyedSamplingMixin.set_keyed_requests` with one :class:`KeyedRequest` per row they pass; use
-``position_offset`` for continuations so a prefix plus its continuation sees exactly the noise of one pass.
+Subclasses that generate rollouts themselves (variable-G rounds, two-phase generation) use the base trainer's
+public API: :meth:`~trl_ext.GRPOTrainer.generate_rollouts` builds the keyed requests of its rows itself; before
+:meth:`~trl_ext.GRPOTrainer.generate_token_ids` (token-id prompts, no rows) call
+:meth:`KeyedSamplingMixin.set_keyed_requests` with one :class:`KeyedRequest` per prompt; use ``position_offset`` for
+continuations so a prefix plus its continuation sees exactly the noise of one pass.
 """
 
 from __future__ import annotations
@@ -508,17 +510,16 @@ class KeyedSamplingMixin:
         if requests is None or len(requests) != len(prompt_ids):
             have = "none" if requests is None else len(requests)
             raise RuntimeError(
-                f"keyed_sampling: _generate_single_turn got {len(prompt_ids)} prompts but {have} keyed requests. "
-                "Trainers that call _generate_single_turn directly must call "
-                "self.set_keyed_requests([...one KeyedRequest per row...]) right before it."
+                f"keyed_sampling: a generation call got {len(prompt_ids)} prompts but {have} keyed requests. "
+                "Trainers that generate rollouts themselves should use self.generate_rollouts(rows) (it keys the "
+                "rows itself), or call self.set_keyed_requests([...one KeyedRequest per prompt...]) right before "
+                "self.generate_token_ids(prompt_ids)."
             )
         self._keyed_requests = None  # consumed
         return requests
 
     # ------------------------------------------------------------------ generation + logging
     def _keyed_generate(self, prompt_ids, requests: list[KeyedRequest]):
-        from trl.models import unwrap_model_for_generation
-
         settings = self.keyed_sampler_settings()
         input_ids, attention_mask = left_pad(prompt_ids, settings.pad_token_id, self.pad_to_multiple_of)
         device = self.accelerator.device
@@ -534,17 +535,7 @@ class KeyedSamplingMixin:
 
         if getattr(self.args, "shared_prefix_rollouts", False):
             return self._keyed_generate_shared(prompt_ids, requests, settings)
-        with (
-            unwrap_model_for_generation(
-                self.model_wrapped,
-                self.accelerator,
-                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                generation_kwargs=self.generation_kwargs,
-                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-            ) as unwrapped_model,
-            torch.no_grad(),
-            compat.summon_full_params(self),
-        ):
+        with compat.generation_model(self) as unwrapped_model:
             out = unwrapped_model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -41,16 +41,18 @@ appendix numbers refer to that paper. The generation side is the rollout strateg
    in float64 (:func:`~trl_ext.estimators.pair_advantages`), unstandardized. Only completed vertices enter the
    loss; a completed vertex whose reward is NaN (unscorable) observes no edge
    (:func:`~trl_ext.estimators.scorable_selection`). With ``pair_fixed_normalizer`` (default) the strategy's
-   :meth:`~PrefixProbeRollouts.fixed_policy_normalizer` returns the global number of prompts ``K`` and the base
-   trainer makes every generation batch's policy loss ``(1/K) sum_i A_i mean_t l_it`` (``grpo``/``sapo``/``luspo``;
-   ``dr_grpo``: ``(1/(K L)) sum_i A_i sum_t l_it``) or ``(1/(K L)) sum_i A_i sum_t l_it`` (``dapo``/``cispo``/
-   ``vespo``; ``L = max_completion_length``), whatever the number of completed or pad rows: a normalizer that does
+   :meth:`~PrefixProbeRollouts.fixed_policy_normalizer` returns the global number of prompts ``K``
+   (:func:`~trl_ext.estimators.fixed_normalizer`) and the base trainer makes every generation batch's policy loss
+   ``(1/K) sum_i A_i mean_t l_it`` (``grpo``/``sapo``/``luspo``; ``dr_grpo``: ``(1/(K L)) sum_i A_i sum_t l_it``)
+   or ``(1/(K L)) sum_i A_i sum_t l_it`` (``dapo``/``cispo``/``vespo``; ``L = max_completion_length``), whatever
+   the number of completed or pad rows: a normalizer that does
    not depend on the design draw, so the unclipped gradient at ``theta_old`` is design-unbiased for the
    complete-pair gradient (Theorem 2). TRL's data-dependent normalizers (row or token counts of the *realized*
    draw) would make it a ratio estimator.
 
-Labelled biased options (Appendix B): ``pair_standardize`` (divide by the std of the completed rewards: breaks
-unbiasedness), ``pair_w_max`` (clip edge weights), ``pair_self_normalize`` (Hajek).
+Labelled biased options (Appendix B): ``pair_standardize`` (divide by the std of the completed rewards,
+:func:`~trl_ext.estimators.standardize_pair_advantages`: breaks unbiasedness), ``pair_w_max`` (clip edge
+weights), ``pair_self_normalize`` (Hajek).
 
 Evaluation uses TRL's standard full-group path.
 """
@@ -71,8 +73,10 @@ from ..estimators.pair import (
     PairAdvantages,
     PairDesign,
     draw_selection,
+    fixed_normalizer,
     pair_advantages,
     pair_design,
+    standardize_pair_advantages,
 )
 from ..estimators.pair_heads import PrefixHeads, prefix_summary
 from . import _trl_compat as compat
@@ -464,10 +468,12 @@ class PrefixProbeRollouts(RolloutStrategy):
         """The global number of prompts ``K`` of the generation batch when ``pair_fixed_normalizer`` is on.
 
         ``K`` counts every prompt whose candidates were probed, also those that completed no vertex: it is fixed
-        before the design draw, so the policy loss ``(1/K) sum ...`` is design-unbiased (module docstring)."""
+        before the design draw, so the policy loss ``(1/K) sum ...`` is design-unbiased
+        (:func:`~trl_ext.estimators.fixed_normalizer`; the base trainer multiplies by ``max_completion_length`` for
+        token-level losses)."""
         if not trainer.args.pair_fixed_normalizer:
             return None
-        return float(max(self.num_prompts, 1))
+        return fixed_normalizer(int(self.num_prompts))
 
     def state_dict(self) -> dict:
         return {"generation_index": int(self.generation_index), "totals": dict(self.totals),
@@ -752,12 +758,11 @@ class PAIRTrainer(GRPOTrainer):
     def pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
         """Stop-gradient prefix summaries: mean of the last ``k`` final-layer hidden states (Appendix C).
 
-        The forward runs inside TRL's ``unwrap_model_for_generation`` (and FSDP's full-parameter context), like
-        TRL's own generation, so ZeRO-3/FSDP shards are gathered; every rank makes exactly one such call per
-        generation batch (equal row counts), which keeps those collectives aligned.
+        The forward runs inside the context TRL's own generation uses (:func:`._trl_compat.generation_model`:
+        TRL's ``unwrap_model_for_generation`` and FSDP's full-parameter context), so ZeRO-3/FSDP shards are gathered
+        and gradient checkpointing is restored with the trainer's ``gradient_checkpointing_kwargs``; every rank makes
+        exactly one such call per generation batch (equal row counts), which keeps those collectives aligned.
         """
-        from trl.models import unwrap_model_for_generation
-
         device = self.accelerator.device
         width = max(len(s) for s in seqs)
         tok = compat.tokenizer(self)
@@ -769,11 +774,7 @@ class PAIRTrainer(GRPOTrainer):
             mask[i, width - len(s):] = 1
         # explicit position ids: left padding must not shift positions (layout-independent features)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        with (
-            unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                        gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model,
-            compat.summon_full_params(self),
-        ):
+        with compat.generation_model(self) as model:
             was_training = model.training
             model.eval()  # no dropout in the summary
             try:
@@ -896,9 +897,8 @@ class PAIRTrainer(GRPOTrainer):
         sel = np.asarray(draw.selected, dtype=bool)
         res = pair_advantages(r, sel, draw.pi, w_max=a.pair_w_max, self_normalize=bool(a.pair_self_normalize))
         adv = res.advantages.astype(np.float64)
-        ok = sel & np.isfinite(r)
-        if a.pair_standardize and ok.sum() >= 2:
-            adv = adv / (float(np.std(r[ok], ddof=1)) + 1e-4)
+        if a.pair_standardize:
+            adv, _ = standardize_pair_advantages(adv, r, sel)
         return adv, res
 
     def pair_simulate_group(self, p_hat, cost_hat, finished, rewards, rng: np.random.Generator, *,

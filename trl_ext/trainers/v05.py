@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -94,129 +95,131 @@ V05_PROMPT_WEIGHTINGS = ("equal", "rollout")
 class V05GRPOConfig(ExtGRPOConfig):
     """:class:`~trl_ext.trainers.base.ExtGRPOConfig` plus the V0.5 options; defaults reproduce the paper's rules.
 
-    Every option is one dataclass field (its ``help`` is the command-line help); the trainer reads them from
-    ``self.args``. **Drop-in contract**: every TRL field keeps its meaning and TRL's validation (TRL's own
-    ``GRPOConfig.__post_init__`` runs unchanged). ``per_device_train_batch_size`` / ``generation_batch_size`` count
-    rollouts as in TRL: the first round of every generation batch generates exactly ``generation_batch_size``
-    rollouts, as TRL does for the same arguments -- ``generation_batch_size / v05_k_init`` unique prompts,
-    ``v05_k_init`` rollouts each (so ``v05_k_init`` must divide ``generation_batch_size``) -- and the OSLA rounds add at
-    most ``v05_extra_rollout_budget x generation_batch_size`` more. ``num_generations`` (TRL's default 8) is not
-    used in training (rollout counts are chosen per prompt); it is the group size of evaluation
-    (``num_generations_eval`` defaults to it) and, as in TRL, must divide ``generation_batch_size``. A plain
-    ``trl.GRPOConfig`` given to :class:`V05GRPOTrainer` is upgraded with these defaults and checked by
-    :meth:`validate_method_options`.
-
-    Parameters
-    ----------
-    v05_k_init : int, default 4
-        Rollouts per prompt before the first test (Workflow Step 2); must divide ``generation_batch_size`` (the
-        first round holds ``generation_batch_size / v05_k_init`` prompts). Values below 4 are rejected unless
-        ``v05_allow_small_k_init=True``: Appendix A.8 shows the test rejects good priors too often for k < 4
-        (``1/sqrt(k) >= 2/k`` needs ``k >= 4``).
-    v05_k_step : int, default 2
-        Rollouts added per OSLA round to each prompt that still needs more (Step 4).
-    v05_rollout_cost : float, default 0.0039
-        Marginal cost ``c`` of one rollout; the cap is ``round(1/sqrt(c))`` (16) and Theorem 3.6's target
-        ``1/sqrt(c) - 1/bias2``. Must leave ``cap >= v05_k_init``.
-    v05_extra_rollout_budget : float >= 0, default 1.0
-        Per-step compute bound: the OSLA rounds of one generation batch generate at most
-        ``floor(v05_extra_rollout_budget x generation_batch_size)`` rollouts in total (all ranks; the padding of
-        ``v05_dispatch_multiple`` included, round 1's too), so a step generates at most
-        ``(1 + v05_extra_rollout_budget)`` times TRL's rollouts for the same arguments. Only the discarded dummy rows
-        that equalize a collective generation call across ranks (vLLM server, tensor parallel, ZeRO-3/FSDP) come on
-        top (``v05/discarded_rollouts``): they depend on the back-end, and charging them would make the allocation
-        depend on the number of processes. 0 = no OSLA round (fixed ``v05_k_init`` rollouts per prompt, the
-        fusion still applies). When the budget cannot serve every prompt that needs more in a round, prompts are
-        served in order of decreasing Eq. 7 ``bias2`` (ties: batch order), identically on every rank, and
-        ``v05/budget_exhausted`` is logged 1. The paper's unbounded rounds: any value
-        ``>= (cap - v05_k_init) / v05_k_init`` (3 with the defaults), or ``float("inf")``.
-    v05_global_stop_fraction : float in [0, 1], default 0.25
-        Stop the rounds for the whole batch (all ranks) when fewer than this fraction of its prompts still need
-        rollouts. 0 disables the early stop (rounds run until no prompt needs more).
-    v05_dispatch_multiple : int >= 1, default 1
-        Pad each generation dispatch (per rank, per round) to a multiple of this (the paper pads to 32 for
-        tensor-parallel generation). The extra rollouts go round-robin to the prompts of that dispatch (never past
-        the cap), so a prompt may end slightly above its target; slots no prompt can take are generated and
-        discarded (``v05/discarded_rollouts``). When generation is a collective, the base trainer also pads every
-        rank's call to the longest one across ranks; those equalizing rows are discarded (and counted) too, so
-        per-prompt decisions do not depend on how prompts are spread over ranks (with ``v05_dispatch_multiple=1``).
-    v05_buffer_capacity, v05_context_size : int, default 512, 256
-        Support buffer capacity and context size (Workflow Step 1).
-    v05_value_prior : str, default "embedding"
-        Prior kind for :func:`trl_ext.priors.build_prior` when the trainer gets no ``prior=`` object:
-        ``"embedding"`` (batch-invariant mean-pooled embeddings of the frozen starting policy + in-context kernel
-        head, the paper's V0-style default; which weights it uses, shared or copied, is
-        :meth:`V05GRPOTrainer.prior_backbone_choice`), ``"constant"``, ``"table"`` (needs
-        ``v05_value_prior_kwargs={"table": path}``); ``"callable"`` needs a ``prior=`` object.
-    v05_value_prior_kwargs : dict or JSON str, optional
-        Constructor options of the prior (for ``"embedding"`` these go to ``EmbeddingInContextPrior``, plus
-        ``embed_batch_size`` / ``embed_max_length`` / ``embed_pad_to_multiple_of`` for
-        :func:`~trl_ext.priors.hf_mean_pool_embedder`).
-    v05_reward_low, v05_reward_high : float, default 0.0, 1.0
-        Declared range of the weighted summed reward. Rewards are mapped linearly to ``[-1, 1]``:
-        ``r' = 2 (r - low) / (high - low) - 1`` ({0, 1} checker -> {-1, 1}; use ``-1, 1`` for rewards already on the
-        paper's scale; any bounded non-binary reward is mapped the same way, which keeps Eq. 6's variance bound
-        ``1/k`` valid). A finite reward outside the range raises ``ValueError``.
-    v05_sigma_floor : float in (0, 1], default 0.2
-        Floor of ``sigma* = sqrt(1 - mu*^2)`` in the advantage (see :func:`~trl_ext.estimators.fused_advantages`).
-    v05_prompt_weighting : {"equal", "rollout"}, default "equal"
-        ``"equal"`` (the paper's Eq. 10): prompt ``j``'s advantages are multiplied by ``c_j = kbar / k_j``
-        (``k_j`` its scorable rollouts, ``kbar`` their mean over the generation batch's scorable prompts), so every
-        prompt carries the same total weight in the loss for equal completion lengths and the overall scale is
-        unchanged. ``"rollout"``: no reweighting; the token-level loss weighs every rollout token the same, so a
-        prompt with 16 rollouts weighs 4x one with 4.
-    v05_allow_small_k_init : bool, default False
-        Accept ``v05_k_init < 4`` (for ablations).
-    v05_allow_unsupported_loss_type : bool, default False
-        Accept a ``loss_type`` outside :data:`V05_SUPPORTED_LOSS_TYPES` (with a warning).
-    v05_check_buffer_sync : bool, default True
-        With several processes, compare the support-buffer fingerprints of all ranks after each update and raise
-        if they differ.
+    Every V0.5 option is one dataclass field below whose ``help`` metadata documents it (the command-line help);
+    ``docs/v05.md`` tabulates them, and the trainer reads them from ``self.args``. **Drop-in contract**: every TRL
+    field keeps its meaning and TRL's validation (TRL's own ``GRPOConfig.__post_init__`` runs unchanged).
+    ``per_device_train_batch_size`` / ``generation_batch_size`` count rollouts as in TRL: the first round of every
+    generation batch generates exactly ``generation_batch_size`` rollouts, as TRL does for the same arguments --
+    ``generation_batch_size / v05_k_init`` unique prompts, ``v05_k_init`` rollouts each (so ``v05_k_init`` must
+    divide ``generation_batch_size``) -- and the OSLA rounds add at most ``v05_extra_rollout_budget x
+    generation_batch_size`` more. ``num_generations`` (TRL's default 8) is not used in training (rollout counts are
+    chosen per prompt); it is the group size of evaluation (``num_generations_eval`` defaults to it) and, as in TRL,
+    must divide ``generation_batch_size``. A plain ``trl.GRPOConfig`` given to :class:`V05GRPOTrainer` is upgraded
+    with these defaults and checked by :meth:`validate_method_options`.
     """
 
     uses_advantage_estimator: ClassVar[bool] = False
 
-    v05_k_init: int = field(default=V05_K_INIT,
-                            metadata={"help": "Rollouts per prompt before the first test (paper: 4); must divide "
-                                              "generation_batch_size (round 1 = generation_batch_size rollouts, as "
-                                              "TRL)."})
-    v05_k_step: int = field(default=2, metadata={"help": "Rollouts added per OSLA round (paper: 2)."})
-    v05_rollout_cost: float = field(default=V05_PAPER_COST,
-                                metadata={"help": "Marginal rollout cost c; cap = round(1/sqrt(c)) (paper: 0.0039)."})
+    v05_k_init: int = field(
+        default=V05_K_INIT,
+        metadata={"help": "Rollouts per prompt before the first test (Workflow Step 2; paper: 4). Must divide "
+                          "generation_batch_size: round 1 holds generation_batch_size / v05_k_init prompts, i.e. "
+                          "generation_batch_size rollouts, as TRL. Values below 4 are rejected unless "
+                          "v05_allow_small_k_init=True: Appendix A.8 shows the test rejects good priors too often "
+                          "for k < 4 (1/sqrt(k) >= 2/k needs k >= 4)."},
+    )
+    v05_k_step: int = field(
+        default=2,
+        metadata={"help": "Rollouts added per OSLA round to each prompt that still needs more (Workflow Step 4; "
+                          "paper: 2)."},
+    )
+    v05_rollout_cost: float = field(
+        default=V05_PAPER_COST,
+        metadata={"help": "Marginal cost c of one rollout (paper: 0.0039). The cap is round(1/sqrt(c)) (16) and "
+                          "Theorem 3.6's target 1/sqrt(c) - 1/bias2; must leave cap >= v05_k_init."},
+    )
     v05_extra_rollout_budget: float = field(
         default=1.0,
-        metadata={"help": "At most this fraction of generation_batch_size extra rollouts (OSLA rounds) per generation "
-                          "batch, i.e. <= (1 + budget) x TRL's rollouts per step; 0 = no OSLA rounds; >= (cap - "
-                          "v05_k_init) / v05_k_init (3 by default) or inf = the paper's unbounded rounds."},
+        metadata={"help": "Per-step compute bound (>= 0): the OSLA rounds of one generation batch generate at most "
+                          "floor(v05_extra_rollout_budget x generation_batch_size) rollouts in total (all ranks; the "
+                          "padding of v05_dispatch_multiple included, round 1's too), so a step generates at most "
+                          "(1 + budget) x TRL's rollouts for the same arguments. Only the discarded dummy rows that "
+                          "equalize a collective generation call across ranks (vLLM server, tensor parallel, "
+                          "ZeRO-3/FSDP) come on top (v05/discarded_rollouts): they depend on the back-end, and "
+                          "charging them would make the allocation depend on the number of processes. 0 = no OSLA "
+                          "round (fixed v05_k_init rollouts per prompt; the fusion still applies). When the budget "
+                          "cannot serve every prompt that needs more in a round, prompts are served in order of "
+                          "decreasing Eq. 7 bias2 (ties: batch order), identically on every rank, and "
+                          "v05/budget_exhausted is logged 1. The paper's unbounded rounds: any value >= (cap - "
+                          "v05_k_init) / v05_k_init (3 with the defaults), or inf."},
     )
     v05_global_stop_fraction: float = field(
-        default=0.25, metadata={"help": "Stop the rounds when fewer than this share of prompts need more (0 = off)."}
+        default=0.25,
+        metadata={"help": "Stop the rounds for the whole batch (all ranks) when fewer than this fraction (in [0, 1]) "
+                          "of its prompts still need rollouts; 0 disables the early stop (rounds run until no prompt "
+                          "needs more)."},
     )
-    v05_dispatch_multiple: int = field(default=1,
-                                       metadata={"help": "Pad each dispatch to a multiple of this (paper: 32)."})
-    v05_buffer_capacity: int = field(default=512, metadata={"help": "Support buffer capacity (paper: 512)."})
-    v05_context_size: int = field(default=256, metadata={"help": "Context pairs sampled per step (paper: 256)."})
+    v05_dispatch_multiple: int = field(
+        default=1,
+        metadata={"help": "Pad each generation dispatch (per rank, per round) to a multiple of this (>= 1; the paper "
+                          "pads to 32 for tensor-parallel generation). The extra rollouts go round-robin to the "
+                          "prompts of that dispatch (never past the cap), so a prompt may end slightly above its "
+                          "target; slots no prompt can take are generated and discarded (v05/discarded_rollouts). "
+                          "When generation is a collective, the base trainer also pads every rank's call to the "
+                          "longest one across ranks; those equalizing rows are discarded (and counted) too, so "
+                          "per-prompt decisions do not depend on how prompts are spread over ranks (with "
+                          "v05_dispatch_multiple=1)."},
+    )
+    v05_buffer_capacity: int = field(
+        default=512, metadata={"help": "Support buffer capacity (Workflow Step 1; paper: 512)."}
+    )
+    v05_context_size: int = field(
+        default=256, metadata={"help": "Context pairs sampled from the support buffer per step (Workflow Step 1; "
+                                       "paper: 256)."}
+    )
     v05_value_prior: str = field(
-        default="embedding", metadata={"help": "Prior kind: embedding, constant, table (callable: pass prior=)."}
+        default="embedding",
+        metadata={"help": "Prior kind for trl_ext.priors.build_prior when the trainer gets no prior= object: "
+                          "embedding (batch-invariant mean-pooled embeddings of the frozen starting policy + "
+                          "in-context kernel head, the paper's V0-style default; which weights it uses, shared or "
+                          "copied, is V05GRPOTrainer.prior_backbone_choice), constant, or table (needs "
+                          "v05_value_prior_kwargs={\"table\": path}). A callable prior is passed as prior=."},
     )
     v05_value_prior_kwargs: dict | str | None = field(
-        default=None, metadata={"help": "Options of the prior (dict or JSON string)."}
+        default=None,
+        metadata={"help": "Constructor options of the prior (dict or JSON string). For embedding these go to "
+                          "EmbeddingInContextPrior, plus embed_batch_size / embed_max_length / "
+                          "embed_pad_to_multiple_of for trl_ext.priors.hf_mean_pool_embedder."},
     )
-    v05_reward_low: float = field(default=0.0, metadata={"help": "Lower end of the declared reward range."})
-    v05_reward_high: float = field(default=1.0, metadata={"help": "Upper end of the declared reward range."})
-    v05_sigma_floor: float = field(default=DEFAULT_SIGMA_FLOOR, metadata={"help": "Floor of sigma* in the advantage."})
+    v05_reward_low: float = field(
+        default=0.0,
+        metadata={"help": "Lower end of the declared range of the weighted summed reward. Rewards are mapped "
+                          "linearly to [-1, 1]: r' = 2 (r - low) / (high - low) - 1 ({0, 1} checker -> {-1, 1}; use "
+                          "-1, 1 for rewards already on the paper's scale; any bounded non-binary reward is mapped "
+                          "the same way, which keeps Eq. 6's variance bound 1/k valid). A finite reward outside the "
+                          "range raises ValueError."},
+    )
+    v05_reward_high: float = field(
+        default=1.0,
+        metadata={"help": "Upper end of the declared reward range (see v05_reward_low for the mapping to [-1, 1])."},
+    )
+    v05_sigma_floor: float = field(
+        default=DEFAULT_SIGMA_FLOOR,
+        metadata={"help": "Floor, in (0, 1], of sigma* = sqrt(1 - mu*^2) in the advantage (see "
+                          "trl_ext.estimators.fused_advantages)."},
+    )
     v05_prompt_weighting: str = field(
         default="equal",
-        metadata={"help": "equal (paper Eq. 10): advantages x kbar/k_j so every prompt weighs the same whatever its "
-                          "rollout count; rollout: every rollout token weighs the same (prompts with more rollouts "
-                          "weigh more).",
+        metadata={"help": "equal (the paper's Eq. 10): prompt j's advantages are multiplied by c_j = kbar / k_j (k_j "
+                          "its scorable rollouts, kbar their mean over the generation batch's scorable prompts), so "
+                          "every prompt carries the same total weight in the loss for equal completion lengths and "
+                          "the overall scale is unchanged. rollout: no reweighting; the token-level loss weighs every "
+                          "rollout token the same, so a prompt with 16 rollouts weighs 4x one with 4.",
                   "choices": list(V05_PROMPT_WEIGHTINGS)},
     )
-    v05_allow_small_k_init: bool = field(default=False, metadata={"help": "Accept v05_k_init < 4 (ablations only)."})
-    v05_allow_unsupported_loss_type: bool = field(
-        default=False, metadata={"help": "Accept loss types outside dapo/cispo/vespo (not covered by V0.5 tests)."}
+    v05_allow_small_k_init: bool = field(
+        default=False, metadata={"help": "Accept v05_k_init < 4 (ablations only)."}
     )
-    v05_check_buffer_sync: bool = field(default=True, metadata={"help": "Assert equal support buffers on all ranks."})
+    v05_allow_unsupported_loss_type: bool = field(
+        default=False,
+        metadata={"help": "Accept a loss_type outside V05_SUPPORTED_LOSS_TYPES (dapo, cispo, vespo), with a warning "
+                          "(not covered by the V0.5 tests)."},
+    )
+    v05_check_buffer_sync: bool = field(
+        default=True,
+        metadata={"help": "With several processes, compare the support-buffer fingerprints of all ranks after each "
+                          "update and raise if they differ."},
+    )
 
     def __post_init__(self):
         self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
@@ -665,6 +668,11 @@ class V05GRPOTrainer(GRPOTrainer):
     aligned log-probs. When generation is a collective (vLLM server, vLLM colocate with tensor parallelism,
     DeepSpeed, FSDP) every rank's call in every round is padded to the same length (discarded rollouts, counted);
     otherwise a rank with no active prompt generates nothing in that round.
+
+    Model card (``create_model_card``, which TRL calls at every checkpoint and ``push_to_hub`` calls): "trained with
+    V0.5", the V0.5 paper, tags ``trl``, ``trl-ext``, ``v05``, and a ``trl_ext run details`` section with the prior
+    options and class, the model the default embedding prior embeds with, and for a table prior the value table's
+    content hash, file hash and reference model (:func:`v05_model_card_details`, :meth:`value_table_info`).
     """
 
     config_class: ClassVar[type] = V05GRPOConfig
@@ -682,6 +690,9 @@ class V05GRPOTrainer(GRPOTrainer):
         # num_generations_eval
         compat.set_sampler_num_generations(self, self.args.v05_k_init)
         self.prior_backbone: dict | None = None
+        self._v05_table_source: dict | None = None  # set by _build_default_prior for v05_value_prior="table"
+        self._v05_table_rows_sha256: str | None = None
+        self._v05_prior_model_name: str | None = None  # name_or_path of the default embedding prior's model
         self.prior = prior if prior is not None else self._build_default_prior()
         self.support_buffer = SupportBuffer(self.args.v05_buffer_capacity, self.args.v05_context_size,
                                             seed=int(self.args.seed))
@@ -731,6 +742,7 @@ class V05GRPOTrainer(GRPOTrainer):
             kw["embed_fn"] = embed
             info = embed.backbone
             self.prior_backbone = {"source": source, "parameters": info["parameters"], "bytes": info["bytes"]}
+            self._v05_prior_model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
             if self.accelerator.is_main_process:
                 if copy:
                     logger.warning(
@@ -741,10 +753,39 @@ class V05GRPOTrainer(GRPOTrainer):
                 else:
                     logger.info("V05GRPOTrainer: the default embedding prior shares the trainer's weights (%s): no "
                                 "copy.", source)
+        if kind == "table" and isinstance(kw.get("table"), str | os.PathLike):
+            from .basis import file_sha256
+
+            self._v05_table_source = {"source": os.fspath(kw["table"]), "file_sha256": file_sha256(kw["table"])}
         if kind == "callable" and "fn" not in kw:
             raise ValueError("v05_value_prior='callable' needs your function: pass prior=CallablePrior(fn) to "
                              "V05GRPOTrainer (a function cannot go through the config).")
         return build_prior(kind, **kw)
+
+    def value_table_info(self) -> dict[str, Any] | None:
+        """What identifies the value table of a table prior (recorded in the model card); ``None`` for any other prior.
+
+        Returns
+        -------
+        dict or None
+            ``rows_sha256`` (``ValueTable.content_hash``, computed once; ``None`` for a plain ``{prompt: p}``
+            mapping), ``file_sha256`` (of the file as read at construction, for ``v05_value_prior="table"`` with a
+            path; else ``None``), ``source`` (the path, or how the table was given), ``rows``, ``reference_model``
+            (the header's ``model``, or ``None``) and ``metadata`` (the header).
+        """
+        from ..priors import TablePrior
+
+        prior = self.prior
+        if not isinstance(prior, TablePrior):
+            return None
+        table = prior.table
+        if table is not None and self._v05_table_rows_sha256 is None:
+            self._v05_table_rows_sha256 = table.content_hash
+        md = dict(table.metadata) if table is not None else {}
+        given = "in-memory ValueTable" if table is not None else "in-memory {prompt: p} mapping"
+        src = self._v05_table_source or {"source": given, "file_sha256": None}
+        return {"rows_sha256": self._v05_table_rows_sha256, "rows": len(table) if table is not None else
+                len(prior._probs), "reference_model": md.get("model"), "metadata": md, **src}
 
     # ------------------------------------------------------------------------------------------------ rewards
     def _v05_signed(self, rpf: torch.Tensor) -> np.ndarray:
@@ -819,14 +860,15 @@ class V05GRPOTrainer(GRPOTrainer):
             self._ext_warn_once(
                 "unscorable_rows",
                 f"V0.5: {n_bad_rows} of {int(real.sum())} rollouts were unscorable (every reward function returned "
-                "None); they get advantage 0, are left out of the fusion and of the prompt weights, and still count "
-                "as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
+                "None or NaN); they get advantage 0, are left out of the fusion and of the prompt weights, and still "
+                "count as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
             )
         if n_unscorable:
             self._ext_warn_once(
                 "v05_unscorable",
-                f"V0.5: {n_unscorable} of {g} prompts had no scorable rollout (every reward function returned None); "
-                "they get advantage 0 and are not added to the support buffer (logged as v05/unscorable_prompts).",
+                f"V0.5: {n_unscorable} of {g} prompts had no scorable rollout (every reward function returned None "
+                "or NaN); they get advantage 0 and are not added to the support buffer (logged as "
+                "v05/unscorable_prompts).",
             )
         # support buffer: identical global update on every rank
         prompts_ok = [pend["prompts"][j] for j in range(g) if scorable[j]]
@@ -896,8 +938,42 @@ class V05GRPOTrainer(GRPOTrainer):
         self.support_buffer.load_state_dict(state["v05_support_buffer"])
 
 
+_EMBEDDING_SOURCES = {
+    "policy_copy": "a frozen copy of the starting policy",
+    "peft_base_model": "the policy's PEFT/LoRA base model with the adapter disabled",
+    "reference_model": "TRL's reference model",
+}
+
+
+def v05_model_card_details(trainer) -> dict[str, Any]:
+    """What a V0.5 run's prior depended on, for the model card: the prior class; for the default embedding prior the
+    model it embeds with (:attr:`V05GRPOTrainer.prior_backbone`); for a :class:`~trl_ext.priors.TablePrior` the value
+    table (content hash, file hash, rows, and the reference model from its header, as BASIS records it)."""
+    from ..priors import EmbeddingInContextPrior
+
+    out: dict[str, Any] = {"value prior class": type(trainer.prior).__name__}
+    backbone = trainer.prior_backbone
+    if backbone is not None:
+        what = _EMBEDDING_SOURCES.get(backbone["source"], backbone["source"])
+        model_name = getattr(trainer, "_v05_prior_model_name", None)
+        name = f" `{model_name}`" if model_name else ""
+        cost = f"{backbone['parameters']} parameters copied" if backbone["parameters"] else "shared, no copy"
+        out["embedding model"] = f"{what}{name} ({backbone['source']}; {cost})"
+    elif isinstance(trainer.prior, EmbeddingInContextPrior):
+        out["embedding model"] = "the prior's own embed_fn (passed by the user)"
+    info = trainer.value_table_info()
+    if info is not None:
+        out["value table sha256 (rows)"] = (f"`{info['rows_sha256']}`" if info["rows_sha256"] is not None
+                                            else "none (a plain {prompt: p} mapping)")
+        out["value table"] = f"{info['source']} ({info['rows']} rows)"
+        if info["file_sha256"] is not None:
+            out["value table file sha256"] = f"`{info['file_sha256']}`"
+        out["reference model (table header)"] = info["reference_model"] or "not recorded"
+    return out
+
+
 compat.set_model_card_info(
     V05GRPOTrainer, name="V0.5", tags=("trl", compat.TRL_EXT_TAG, "v05"),
     paper=compat.paper_info(title="V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", year=2026,
                             arxiv_id="2603.10848", bibtex_key="v05_2026"),
-    details=("v05_value_prior", "v05_value_prior_kwargs", lambda tr: {"value prior class": type(tr.prior).__name__}))
+    details=("v05_value_prior", "v05_value_prior_kwargs", v05_model_card_details))
