@@ -108,6 +108,11 @@ Outputs in ``--output_dir``::
     accuracy_vs_walltime.png  the same against training wall time (evaluation time excluded)
     runs/<method>/seed<k>/outcomes.jsonl.gz  per-question outcomes at the final (budget) checkpoint (gzip; runs
                             written before that have outcomes.jsonl, read the same way)
+    runs/<method>/seed<k>/result.json  the run's record (also in runs.json); its ``trace`` names the per-step trace
+    runs/<method>/seed<k>/trace.json.gz  per-step trace (gzip JSON list; ``trace`` in result.json and runs.json is
+                            its path relative to --output_dir, like ``outcomes``). Runs written before that keep the
+                            trace inline in result.json, and runs.json names that result.json instead; read either
+                            with :func:`load_trace`
     runs/tune/<method>/lr<lr>/seed<k>/      tuning runs (outcomes on the validation split)
 
 Usage::
@@ -149,7 +154,7 @@ from importlib import import_module
 from trl_ext._argtypes import nonneg_int as _nonneg_int
 from trl_ext._argtypes import positive_float as _pos_float
 from trl_ext._argtypes import positive_int as _pos_int
-from trl_ext._io import resolve_jsonl
+from trl_ext._io import read_json, resolve_jsonl, write_json_compact
 from trl_ext._io import write_json as _write_json
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -1071,13 +1076,16 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         tokens_per_step=cb.tokens / max(1, trainer.state.global_step),
         rollouts_per_step=(sum(h.get("ext/rollouts", 0.0) for h in logs) / len(logs)) if logs else None,
         last_log={k: v for k, v in (logs[-1] if logs else {}).items() if isinstance(v, (int, float))},
-        trace=step_trace(logs, norms.norms if norms else None),
+        trace=os.path.relpath(write_json_compact(os.path.join(run_dir, TRACE_FILE),
+                                                 step_trace(logs, norms.norms if norms else None)), s["output_dir"]),
     )
     del trainer, model
     gc.collect()
     return rec
 
 
+#: A run's per-step trace, next to its result.json (deterministic gzip JSON); the record's ``trace`` names it.
+TRACE_FILE = "trace.json.gz"
 #: Per-step metrics kept in a run's ``trace`` (what the step decided and how large it was).
 TRACE_KEYS = ("reward", "grad_norm", "adv/abs_mean", "adv/abs_max", "ext/generated_tokens", "ext/rollouts",
               "pair/completed_per_group", "pair/ess_mean", "pair/pi_min", "pair/pi_mean", "pair/max_weight",
@@ -1118,6 +1126,35 @@ def step_trace(logs: Sequence[dict], update_norms: dict | None = None) -> list[d
     return out
 
 
+def load_trace(rec: dict, base: str) -> list[dict] | None:
+    """A run record's per-step trace (``None`` when it has none, e.g. a failed run).
+
+    ``rec["trace"]`` is the list itself (result.json of runs written before traces moved out), or a path relative to
+    ``base`` (the output dir) of the ``trace.json.gz`` or of the result.json that holds the list inline (old runs in
+    a runs.json). ``base`` may also be the run's own folder: the file name alone is then looked up there.
+    """
+    ref = rec.get("trace")
+    if ref is None or isinstance(ref, list):
+        return ref
+    path = os.path.join(base, ref)
+    if not os.path.exists(path) and os.path.exists(os.path.join(base, os.path.basename(ref))):
+        path = os.path.join(base, os.path.basename(ref))
+    data = read_json(path)
+    if isinstance(data, dict):  # a result.json with the trace inline
+        data = data.get("trace")
+    if not isinstance(data, list):
+        raise ValueError(f"{path} holds no per-step trace list")
+    return data
+
+
+def _trace_by_reference(rec: dict, res_path: str, out_dir: str) -> dict:
+    """``rec`` read from ``res_path``, with an inline trace (a run written before traces moved to trace.json.gz)
+    replaced by the path of that result.json relative to ``out_dir``, so runs.json never embeds a trace."""
+    if isinstance(rec.get("trace"), list):
+        rec["trace"] = os.path.relpath(res_path, out_dir)
+    return rec
+
+
 def _skip_record(spec: MethodSpec, seed: int, reason: str, key: str | None = None, **extra) -> dict:
     return {"method": spec.name, "label": spec.label, "family": spec.family, "seed": seed, "status": "skipped",
             "reason": reason, "settings_key": key, **extra}
@@ -1139,7 +1176,8 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
             old = json.load(f)
         if old.get("settings_key") == key and old.get("status") == "ok":
             print(f"[{spec.name} seed {seed} lr {lr:g} {split}] reusing {res_path}", flush=True)
-            return _complete_reused(ctx, spec, old, setup_cache, lr, split)
+            return _trace_by_reference(_complete_reused(ctx, spec, old, setup_cache, lr, split), res_path,
+                                       s["output_dir"])
     what = "tuning on validation" if split != "test" else "training"
     print(f"[{spec.name} seed {seed} lr {lr:g}] {what} to {s['token_budget']:.0f} tokens", flush=True)
     os.makedirs(run_dir, exist_ok=True)
@@ -1253,12 +1291,16 @@ def edge_extension(scores: dict[str, dict]) -> float | None:
 
     ``scores`` is one method's :func:`lr_scores` entry. When the rate :func:`choose_lr` picks is the lowest (highest)
     rate tried and at least two rates were tried, the grid did not bracket the optimum: the next rate below (above)
-    it on the 1-3-10 ladder (:func:`lr_ladder_neighbour`) is returned. ``None`` when the pick is interior, when nothing
-    finished, or with fewer than two rates.
+    it on the 1-3-10 ladder (:func:`lr_ladder_neighbour`) is returned. ``None`` when the pick is interior, when it ties
+    with another rate, when nothing finished, or with fewer than two rates.
     """
     lr, _ = choose_lr(scores) if scores else (None, "")
     tried = sorted(c["lr"] for c in scores.values())
     if lr is None or len(tried) < 2:
+        return None
+    eligible = [c for c in scores.values() if c["n_ok"] > 0 and c["n_not_ok"] == 0]
+    best = max(c["mean"] for c in eligible)
+    if sum(c["mean"] == best for c in eligible) > 1:  # a tie (e.g. nothing learned anywhere): no direction to go
         return None
     if lr == tried[0]:
         return lr_ladder_neighbour(lr, -1)
@@ -1344,7 +1386,7 @@ def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dic
         spec = METHODS[name]
         base = os.path.join(s["output_dir"], "runs", "tune", name)
         if name in have:  # chosen earlier: report the tuning runs found on disk, train nothing
-            tune_runs.extend(_read_results(base))
+            tune_runs.extend(_read_results(base, s["output_dir"]))
             continue
         mine: list[dict] = []
         queue, extensions = list(s["tune_lr"]), 0
@@ -1377,12 +1419,16 @@ def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dic
     return doc, tune_runs
 
 
-def _read_results(base: str) -> list[dict]:
+def _read_results(base: str, out_dir: str | None = None) -> list[dict]:
+    """Every result.json under ``base``; with ``out_dir``, inline traces become references (see
+    :func:`_trace_by_reference`)."""
     out = []
     for root, _, files in sorted(os.walk(base)):
         if "result.json" in files:
-            with open(os.path.join(root, "result.json"), encoding="utf-8") as f:
-                out.append(json.load(f))
+            path = os.path.join(root, "result.json")
+            with open(path, encoding="utf-8") as f:
+                rec = json.load(f)
+            out.append(_trace_by_reference(rec, path, out_dir) if out_dir is not None else rec)
     return out
 
 

@@ -11,10 +11,12 @@ Frozen-population measurement (no optimizer step; every gradient is taken at the
   model would otherwise answer in 2-4 tokens); reward 1 iff the completion starts with the sum (``--model tiny``:
   iff its first character is in a prompt-dependent digit set, so difficulty is mixed there too). Mixed difficulty:
   the ``K`` prompts' group accuracies are logged;
-* ``K = 4`` prompts x ``G = 16`` candidates per generation batch (64 candidates, as in the issue's run), the same
+* ``K = 4`` prompts x ``G = 16`` candidates per generation batch (64 candidates, as in the reported runs of
+  ``docs/pair.md``, "Long completions: what was measured"), the same
   prompts resampled ``--populations`` times (population noise);
 * prefix heads fitted on ``--history`` other batches (all candidates observed), then frozen (regime ``heads``); or
-  the synthetic issue-quality predictor :class:`SpreadPredictor` (regimes ``spread``, ``costblind``);
+  the synthetic predictor :class:`SpreadPredictor` with the reported runs' head quality (regimes ``spread``,
+  ``costblind``);
 * for every population: the GRPO gradient (``trl_ext.GRPOTrainer``, TRL's defaults: ``loss_type="dapo"``,
   ``scale_rewards="group"``; also with ``G / 2`` completions), PAIR's complete-pair gradient (``PAIRTrainer`` with ``pair_budget_ratio=1``: every
   candidate continued, weights 1 -- ``tests/test_pair_gradient.py`` shows PAIR's expected gradient equals it), and
@@ -67,9 +69,9 @@ def parse_args(argv=None):
                         "get the design draws)")
     p.add_argument("--variants", default="heads/default,spread/default,costblind/default,spread/w_max=10,"
                                          "spread/w_max=5,spread/pi_min=0.35",
-                   help="comma list of REGIME/OPTION: REGIME heads (the trainer's learned heads), spread (an "
-                        "issue-like predictor, see SpreadPredictor) or costblind (the same without cost "
-                        "information); OPTION default | w_max=X | pi_min=X")
+                   help="comma list of REGIME/OPTION: REGIME heads (the trainer's learned heads), spread (a "
+                        "predictor with the head quality of the reported runs in docs/pair.md, see SpreadPredictor) "
+                        "or costblind (the same without cost information); OPTION default | w_max=X | pi_min=X")
     p.add_argument("--learning_rate", type=float, default=1e-4, help="recorded; the gradient does not depend on it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="2 populations x 10 draws, 2 variants (smoke run)")
@@ -380,10 +382,11 @@ def nsr(grads):
 
 # ------------------------------------------------------------------------------------------------ main
 class SpreadPredictor:
-    """Pre-continuation success/cost predictions of an issue-like quality, set per population: ``p_hat = 0.95``
+    """Pre-continuation success/cost predictions of the quality of the reported runs' heads (``docs/pair.md``, "Long
+    completions: what was measured"), set per population: ``p_hat = 0.95``
     for a correct candidate and ``0.03`` otherwise (with the warm model and ``L = 32`` correctness is already
     decided by the ``tau = 4``-token prefix: answers have at most 3 characters), each flipped with probability 0.18
-    (Brier about 0.17, the issue's head Brier); ``c_hat`` = the true remaining tokens times a lognormal error
+    (Brier about 0.17, the reported runs' head Brier); ``c_hat`` = the true remaining tokens times a lognormal error
     (sigma 0.3), or, ``cost_blind``, their mean (the same for every candidate). Fixed before any draw (Theorem 2 holds
     conditionally on the design)."""
 

@@ -470,6 +470,8 @@ def test_lr_ladder_and_edge_extension():
     inner = ct.lr_scores(runs({3e-5: 0.3, 1e-4: 0.7, 3e-4: 0.6}))["m"]
     assert ct.edge_extension(inner) is None
     assert ct.edge_extension(ct.lr_scores(runs({1e-4: 0.7}))["m"]) is None  # one rate: nothing to bracket
+    assert ct.edge_extension(ct.lr_scores(runs({3e-5: 0.0, 1e-4: 0.0, 3e-4: 0.0}))["m"]) is None  # all tied
+    assert ct.edge_extension(ct.lr_scores(runs({3e-5: 0.5, 1e-4: 0.5, 3e-4: 0.1}))["m"]) is None  # tied best
     failed = runs({3e-5: 0.7, 1e-4: 0.6})
     failed[0]["status"] = "failed"
     assert ct.edge_extension(ct.lr_scores(failed)["m"]) == pytest.approx(3e-4)  # 1e-4 is the only eligible
@@ -520,3 +522,42 @@ def test_start_checkpoint_is_pinned_in_the_output_dir_under_v2(tmp_path):
     assert ct.checkpoint_fingerprint(again) != ct.checkpoint_fingerprint(str(src))
     assert ct.pinned_start_checkpoint({"output_dir": str(tmp_path / "v1"), "tune_lr": None}, build) == str(src)
     assert not (tmp_path / "v1" / ct.START_CHECKPOINT_DIR).exists()
+
+
+def test_trace_lives_in_its_own_file_and_old_inline_traces_still_read(tiny_model, tmp_path):
+    """A new run keeps its per-step trace in trace.json.gz (deterministic gzip) and runs.json embeds no trace; a run
+    written before that (trace inline in result.json) is reused, and both read back the same trace."""
+    from trl_ext._io import write_json_compact
+
+    out = tmp_path / "out"
+    argv = ["--output_dir", str(out), "--smoke", "--model_name_or_path", tiny_model, "--methods", "grpo_g4",
+            "--seeds", "0", "--update_norms", "--no_plots"]
+    assert ct.main(argv) == 0
+    run_dir = out / "runs" / "grpo_g4" / "seed0"
+    res = json.loads((run_dir / "result.json").read_text())
+    assert res["trace"] == os.path.join("runs", "grpo_g4", "seed0", ct.TRACE_FILE)
+    assert (run_dir / ct.TRACE_FILE).read_bytes()[:2] == b"\x1f\x8b"  # gzip
+    trace = ct.load_trace(res, str(out))
+    assert trace and all("update_norm" in t for t in trace) and [t["step"] for t in trace] == list(
+        range(1, res["steps"] + 1))
+    assert ct.load_trace(res, str(run_dir)) == trace  # the run's own folder as the base works too
+    again = write_json_compact(tmp_path / "again.json.gz", trace)
+    assert open(again, "rb").read() == (run_dir / ct.TRACE_FILE).read_bytes()  # deterministic bytes
+    doc = json.loads((out / "runs.json").read_text())
+    assert doc["runs"][0]["trace"] == res["trace"] and '"update_norm"' not in (out / "runs.json").read_text()
+
+    # an old record: the trace inline in result.json, no trace.json.gz; reused, and runs.json names the result.json
+    old = {**res, "trace": trace}
+    (run_dir / "result.json").write_text(json.dumps(old, indent=2, sort_keys=True))
+    (run_dir / ct.TRACE_FILE).unlink()
+    assert ct.main(argv) == 0
+    reused = json.loads((out / "runs.json").read_text())["runs"][0]
+    assert reused["run_wall_s"] == res["run_wall_s"]  # reused, not trained again
+    assert reused["trace"] == os.path.join("runs", "grpo_g4", "seed0", "result.json")
+    assert '"update_norm"' not in (out / "runs.json").read_text()
+    assert json.loads((run_dir / "result.json").read_text()) == old  # the old record is not rewritten
+    assert ct.load_trace(reused, str(out)) == ct.load_trace(old, str(out)) == trace
+    # tuning records read from disk get the same reference
+    assert [r["trace"] for r in ct._read_results(str(out / "runs"), str(out))] == [reused["trace"]]
+    assert ct._read_results(str(out / "runs"))[0]["trace"] == trace
+    assert ct.load_trace({"status": "failed"}, str(out)) is None

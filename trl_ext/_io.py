@@ -8,7 +8,8 @@ import io
 import json
 import os
 
-__all__ = ["write_json", "sha256_file", "read_cache_meta", "resolve_jsonl", "open_text", "write_text_atomic"]
+__all__ = ["write_json", "sha256_file", "read_cache_meta", "resolve_jsonl", "open_text", "write_text_atomic",
+           "write_json_compact", "read_json"]
 
 
 def resolve_jsonl(path: str | os.PathLike) -> str:
@@ -82,3 +83,15 @@ def write_json(path: str, obj) -> str:
         json.dump(obj, f, indent=2, sort_keys=True, default=str)
     os.replace(tmp, path)
     return path
+
+
+def write_json_compact(path: str | os.PathLike, obj) -> str:
+    """Write ``obj`` as compact JSON (sorted keys, no spaces) atomically; gzip-compressed and deterministic when the
+    name ends with ``.gz`` (see :func:`write_text_atomic`: equal objects give equal bytes). Returns ``path``."""
+    return write_text_atomic(path, json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str))
+
+
+def read_json(path: str | os.PathLike):
+    """The JSON document in ``path``, gunzipped when its name ends with ``.gz``."""
+    with open_text(path) as f:
+        return json.load(f)
