@@ -2,7 +2,8 @@
 
 The sampler's own exactness (keyed byte-identity against ``keyed_generate``, the exact distribution without keys)
 is tested in ``tests/test_shared_prefix.py``; here the option goes through the trainers' generation paths (TRL's
-fixed groups, DAPO refills, V0.5's OSLA rounds) on one and two processes.
+fixed groups, DAPO refills, V0.5's OSLA rounds, PAIR's probes and continuations, BASIS's one rollout per prompt) on
+one and two processes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from base_helpers import hash_reward, make_config, make_trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "shared_prefix_two_rank.py")
+PAIR_BASIS_SCRIPT = os.path.join(ROOT, "tests", "scripts", "shared_prefix_pair_basis_two_rank.py")
 TRAINERS = ("grpo", "dapo", "v05")
 
 
@@ -95,3 +97,71 @@ def test_pair_probes_and_continuations_through_the_shared_sampler(tmp_path):
     # probes (G per prompt, shared) and continuations (distinct prefixes) both went through the sampler
     assert log["ext/shared_prefix/independent_tokens"] > log["ext/shared_prefix/computed_tokens"] > 0
     assert log["ext/generated_tokens"] == log["pair/prefix_tokens"] + log["pair/realized_suffix_tokens"]
+
+
+# ------------------------------------------------------------------------------------------ BASIS and PAIR, 1 and 2 ranks
+def _load(out, name):
+    return torch.load(os.path.join(out, name), weights_only=False)
+
+
+def _check_basis(out, world):
+    """BASIS (G = 1) under keyed sampling: same tokens and weights with and without sharing; nothing to share."""
+    for r in range(world):
+        plain, shared = _load(out, f"basis_w{world}_plain_rank{r}.pt"), _load(out, f"basis_w{world}_shared_rank{r}.pt")
+        assert plain["global_step"] == shared["global_step"] == 2
+        assert len(shared["rollouts"]) == 16 // world and plain["calls"] == []
+        assert plain["rollouts"] == shared["rollouts"], f"BASIS rank {r}: completions differ"
+        assert all(torch.equal(a, b) for a, b in zip(plain["params"], shared["params"]))
+        assert len(shared["logs"]) == 2 and len(shared["calls"]) == 2
+        for lp, ls in zip(plain["logs"], shared["logs"]):
+            assert lp["ext/generated_tokens"] == ls["ext/generated_tokens"]
+            assert not any(k.startswith("ext/shared_prefix/") for k in lp)
+            # one rollout per (distinct) prompt: every position serves one row, so sharing saves nothing
+            assert ls["ext/shared_prefix/saved_fraction"] == 0.0 and ls["ext/shared_prefix/shared_fraction"] == 0.0
+            assert ls["ext/shared_prefix/computed_tokens"] == ls["ext/shared_prefix/independent_tokens"] > 0
+        assert all(c["computed_tokens"] == c["independent_tokens"] for c in shared["calls"])
+
+
+def test_basis_keyed_sharing_trains_logs_and_is_byte_identical_one_process(tmp_path):
+    """BASIS accepts the option (it inherits it from ExtGRPOConfig): it trains, logs ``ext/shared_prefix/*``, draws
+    the same keyed tokens as without sharing, and saves nothing (``saved_fraction`` 0: one rollout per prompt)."""
+    import shared_prefix_pair_basis_two_rank as script
+
+    for shared in (False, True):
+        script.run(str(tmp_path), "basis", shared)
+    _check_basis(str(tmp_path), 1)
+
+
+def _check_pair(out, world):
+    ranks = [_load(out, f"pair_w{world}_shared_rank{r}.pt") for r in range(world)]
+    assert sorted(d["rank"] for d in ranks) == list(range(world)) and all(d["world"] == world for d in ranks)
+    for d in ranks:
+        assert d["global_step"] == 2 and len(d["logs"]) == 2
+        assert d["calls"], f"rank {d['rank']} never called the shared-prefix sampler"
+        # every rank's probe calls (G = 8 rows of one prompt) shared positions; continuations share none
+        assert any(c["computed_tokens"] < c["independent_tokens"] for c in d["calls"]), d["calls"]
+        for log in d["logs"]:
+            assert torch.isfinite(torch.tensor(log["loss"]))
+            assert log["ext/generated_tokens"] == log["pair/prefix_tokens"] + log["pair/realized_suffix_tokens"]
+            assert 0 < log["ext/shared_prefix/saved_fraction"] < 1
+    # the logged counters are the sums over ranks of what each rank's sampler computed and generated
+    logs = ranks[0]["logs"]
+    for key, stat in (("ext/shared_prefix/computed_tokens", "computed_tokens"),
+                      ("ext/shared_prefix/independent_tokens", "independent_tokens"),
+                      ("ext/generated_tokens", "generated_tokens")):
+        assert sum(h[key] for h in logs) == sum(c[stat] for d in ranks for c in d["calls"]), key
+        assert all([h[key] for h in d["logs"]] == [h[key] for h in logs] for d in ranks)
+    for d in ranks[1:]:  # DDP kept the replicas identical
+        assert all(torch.equal(a, b) for a, b in zip(ranks[0]["params"], d["params"]))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_pair_and_basis_with_sharing_on_two_processes(tmp_path):
+    """PAIR trains with sharing on both ranks (probes and continuations through the sampler on each, counters summed
+    over ranks, replicas identical); BASIS keyed is byte-identical with and without sharing on both ranks."""
+    proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                 PAIR_BASIS_SCRIPT, str(tmp_path), "pair,basis"], env_extra={"ACCELERATE_DEBUG_MODE": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _check_pair(str(tmp_path), 2)
+    _check_basis(str(tmp_path), 2)
