@@ -45,7 +45,7 @@ Methods (``--methods``; default all)::
                                tokens are counted and reported as a separate cost
     v05_osla                   V05GRPOTrainer, v05_k_init = 4 with Sequential OSLA (V0.5 paper, arXiv:2603.10848)
     v05_fixed4                 V05GRPOTrainer, fixed k = 4 (prior fusion, no OSLA rounds)
-    pair                       PAIRTrainer, G = 16 prefix candidates (pair_prefix_inclusion_reweighting.txt)
+    pair                       PAIRTrainer, G = 16 prefix candidates (PAIR paper, arXiv:2608.11368)
     signal_only                GRPO G = 8 with signal-only loss denominators (ExtGRPOConfig.signal_only_denominator:
                                the loss is divided only by the tokens of groups with a nonzero advantage)
     tiebreak                   GRPO G = 8 trained on the tie-break blend: reward = binary task reward + 0.1 x
@@ -117,9 +117,10 @@ Outputs in ``--output_dir``::
 
 Usage::
 
-    # benchmark v2, the default command (one invocation per task; the two can run side by side on 2 cores)
-    python benchmarks/compare_trainers.py --protocol v2 --task scratchpad --output_dir benchmarks/results/compare/v2/scratchpad
-    python benchmarks/compare_trainers.py --protocol v2 --task addition --output_dir benchmarks/results/compare/v2/addition
+    # benchmark v2, the default command (one invocation per task; --jobs 2 runs two worker processes, one per core,
+    # each on its share of the methods, then aggregates every run into one table)
+    python benchmarks/compare_trainers.py --protocol v2 --task scratchpad --jobs 2 --output_dir benchmarks/results/compare/v2/scratchpad
+    python benchmarks/compare_trainers.py --protocol v2 --task addition --jobs 2 --output_dir benchmarks/results/compare/v2/addition
     # v1 (docs/results.md)
     python benchmarks/compare_trainers.py --output_dir benchmarks/results/compare/full
     # smoke tests
@@ -474,6 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config_overrides", default=None,
                    help="JSON object of extra config fields applied to every method (same for all)")
     p.add_argument("--num_threads", type=_pos_int, default=1, help="torch threads (default 1)")
+    p.add_argument("--jobs", type=_pos_int, default=1,
+                   help="run the methods in this many worker processes side by side (each with --num_threads "
+                        "threads; methods are split by their estimated cost), then aggregate every run into one "
+                        "set of tables, verdicts and plots (default 1: one process)")
     p.add_argument("--n_sim", type=_pos_int, default=None, help="Monte Carlo reruns for the smallest gap")
     p.add_argument("--n_boot", type=_pos_int, default=None, help="paired bootstrap replicates")
     p.add_argument("--cache_dir", default=None,
@@ -1757,6 +1762,50 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
 
 
 # ----------------------------------------------------------------------------------------------------- main
+#: Relative cost of one run of each method (train wall time of the scratchpad v1 runs at lr 1e-4, GRPO G=8 = 1;
+#: BASIS includes a share of its value table), used only to balance ``--jobs`` workers.
+METHOD_COST: dict[str, float] = {"pair": 2.0, "rloo": 1.25, "basis": 1.5, "grpo_g4": 1.0, "grpo_g8": 1.0,
+                                 "grpo_g16": 0.95, "dr_grpo": 0.95, "signal_only": 1.0, "tiebreak": 1.0,
+                                 "v05_osla": 0.8, "v05_fixed4": 0.8, "dapo_dynamic": 0.7, "reinforce_pp": 0.65}
+
+
+def split_methods(methods: Sequence[str], jobs: int) -> list[list[str]]:
+    """Partition ``methods`` into at most ``jobs`` non-empty groups of balanced :data:`METHOD_COST` (longest
+    processing time first: each method, costliest first, goes to the group with the least cost so far); each group
+    keeps the order of ``methods``."""
+    groups: list[list[str]] = [[] for _ in range(min(jobs, len(methods)))]
+    load = [0.0] * len(groups)
+    for m in sorted(methods, key=lambda m: -METHOD_COST.get(m, 1.0)):
+        i = load.index(min(load))
+        groups[i].append(m)
+        load[i] += METHOD_COST.get(m, 1.0)
+    order = {m: k for k, m in enumerate(methods)}
+    return [sorted(g, key=order.__getitem__) for g in groups if g]
+
+
+def run_workers(argv: Sequence[str], methods: Sequence[str], jobs: int, out: str) -> None:
+    """``--jobs``: run this script once per method group (:func:`split_methods`) in parallel subprocesses, each
+    with ``--jobs 1 --no_plots`` and its ``--methods``, logging to ``<out>/logs/worker<i>.log``. Runs land in the
+    shared ``runs/`` tree (disjoint per method) and are reused by the aggregating pass that follows; a failed worker
+    stops the invocation with its log named (its finished runs stay reusable)."""
+    import subprocess
+
+    groups = split_methods(methods, jobs)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    procs = []
+    for i, group in enumerate(groups):
+        log = os.path.join(out, "logs", f"worker{i}.log")
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--methods", *group, "--jobs", "1", "--no_plots"]
+        print(f"[jobs] worker {i}: {' '.join(group)} (log {log})", flush=True)
+        with open(log, "w", encoding="utf-8") as f:
+            procs.append((i, log, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)))
+    failed = [(i, log, p.wait()) for i, log, p in procs]
+    failed = [(i, log, rc) for i, log, rc in failed if rc != 0]
+    if failed:
+        raise SystemExit("; ".join(f"worker {i} exited with {rc} (see {log})" for i, log, rc in failed)
+                         + ": finished runs are reused when the command is run again")
+
+
 def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[float | None, str]]:
     """``{method: (lr, source)}`` of the main runs: the tuned choice (``None`` with the reason when there is none)
     or, without tuning, ``--learning_rate`` for every method."""
@@ -1776,6 +1825,7 @@ def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[fl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     s = resolve_settings(args)
     import torch
@@ -1789,6 +1839,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = ctx.evaluate(ctx.load_model(), greedy=True)
     start_by_level = accuracy_by_level(start.records, ctx.difficulty_levels("test"))
     print(f"start accuracy {start.accuracy:.3f} on {len(ctx.eval_ds)} held-out questions", flush=True)
+    if args.jobs > 1 and len(s["methods"]) > 1:
+        # the start checkpoint is pinned above, so every worker trains from the same weights
+        run_workers(argv, s["methods"], args.jobs, out)
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])

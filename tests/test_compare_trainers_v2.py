@@ -561,3 +561,32 @@ def test_trace_lives_in_its_own_file_and_old_inline_traces_still_read(tiny_model
     assert [r["trace"] for r in ct._read_results(str(out / "runs"), str(out))] == [reused["trace"]]
     assert ct._read_results(str(out / "runs"))[0]["trace"] == trace
     assert ct.load_trace({"status": "failed"}, str(out)) is None
+
+
+def test_split_methods_balances_cost_and_keeps_order():
+    methods = list(ct.METHODS)
+    groups = ct.split_methods(methods, 2)
+    assert len(groups) == 2 and sorted(m for g in groups for m in g) == sorted(methods)
+    for g in groups:  # each group keeps the command's order
+        assert g == [m for m in methods if m in g]
+    load = [sum(ct.METHOD_COST[m] for m in g) for g in groups]
+    assert abs(load[0] - load[1]) <= max(ct.METHOD_COST.values())  # LPT: within one job of balance
+    assert ct.split_methods(["grpo_g8"], 4) == [["grpo_g8"]]  # never an empty worker
+    assert set(ct.METHOD_COST) == set(ct.METHODS)  # a new method must get a cost estimate
+
+
+def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    rc = ct.main(["--output_dir", str(out), "--smoke", "--protocol", "v2", "--task", "scratchpad",
+                  "--model_name_or_path", tiny_model, "--n_train", "32", "--methods", "grpo_g8", "reinforce_pp",
+                  "--tune_lr", "1e-4", "--tune_extend", "0", "--seeds", "0", "--jobs", "2", "--no_plots"])
+    assert rc == 0
+    logs = sorted(os.listdir(out / "logs"))
+    assert logs == ["worker0.log", "worker1.log"]
+    assert all("[lr]" in (out / "logs" / f).read_text() for f in logs)  # each worker tuned its own method
+    doc = json.loads((out / "runs.json").read_text())
+    assert {(r["method"], r["status"]) for r in doc["runs"]} == {("grpo_g8", "ok"), ("reinforce_pp", "ok")}
+    assert set(json.loads((out / "lr_choice.json").read_text())["methods"]) == {"grpo_g8", "reinforce_pp"}
+    for r in doc["runs"] + doc["tuning_runs"]:  # the aggregating pass reused the workers' runs, trained nothing
+        on_disk = json.loads((out / os.path.dirname(r["outcomes"]) / "result.json").read_text())
+        assert on_disk["run_wall_s"] == r["run_wall_s"] and on_disk["settings_key"] == r["settings_key"]
