@@ -1747,8 +1747,14 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
             mean = [sum(a[i] for a in accs) / len(accs) for i in range(n + 1)]
             lo = [min(a[i] for a in accs) for i in range(n + 1)]
             hi = [max(a[i] for a in accs) for i in range(n + 1)]
-            line = ax.plot(xs, mean, marker="o", ms=3, label=f"{ok[0]['label']} ({len(ok)} seeds)")[0]
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
+            # one colour per method (tab20's dark hues first, then the light ones: more than the default cycle's
+            # 10 colours), line style by family
+            i = (list(METHODS).index(name) if name in METHODS else 0) % 20
+            color = plt.get_cmap("tab20").colors[(2 * i) % 20 + (2 * i) // 20]
+            style = {"grpo": "-", "baseline": "--"}.get(ok[0].get("family"), "-.")
+            ax.plot(xs, mean, marker="o", ms=3, color=color, linestyle=style,
+                    label=f"{ok[0]['label']} ({len(ok)} seeds)")
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("held-out greedy accuracy (band: min..max over seeds)")
         ax.grid(alpha=0.3)
