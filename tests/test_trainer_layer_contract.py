@@ -158,9 +158,46 @@ def test_the_base_ext_config_is_upgraded(tmp_path, dst):
     assert type(up) is dst and up.log_rollout_metadata is True
     own = {f.name for f in _own_fields(dst)} - TRL_FIELDS
     assert own <= set(vars(up))  # the method's fields at their defaults
-    # every method config is an ExtGRPOConfig: trl_ext.GRPOTrainer takes it unchanged (subclass of its class)
-    cfg = _config(dst, tmp_path)
-    assert as_config(cfg, ExtGRPOConfig, "GRPOTrainer") is cfg
+    # a method config given to the base trl_ext.GRPOTrainer is refused: its method options would be ignored (and
+    # BASIS's one rollout per prompt would give the default grpo estimator singleton groups: zero advantages)
+    with pytest.raises(TypeError) as err:
+        as_config(_config(dst, tmp_path), ExtGRPOConfig, "GRPOTrainer")
+    assert dst.__name__ in str(err.value) and "Pass args=ExtGRPOConfig(...)" in str(err.value)
+
+
+@dataclasses.dataclass
+class _ScriptConfig(trl.GRPOConfig):
+    """A user's own script config with an extra field (the common TRL pattern)."""
+
+    my_dataset: str = dataclasses.field(default="mine", metadata={"help": "read by the user's script"})
+
+
+@dataclasses.dataclass
+class _ScriptExtConfig(ExtGRPOConfig):
+    my_dataset: str = dataclasses.field(default="mine", metadata={"help": "read by the user's script"})
+
+
+@pytest.mark.parametrize("dst", [ExtGRPOConfig, *(c for c, _ in METHOD_CONFIGS)], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("user_cls", [_ScriptConfig, _ScriptExtConfig], ids=lambda c: c.__name__)
+def test_a_users_own_config_subclass_is_upgraded_with_its_fields(tmp_path, dst, user_cls):
+    cfg = user_cls(**_kw(tmp_path), num_generations=4, per_device_train_batch_size=8, loss_type="dapo",
+                   my_dataset="theirs")
+    if dst is BASISConfig:  # TRL's config refuses 1 at construction; BASIS's validation (in the upgrade) wants it
+        cfg.num_generations = 1
+    up = as_config(cfg, dst, "Trainer")
+    if isinstance(cfg, dst):  # already the trainer's class (ExtGRPOConfig subclass given to the base trainer)
+        assert up is cfg
+    else:
+        assert type(up) is dst
+    assert up.my_dataset == "theirs" and up.learning_rate == cfg.learning_rate
+
+
+@pytest.mark.parametrize("dst", [c for c, _ in METHOD_CONFIGS], ids=lambda c: c.__name__)
+def test_a_users_subclass_of_the_trainers_own_config_is_kept(tmp_path, dst):
+    sub = dataclasses.make_dataclass("Mine", [("my_flag", bool, dataclasses.field(default=True))], bases=(dst,))
+    cfg = sub(**_kw(tmp_path), **({"num_generations": 1} if dst is BASISConfig else
+                                   {"num_generations": 4, "per_device_train_batch_size": 8, "loss_type": "dapo"}))
+    assert as_config(cfg, dst, "Trainer") is cfg
 
 
 ESTIMATOR_FUNCTIONS = {

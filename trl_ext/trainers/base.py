@@ -226,26 +226,34 @@ def parse_kwargs_field(value: Any, name: str) -> dict:
 def as_config(args: Any, config_class: type, trainer_name: str):
     """Return ``args`` as an instance of ``config_class`` (the one rule every trl_ext trainer applies).
 
-    * an instance of ``config_class`` (or a subclass) is returned unchanged;
-    * an instance of a parent class of ``config_class`` -- a plain ``trl.GRPOConfig`` or the base
-      :class:`ExtGRPOConfig` -- is upgraded: a ``config_class`` object with the same field values, the defaults of
+    What decides is the config's *library class*: the most derived trl_ext class in its MRO (``None`` for a plain
+    ``trl.GRPOConfig`` or a user's own subclass of it).
+
+    * no library class (``trl.GRPOConfig`` or a user's subclass of it, whose extra fields the user's script may
+      read), or a library class that is a parent of ``config_class`` (the base :class:`ExtGRPOConfig`, or a user's
+      subclass of it, given to a method trainer): upgraded, unless it already is a ``config_class`` -- a
+      ``config_class`` object with the same attribute values (the user's extra fields included), the defaults of
       ``config_class`` for the fields it lacks, and ``config_class``'s own validation (TRL's ``__post_init__`` is
       not re-run: its derived fields are kept);
-    * any other config class raises ``TypeError``, in particular another trainer's method config (e.g. a
-      ``V05GRPOConfig`` given to the PAIR trainer): upgrading it would carry that method's options along, unused.
+    * a library class equal to ``config_class`` or below it (a user's subclass of the trainer's own config):
+      returned unchanged;
+    * any other library class raises ``TypeError``: another trainer's method config (a ``V05GRPOConfig`` given to
+      the PAIR trainer, or any method config given to the base ``trl_ext.GRPOTrainer``), whose method options would
+      otherwise be silently ignored.
     """
-    if isinstance(args, config_class):
-        return args
     if not isinstance(args, trl.GRPOConfig):
         raise TypeError(f"{trainer_name} needs a {config_class.__name__} (or a trl.GRPOConfig), got "
                         f"{type(args).__name__}.")
-    if not issubclass(config_class, type(args)):
+    library = next((c for c in type(args).__mro__ if c.__module__.split(".")[0] == "trl_ext"), None)
+    if library is not None and not issubclass(config_class, library):
         raise TypeError(
-            f"{trainer_name} needs a {config_class.__name__}, got a {type(args).__name__}, which is neither a "
-            f"{config_class.__name__} nor one of its parent classes (trl.GRPOConfig, ExtGRPOConfig); its own options "
-            f"would be carried along unused. Pass args={config_class.__name__}(...) with the same arguments (or a "
-            "plain trl.GRPOConfig / ExtGRPOConfig, which is upgraded with its defaults)."
+            f"{trainer_name} needs a {config_class.__name__}, got a {type(args).__name__} ({library.__name__}), "
+            f"another trainer's config: its method options would be ignored. Pass args={config_class.__name__}(...) "
+            "with the same arguments (a plain trl.GRPOConfig or ExtGRPOConfig is upgraded with its defaults), or "
+            f"use the trainer that {library.__name__} belongs to."
         )
+    if isinstance(args, config_class):
+        return args
     new = object.__new__(config_class)
     new.__dict__.update(args.__dict__)
     for f in fields(config_class):
