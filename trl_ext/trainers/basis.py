@@ -232,6 +232,12 @@ class _Lookup:
         return self.p is None and self.v is None
 
 
+def card_table_source(source: Any) -> str:
+    """How a value table's source appears in a model card: a path by its file name only (the card is pushed to the
+    Hub, the machine's directories are not; the file hash identifies the table), anything else as is."""
+    return os.path.basename(source) if isinstance(source, str) and os.sep in source else str(source)
+
+
 def basis_model_card_details(trainer) -> dict[str, Any]:
     """What a BASIS run depended on, for the model card: the value table (content hash, file hash, rows, and the
     reference model, reward functions and sample count from its header), the estimator options and the last beta."""
@@ -239,7 +245,7 @@ def basis_model_card_details(trainer) -> dict[str, Any]:
     a = trainer.args
     out = {
         "value table sha256 (rows)": f"`{info['rows_sha256']}`",
-        "value table": f"{info['source']} ({info['rows']} rows)",
+        "value table": f"{card_table_source(info['source'])} ({info['rows']} rows)",
     }
     if info["file_sha256"] is not None:
         out["value table file sha256"] = f"`{info['file_sha256']}`"

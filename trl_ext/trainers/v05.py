@@ -950,6 +950,7 @@ def v05_model_card_details(trainer) -> dict[str, Any]:
     model it embeds with (:attr:`V05GRPOTrainer.prior_backbone`); for a :class:`~trl_ext.priors.TablePrior` the value
     table (content hash, file hash, rows, and the reference model from its header, as BASIS records it)."""
     from ..priors import EmbeddingInContextPrior
+    from .basis import card_table_source
 
     out: dict[str, Any] = {"value prior class": type(trainer.prior).__name__}
     backbone = trainer.prior_backbone
@@ -965,7 +966,7 @@ def v05_model_card_details(trainer) -> dict[str, Any]:
     if info is not None:
         out["value table sha256 (rows)"] = (f"`{info['rows_sha256']}`" if info["rows_sha256"] is not None
                                             else "none (a plain {prompt: p} mapping)")
-        out["value table"] = f"{info['source']} ({info['rows']} rows)"
+        out["value table"] = f"{card_table_source(info['source'])} ({info['rows']} rows)"
         if info["file_sha256"] is not None:
             out["value table file sha256"] = f"`{info['file_sha256']}`"
         out["reference model (table header)"] = info["reference_model"] or "not recorded"
