@@ -358,3 +358,25 @@ def test_two_ranks_group_split_across_ranks_gets_global_sample_indices(tmp_path)
     init = _load(tmp_path / "init")
     for r in [r for r in r0 + r1 if r["step"] == 0]:
         assert regenerate(init, None, r) == r["completion_ids"]
+
+
+def test_generate_token_ids_keys_the_dummy_rows_of_a_collective_call(tmp_path, monkeypatch):
+    """Under ZeRO-3 / FSDP / vLLM TP generation is a collective: ``generate_token_ids`` pads this rank's call with
+    dummy rows. With keyed sampling those rows get (marked) requests too, instead of the call refusing to run; the
+    real rows keep their tokens and the dummies are discarded."""
+    from trl_ext.trainers import _trl_compat as compat
+    from trl_ext.trainers.keyed_sampling_mixin import KeyedRequest
+
+    trainer, tok = _train(tmp_path, steps=1, save=False)
+    prompts = [tok("1+2=")["input_ids"], tok("12+34=")["input_ids"]]
+    requests = [KeyedRequest(key=11, sample_index=0), KeyedRequest(key=12, sample_index=1)]
+    trainer.set_keyed_requests(list(requests))
+    alone, _ = trainer.generate_token_ids(prompts, max_new_tokens=4)
+    monkeypatch.setattr(compat, "generation_is_collective", lambda tr: True)
+    monkeypatch.setattr(compat, "gather", lambda t: torch.tensor([len(prompts) + 3]))  # another rank has 5 rows
+    trainer.set_keyed_requests(list(requests))
+    padded, _ = trainer.generate_token_ids(prompts, max_new_tokens=4)
+    assert padded == alone
+    with open(trainer.keyed_rollout_log_path(), encoding="utf-8") as f:
+        last_call = [json.loads(line) for line in f][-5:]
+    assert [r.get("dummy", False) for r in last_call] == [False, False, True, True, True]

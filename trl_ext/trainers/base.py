@@ -43,7 +43,7 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -749,6 +749,16 @@ class GRPOTrainer(compat.TRLGlue):
             n_call = max(1, int(compat.gather(torch.tensor([n], device=self.accelerator.device)).max().item()))
             dummy = seqs[0] if seqs else [compat.tokenizer(self).eos_token_id]
             seqs += [dummy] * (n_call - n)
+            pending = getattr(self, "_keyed_requests", None)
+            if n_call > n and pending is not None and len(pending) == n:
+                # keyed sampling: the dummy rows need requests too (copies of the first one, marked; their
+                # completions are discarded like the rows themselves), else the call would see fewer requests
+                # than prompts
+                from .keyed_sampling_mixin import KeyedRequest
+
+                filler = (replace(pending[0], meta={**pending[0].meta, "dummy": True}) if pending
+                          else KeyedRequest(key=0, sample_index=0, meta={"dummy": True}))
+                self.set_keyed_requests(list(pending) + [filler] * (n_call - n))
         if not seqs:
             return [], None
         cap = contextlib.nullcontext() if max_new_tokens is None else compat.max_new_tokens(self, max_new_tokens)
