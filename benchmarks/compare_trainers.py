@@ -1415,6 +1415,13 @@ def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dic
     todo = [m for m in s["methods"] if m not in have]
     new = build_lr_choice([r for r in tune_runs if r["method"] in todo], s["tune_lr"], s["tune_seeds"],
                           json.loads(json.dumps(tuning_context(s), default=str)))
+    if todo and os.path.exists(path):
+        # re-read just before writing: another invocation on this folder (a --jobs worker) may have added its
+        # methods while this one tuned, and a merge with the copy read at the start would drop them
+        with open(path, encoding="utf-8") as f:
+            latest = json.load(f)
+        check_lr_choice_context(latest, s, path)
+        existing = merge_lr_choice(latest, existing) if existing else latest
     doc = merge_lr_choice(existing, new)
     if todo or existing is None:
         _write_json(path, doc)

@@ -590,3 +590,24 @@ def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
     for r in doc["runs"] + doc["tuning_runs"]:  # the aggregating pass reused the workers' runs, trained nothing
         on_disk = json.loads((out / os.path.dirname(r["outcomes"]) / "result.json").read_text())
         assert on_disk["run_wall_s"] == r["run_wall_s"] and on_disk["settings_key"] == r["settings_key"]
+
+
+def test_lr_choice_of_a_concurrent_invocation_is_not_overwritten(monkeypatch, tmp_path):
+    """Two invocations on one folder (``--jobs`` workers) tune different methods: the one that writes last merges
+    with the file as it is then, not as it was when it started."""
+    s = {"output_dir": str(tmp_path), "methods": ["grpo_g8"], "tune_lr": [1e-4], "tune_seeds": [0], "tune_extend": 0,
+         "task": "addition"}
+    ctx_json = json.loads(json.dumps(ct.tuning_context(s), default=str))
+
+    def fake_run(ctx, spec, seed, run_dir, setup_cache, lr, split="test"):
+        # meanwhile, another worker finishes tuning rloo and writes its choice
+        other = ct.build_lr_choice([_tune("rloo", 3e-5, 0, 0.7)], [3e-5], [0], ctx_json)
+        ct._write_json(os.path.join(str(tmp_path), ct.LR_CHOICE_FILE), other)
+        return {"method": spec.name, "learning_rate": lr, "seed": seed, "status": "ok",
+                "final_greedy_accuracy": 0.5, "tokens": 10.0}
+
+    monkeypatch.setattr(ct, "run_or_reuse", fake_run)
+    doc, _ = ct.tune_learning_rates(SimpleNamespace(s=s), {})
+    on_disk = json.loads((tmp_path / ct.LR_CHOICE_FILE).read_text())
+    assert on_disk["methods"]["rloo"]["chosen_lr"] == 3e-5 and on_disk["methods"]["grpo_g8"]["chosen_lr"] == 1e-4
+    assert set(doc["methods"]) == {"rloo", "grpo_g8"}
