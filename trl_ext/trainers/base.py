@@ -235,8 +235,8 @@ def as_config(args: Any, config_class: type, trainer_name: str):
       ``config_class`` object with the same attribute values (the user's extra fields included), the defaults of
       ``config_class`` for the fields it lacks, and ``config_class``'s own validation (TRL's ``__post_init__`` is
       not re-run: its derived fields are kept);
-    * a library class equal to ``config_class`` or below it (a user's subclass of the trainer's own config):
-      returned unchanged;
+    * a library class equal to ``config_class`` (the trainer's own config, or a user's subclass of it): returned
+      unchanged;
     * any other library class raises ``TypeError``: another trainer's method config (a ``V05GRPOConfig`` given to
       the PAIR trainer, or any method config given to the base ``trl_ext.GRPOTrainer``), whose method options would
       otherwise be silently ignored.
