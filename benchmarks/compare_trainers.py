@@ -813,8 +813,16 @@ def table_cost_record(counted_tokens: int, n_written: int, n_already_done: int, 
             "table_samples_per_prompt": samples_per_prompt, "table_build_wall_s": build_wall_s}
 
 
+VALUE_TABLE_DIR = "value_table"
+
+
 def setup_basis(ctx: Context) -> SetupResult:
-    """Build (once, cached in ``--cache_dir``) the BASIS reference value table for the training pool.
+    """Build (once) the BASIS reference value table for the training pool: cached in ``--cache_dir``, or under a
+    tuning protocol (v2) pinned in ``<output_dir>/value_table/`` next to the pinned start checkpoint.
+
+    The pinned table is keyed by the start checkpoint's fingerprint rather than its path, so a fresh clone on another
+    machine finds the committed table (and its ``.cost.json``) and neither rebuilds it nor loses its token count; an
+    interrupted build left there is resumed by the next invocation.
 
     ``value_table_samples`` completions per training prompt are sampled at T = 1 from the *starting* checkpoint
     (the frozen reference policy, BASIS Section 4 "Offline value", Appendix 10) and scored with the training reward,
@@ -827,16 +835,20 @@ def setup_basis(ctx: Context) -> SetupResult:
     from trl_ext.priors.value_table import build_value_table
 
     n = ctx.s["value_table_samples"]
-    key = hashlib.sha256(f"{ctx.model_path}|{ctx.task}|{ctx.s['dataset_fn']}|{len(ctx.train_ds)}|{n}|"
+    if ctx.s.get("tune_lr"):  # v2: pinned with the results, keyed by the weights (not by a machine's path)
+        table_dir, model_id = os.path.join(ctx.s["output_dir"], VALUE_TABLE_DIR), ctx.s["start_checkpoint_sha"]
+    else:
+        table_dir, model_id = ctx.cache_dir, ctx.model_path
+    key = hashlib.sha256(f"{model_id}|{ctx.task}|{ctx.s['dataset_fn']}|{len(ctx.train_ds)}|{n}|"
                          f"{ctx.max_new}|counted".encode()).hexdigest()[:12]
-    path = os.path.join(ctx.cache_dir, f"value_table-{key}.jsonl")
-    done = os.path.join(ctx.cache_dir, f"value_table-{key}.done")
-    cost_path = os.path.join(ctx.cache_dir, f"value_table-{key}.cost.json")
+    path = os.path.join(table_dir, f"value_table-{key}.jsonl")
+    done = os.path.join(table_dir, f"value_table-{key}.done")
+    cost_path = os.path.join(table_dir, f"value_table-{key}.cost.json")
     config = {"basis_value_table_path": path}
     if os.path.exists(done) and os.path.exists(cost_path):
         with open(cost_path, encoding="utf-8") as f:
-            return SetupResult(config=config, info=json.load(f))
-    os.makedirs(ctx.cache_dir, exist_ok=True)
+            return SetupResult(config=config, info={**json.load(f), "table_path": path})
+    os.makedirs(table_dir, exist_ok=True)
     t0 = time.time()
     model = ctx.load_model()
     counter: dict = {}
@@ -847,8 +859,8 @@ def setup_basis(ctx: Context) -> SetupResult:
     stats = table.metadata.get("build_stats", {})
     info = table_cost_record(counter.get("tokens", 0), int(stats.get("n_written", len(table))),
                              int(stats.get("n_already_done", 0)), n, time.time() - t0)
+    _write_json(cost_path, info)  # without the path: a pinned table is read on other machines too
     info["table_path"] = path
-    _write_json(cost_path, info)
     with open(done, "w", encoding="utf-8") as f:
         f.write(f"{len(table)} rows\n")
     print(f"built BASIS value table {path} ({len(table)} prompts x {n} samples, {info['table_tokens']} generated "

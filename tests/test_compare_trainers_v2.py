@@ -273,6 +273,36 @@ def test_basis_setup_counts_the_table_tokens(tiny_model, tmp_path):
     assert ct.setup_basis(ctx).info == json.loads(json.dumps(info))  # second call: read from the cache
 
 
+def test_v2_pins_the_value_table_in_the_output_dir_keyed_by_the_weights(tiny_model, tmp_path, monkeypatch):
+    """Under v2 the table lives in ``<output_dir>/value_table/`` and is keyed by the start checkpoint's weights: a
+    second machine (other cache, the same weights at another path) reuses it with its token count and builds
+    nothing."""
+    import shutil
+
+    argv = ("--protocol", "v2", "--smoke", "--task", "scratchpad", "--n_train", "5", "--value_table_samples", "2",
+            "--max_completion_length", "10")
+    out = tmp_path / "out"
+    s = ct.resolve_settings(ct.build_parser().parse_args(
+        ["--output_dir", str(out), *argv, "--model_name_or_path", tiny_model, "--cache_dir", str(tmp_path / "c1")]))
+    first = ct.setup_basis(ct.Context(s))
+    table = first.config["basis_value_table_path"]
+    assert os.path.dirname(table) == os.path.join(str(out), ct.VALUE_TABLE_DIR) and os.path.exists(table)
+    assert first.info["table_tokens_source"] == "counted" and first.info["table_tokens"] > 0
+    assert not os.path.exists(tmp_path / "c1") or not os.listdir(tmp_path / "c1")  # nothing in the cache
+    cost_files = [f for f in os.listdir(os.path.dirname(table)) if f.endswith(".cost.json")]
+    with open(os.path.join(os.path.dirname(table), cost_files[0]), encoding="utf-8") as f:
+        assert "table_path" not in json.load(f)  # no machine path in the committed record
+
+    moved = tmp_path / "elsewhere" / "model"
+    shutil.copytree(tiny_model, moved)
+    monkeypatch.setattr("trl_ext.priors.value_table.build_value_table",
+                        lambda *a, **k: pytest.fail("the pinned table was rebuilt"))
+    s2 = ct.resolve_settings(ct.build_parser().parse_args(
+        ["--output_dir", str(out), *argv, "--model_name_or_path", str(moved), "--cache_dir", str(tmp_path / "c2")]))
+    again = ct.setup_basis(ct.Context(s2))
+    assert again.config == first.config and again.info == json.loads(json.dumps(first.info))
+
+
 # ------------------------------------------------------------------------------------------ references, difficulty
 def _final(method, accs, family=None):
     return [{"method": method, "seed": i, "status": "ok", "final_greedy_accuracy": a,
