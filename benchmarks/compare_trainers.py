@@ -114,6 +114,8 @@ Outputs in ``--output_dir``::
                             trace inline in result.json, and runs.json names that result.json instead; read either
                             with :func:`load_trace`
     runs/tune/<method>/lr<lr>/seed<k>/      tuning runs (outcomes on the validation split)
+    start_checkpoint/       (v2) the pinned warm model every run of this folder starts from
+    value_table/            (v2) BASIS's pinned value table, its .done marker and .cost.json (generated tokens)
 
 Usage::
 
