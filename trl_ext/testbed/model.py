@@ -70,7 +70,7 @@ def build_tiny_model(tokenizer, seed: int = 0, **config_overrides):
     return model.float().eval()
 
 
-def save_tiny_model(path: str | os.PathLike, seed: int = 0) -> str:
+def save_tiny_model(path: str | os.PathLike, seed: int = 0, **config_overrides) -> str:
     """Write an untrained tiny model plus its tokenizer to ``path`` (fast; used by tests).
 
     Parameters
@@ -79,6 +79,8 @@ def save_tiny_model(path: str | os.PathLike, seed: int = 0) -> str:
         Output directory (created if missing; existing files of the same name are overwritten).
     seed : int, default 0
         Initialisation seed, see :func:`build_tiny_model`.
+    **config_overrides
+        Passed to :func:`build_tiny_model` (e.g. ``max_position_embeddings=512`` for a vLLM engine context).
 
     Returns
     -------
@@ -90,7 +92,7 @@ def save_tiny_model(path: str | os.PathLike, seed: int = 0) -> str:
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     tok = build_tokenizer()
-    model = build_tiny_model(tok, seed=seed)
+    model = build_tiny_model(tok, seed=seed, **config_overrides)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

@@ -58,6 +58,7 @@ from ..estimators.baselines import (
 )
 from ..measurement.shut_gate import shut_gate_stats
 from . import _trl_compat as compat
+from ._vllm_compat import install_colocate_weight_sync
 from .batch import RolloutBatch
 from .keyed_sampling_mixin import KeyedSamplingMixin
 from .rollouts import DynamicSampling, FixedGroups, RolloutStrategy, validate_dynamic_sampling
@@ -529,6 +530,8 @@ class GRPOTrainer(compat.TRLGlue):
         eval_dataset = _add_row_index(eval_dataset)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         _check_process_layout(self.accelerator.num_processes)
+        # "trl" (TRL's own weight sync), "cpu_layerwise_reload" (vLLM CPU engines) or "none" (no colocated engine)
+        self.vllm_weight_sync = install_colocate_weight_sync(self)
         self.reward_funcs = [_validated_reward_func(f) for f in self.reward_funcs]
         n_funcs = len(self.reward_funcs)
         if self.args.tie_break_scorer_index is not None:
