@@ -36,7 +36,7 @@ MAX_MODEL_LEN = {"tiny": 128, "smollm2": 512}
 class Recorder:
     """Wraps ``LLM.generate`` of the real engine; records every call (also calls made through the keyed proxy)."""
 
-    def __init__(self, llm):
+    def __init__(self, llm, step_of):
         self.calls: list[dict] = []
         self.active = True
         real = llm.generate
@@ -46,6 +46,7 @@ class Recorder:
             if self.active:
                 sps = sampling_params if isinstance(sampling_params, list | tuple) else [sampling_params]
                 self.calls.append({
+                    "step": step_of() + 1,  # the optimizer step these rollouts train
                     "prompt_ids": [list(p["prompt_token_ids"]) for p in prompts],
                     "output_ids": [list(o.token_ids) for out in outs for o in out.outputs],
                     "max_tokens": [int(sp.max_tokens) for sp in sps],
@@ -103,9 +104,8 @@ def lora_config():
 
 def build(scenario: str, model_dir: str, out_dir: str, steps: int, world: int, table: str | None):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from base_helpers import hash_reward
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
     smol = scenario.startswith("smollm2")
@@ -130,6 +130,11 @@ def build(scenario: str, model_dir: str, out_dir: str, steps: int, world: int, t
                   vllm_max_model_length=MAX_MODEL_LEN["smollm2" if smol else "tiny"])
     if reward_weights:
         common["reward_weights"] = reward_weights
+    if scenario == "dapo":  # half the prompts get a constant reward: their groups are filtered and refilled
+        def rewards_half_constant(prompts, completions, **kw):
+            return [1.0 if p[0] in "13579" else h for p, h in zip(prompts, hash_reward(prompts, completions))]
+
+        rewards = [rewards_half_constant]
     kw = dict(model=model, reward_funcs=rewards, train_dataset=ds, processing_class=tok)
     if scenario in ("lora", "smollm2_lora", "smollm2_pair"):
         kw["peft_config"] = lora_config()
@@ -176,7 +181,7 @@ def run(args) -> dict:
     state = PartialState(cpu=True)
     world = state.num_processes
     tr = build(args.scenario, args.model_dir, os.path.join(args.out_dir, "run"), args.steps, world, args.table)
-    rec = Recorder(tr.vllm_generation.llm)
+    rec = Recorder(tr.vllm_generation.llm, lambda: tr.state.global_step)
     record = {"rank": state.process_index, "world_size": world, "scenario": args.scenario,
               "weight_sync": getattr(tr, "vllm_weight_sync", None)}
     import vllm

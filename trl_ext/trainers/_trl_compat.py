@@ -316,7 +316,8 @@ def generation_model(trainer: Any):
         unwrap_model_for_generation(
             trainer.model_wrapped, trainer.accelerator,
             gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-            generation_kwargs=trainer.generation_kwargs,
+            # TRL sets generation_kwargs only for transformers generation (absent with use_vllm=True)
+            generation_kwargs=getattr(trainer, "generation_kwargs", None),
             gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
         ) as model,
         torch.no_grad(),
