@@ -403,3 +403,19 @@ def test_measure_task_applies_an_adapter(real_model_dir, tmp_path):
     assert zero["examples"] == base["examples"] and zero["adapter"] == str(tmp_path / "zero")
     assert big["examples"] != base["examples"]
     assert len(base["per_prompt_success"]) == 2
+
+
+def test_finish_uses_trainer_end_or_the_accelerator_on_older_transformers():
+    """``Trainer.end()`` is missing from older transformers (5.17): the scripts' ``finish`` falls back."""
+    from trl_ext.scripts_support import finish
+
+    calls = []
+    acc = type("Acc", (), {"end_training": lambda self: calls.append("accelerator")})()
+    old = type("Old", (), {"accelerator": acc})()
+    new = type("New", (), {"accelerator": acc, "end": lambda self: calls.append("end")})()
+    finish(old)
+    finish(new)
+    assert calls == ["accelerator", "end"]
+    for name in SCRIPTS:  # every script ends through finish(), not trainer.end()
+        src = open(os.path.join(SCRIPTS_DIR, f"{name}.py")).read()
+        assert "finish(main(" in src and ".end()" not in src, name

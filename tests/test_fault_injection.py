@@ -91,6 +91,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
 
+def _transformers_below(version: str) -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version(version)
+
+
 def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
@@ -283,6 +290,9 @@ def test_resume_is_bit_identical_one_process(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(_transformers_below("5.18"), reason="transformers 5.17 resumes a multi-process CPU run with "
+                    "torch.load(map_location='cpu:0'), which torch cannot restore (fixed in later releases, 5.24 "
+                    "tested); a limitation of transformers on CPU ranks only, see docs/vllm.md")
 def test_resume_is_bit_identical_two_processes(tmp_path):
     proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                  os.path.join(SCRIPTS, "resume_check.py"), str(tmp_path), ",".join(TRAINERS)],

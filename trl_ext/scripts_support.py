@@ -36,6 +36,7 @@ __all__ = [
     "prepare_training_inputs",
     "run_training",
     "train_save_push",
+    "finish",
     "build_value_table_for_training",
     "builtin_tasks",
     "builtin_reward_funcs",
@@ -363,3 +364,16 @@ def build_value_table_for_training(model_path: str, train_dataset: Any, reward_f
         del model
         gc.collect()
     return output_path
+
+
+def finish(trainer) -> None:
+    """End a script: finish the trackers and destroy the process group (``Trainer.end()``).
+
+    ``Trainer.end`` exists in newer transformers only (5.24 has it, 5.17 does not); older releases get the same
+    ``accelerator.end_training()`` call directly.
+    """
+    end = getattr(trainer, "end", None)
+    if callable(end):
+        end()
+    else:
+        trainer.accelerator.end_training()

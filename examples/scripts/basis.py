@@ -24,6 +24,7 @@ from trl_ext import BASISConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
     build_value_table_for_training,
+    finish,
     prepare_training_inputs,
     run_training,
 )
@@ -74,4 +75,4 @@ def make_parser() -> TrlParser:
 
 if __name__ == "__main__":
     script_args, training_args, model_args = make_parser().parse_args_and_config()
-    main(script_args, training_args, model_args).end()
+    finish(main(script_args, training_args, model_args))  # finish trackers, destroy the process group

@@ -18,6 +18,7 @@ from trl import ModelConfig, TrlParser
 from trl_ext import PAIRConfig
 from trl_ext.scripts_support import (
     ExtScriptArguments,
+    finish,
     run_training,
 )
 
@@ -36,4 +37,4 @@ def make_parser() -> TrlParser:
 
 if __name__ == "__main__":
     script_args, training_args, model_args = make_parser().parse_args_and_config()
-    main(script_args, training_args, model_args).end()
+    finish(main(script_args, training_args, model_args))  # finish trackers, destroy the process group

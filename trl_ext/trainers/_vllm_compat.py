@@ -44,6 +44,13 @@ def vllm_platform() -> str | None:
     return "cpu" if current_platform.is_cpu() else str(getattr(current_platform, "device_type", "") or "unknown")
 
 
+def _is_real_engine(llm: Any) -> bool:
+    """Whether ``llm`` is a ``vllm.LLM`` (TRL's colocated engine) rather than a stand-in."""
+    import vllm
+
+    return isinstance(llm, vllm.LLM)
+
+
 def _model_runner(llm: Any):
     """The in-process model runner of a colocated engine (``distributed_executor_backend="external_launcher"``)."""
     return llm.llm_engine.model_executor.driver_worker.model_runner
@@ -105,14 +112,15 @@ def install_colocate_weight_sync(trainer: Any) -> str:
     Returns
     -------
     str
-        ``"none"`` (no colocated engine), ``"trl"`` (TRL's per-parameter ``load_weights``; non-CPU engines) or
+        ``"none"`` (no colocated engine), ``"trl"`` (TRL's per-parameter ``load_weights``; non-CPU engines and
+        stand-ins that are not a ``vllm.LLM``) or
         ``"cpu_layerwise_reload"`` (vLLM's layerwise reload plus tied-module re-processing, see the module docstring).
     """
     if not getattr(trainer, "use_vllm", False) or getattr(trainer.args, "vllm_mode", None) != "colocate":
         return "none"
     vg = trainer.vllm_generation
-    if vllm_platform() != "cpu":
-        return "trl"
+    if vllm_platform() != "cpu" or not _is_real_engine(getattr(vg, "llm", None)):
+        return "trl"  # a CUDA (or other) engine, or a stand-in for VLLMGeneration in tests
     vg.sync_weights = types.MethodType(_cpu_reload_sync, vg)
     if trainer.accelerator.is_main_process:
         logger.info("vLLM CPU engine: weights are synced with vLLM's layerwise reload (TRL's per-parameter "
