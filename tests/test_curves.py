@@ -1,0 +1,136 @@
+"""Learning-curve statistics (``trl_ext.stats.curves``, ``trl-ext curves``) against exact values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trl_ext.stats.curves import compare_curves, curve_auc, curve_on_grid, tokens_to_target, two_level_curve_bootstrap
+
+
+def test_auc_of_constant_and_linear_curves_is_exact():
+    assert curve_auc([100, 200], [0.5, 0.5], 200, start_value=0.5) == pytest.approx(0.5)
+    # linear from 0.2 at 0 to 0.6 at 400: mean 0.4
+    assert curve_auc([100, 200, 300, 400], [0.3, 0.4, 0.5, 0.6], 400, start_value=0.2) == pytest.approx(0.4)
+    # a checkpoint beyond the budget is interpolated at the budget: a(300) = 0.5, mean over [0, 300] = 0.35
+    assert curve_auc([100, 400], [0.3, 0.6], 300, start_value=0.2) == pytest.approx(0.35)
+
+
+def test_auc_errors_say_what_is_missing():
+    with pytest.raises(ValueError, match="pass start_value"):
+        curve_auc([100, 200], [0.1, 0.2], 200)
+    with pytest.raises(ValueError, match="before the budget"):
+        curve_auc([100, 200], [0.1, 0.2], 300, start_value=0.0)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        curve_auc([200, 100], [0.1, 0.2], 100, start_value=0.0)
+    with pytest.raises(ValueError, match="equally many"):
+        curve_auc([100], [0.1, 0.2], 100, start_value=0.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=2, max_size=6), st.floats(0, 1))
+def test_auc_matches_dense_numerical_integration(values, start):
+    tokens = np.arange(1, len(values) + 1) * 100.0
+    budget = tokens[-1]
+    grid = np.linspace(0, budget, 20001)
+    dense = np.interp(grid, np.concatenate([[0], tokens]), np.concatenate([[start], values]))
+    assert curve_auc(tokens, values, budget, start_value=start) == pytest.approx(dense.mean(), abs=1e-3)
+
+
+def test_tokens_to_target_interpolates_the_first_crossing():
+    assert tokens_to_target([100, 200, 300], [0.3, 0.5, 0.7], 0.4, start_value=0.2) == pytest.approx(150)
+    assert tokens_to_target([100, 200], [0.3, 0.35], 0.4, start_value=0.2) == math.inf
+    assert tokens_to_target([100, 200], [0.5, 0.1], 0.4, start_value=0.45) == 0.0  # already there at the start
+    assert tokens_to_target([100, 200, 300], [0.5, 0.3, 0.6], 0.45, start_value=0.2) == pytest.approx(250 / 3)
+
+
+def test_curve_on_grid_is_nan_outside_the_curve():
+    out = curve_on_grid([100, 200], [0.2, 0.4], [50, 150, 250])
+    assert math.isnan(out[0]) and out[1] == pytest.approx(0.3) and math.isnan(out[2])
+
+
+def _runs(rng, offsets, seeds=5, noise=0.01):
+    tokens = [100.0, 200.0, 300.0, 400.0]
+    out = {}
+    for m, off in offsets.items():
+        out[m] = {s: (tokens, [0.4 + off * (j + 1) / 4 + rng.normal(0, noise) for j in range(4)]) for s in range(seeds)}
+    return out
+
+
+def test_compare_curves_recovers_a_planted_auc_gap_and_pairs_by_seed():
+    rng = np.random.default_rng(0)
+    runs = _runs(rng, {"base": 0.1, "better": 0.2})
+    res = compare_curves(runs, budget=400, baseline="base", start_value=0.4, n_resamples=2000)
+    base, better = res["methods"]["base"], res["methods"]["better"]
+    # planted: the AUC of 0.4 + off * t / 400 over [0, 400] is 0.4 + off / 2: a gap of 0.05
+    assert better["auc_diff_paired"] and better["auc_diff"] == pytest.approx(0.05, abs=0.01)
+    lo, hi = better["auc_diff_ci"]
+    assert lo < better["auc_diff"] < hi and lo > 0  # a clear gap is resolved
+    assert base["auc_diff"] == 0 and base["auc_diff_ci"] == (0.0, 0.0)
+    assert res["target"] == pytest.approx(np.mean([v[-1] for _, v in runs["base"].values()]))
+    # the better method reaches the baseline's final accuracy about halfway (0.4 + 0.2 t/400 = 0.5 at t = 200)
+    assert better["t2t_mean_curve"] == pytest.approx(200, abs=40)
+    tlo, thi = better["t2t_ci"]
+    assert tlo <= better["t2t_mean_curve"] <= thi
+
+
+def test_compare_curves_unpaired_when_seed_sets_differ():
+    rng = np.random.default_rng(1)
+    runs = _runs(rng, {"base": 0.1, "other": 0.1})
+    runs["other"] = {s + 10: v for s, v in runs["other"].items()}
+    res = compare_curves(runs, budget=400, baseline="base", start_value=0.4, n_resamples=1000)
+    other = res["methods"]["other"]
+    assert not other["auc_diff_paired"]
+    lo, hi = other["auc_diff_ci"]
+    assert lo < 0 < hi  # no planted difference: the interval covers 0
+    with pytest.raises(ValueError, match="baseline"):
+        compare_curves(runs, budget=400, baseline="missing", start_value=0.4)
+
+
+def test_two_level_bootstrap_sees_question_noise_that_seeds_alone_miss():
+    rng = np.random.default_rng(2)
+    q = 400
+    one_seed = (rng.random((4, q)) < np.array([0.3, 0.4, 0.5, 0.6])[:, None]).astype(float)
+    outcomes = np.stack([one_seed] * 3)  # three identical seeds: zero seed-to-seed spread
+    res = two_level_curve_bootstrap(outcomes, [100, 200, 300, 400], 400, start_outcomes=np.zeros(q), n_resamples=400)
+    lo, hi = res["ci"]
+    assert lo < res["auc_mean"] < hi and hi - lo > 0.01  # question resampling alone gives a real width
+    runs = {"m": {s: ([100, 200, 300, 400], list(outcomes[s].mean(axis=1))) for s in range(3)}}
+    seed_only = compare_curves(runs, budget=400, baseline="m", start_value=0.0, n_resamples=500)["methods"]["m"]
+    assert seed_only["auc_mean"] == pytest.approx(res["auc_mean"])
+    s_lo, s_hi = seed_only["auc_ci"]
+    assert s_hi - s_lo < 1e-9  # identical seeds: the seed bootstrap has no width
+    with pytest.raises(ValueError, match="seeds, checkpoints, questions"):
+        two_level_curve_bootstrap(outcomes[0], [100, 200, 300, 400], 400)
+
+
+def test_curves_command_on_a_runs_json(tmp_path, capsys):
+    from trl_ext import cli
+
+    rng = np.random.default_rng(3)
+    runs = _runs(rng, {"grpo": 0.1, "x": 0.15})
+    recs = [{"method": m, "seed": s, "status": "ok",
+             "curve": [{"tokens": t, "greedy_accuracy": a} for t, a in zip(*runs[m][s])]}
+            for m in runs for s in runs[m]]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": recs, "start_accuracy": 0.4}))
+    out = tmp_path / "curves.json"
+    assert cli.main(["curves", "--runs_json", str(path), "--baseline", "grpo", "--n_resamples", "500",
+                     "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| x | 5 |" in text and "budget 400 tokens" in text
+    res = json.loads(out.read_text())
+    assert res["start_accuracy"] == 0.4 and set(res["methods"]) == {"grpo", "x"}
+    assert cli.main(["curves", "--runs_json", str(path), "--baseline", "nope"]) == 2
+    assert "baseline 'nope' has no runs" in capsys.readouterr().err
+    per_run = tmp_path / "r"
+    per_run.mkdir()
+    for i, r in enumerate(recs):
+        (per_run / f"{i}.json").write_text(json.dumps(r))
+    assert cli.main(["curves", "--run", f"all={per_run}/*.json", "--baseline", "all", "--start_accuracy", "0.4",
+                     "--n_resamples", "200"]) == 2  # ten runs, but five share each seed number: refused

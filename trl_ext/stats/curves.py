@@ -1,0 +1,230 @@
+r"""Learning-curve statistics: accuracy against generated tokens, compared across methods with bootstrap intervals.
+
+Final accuracy at one budget is a blunt instrument (on the testbed's ``scratchpad`` task twelve methods end within
+1.5 points); two methods can end level while one got there with fewer tokens. For each run the curve is the
+piecewise-linear interpolation of its held-out accuracy at token checkpoints ``(t_j, a_j)``, starting from the
+start checkpoint's accuracy ``a_0`` at ``t = 0``:
+
+* **normalized AUC** (eq. C1) on ``[0, B]``: :math:`\mathrm{AUC} = \frac{1}{B}\int_0^B a(t)\,dt`, the mean accuracy
+  over the budget (higher = better earlier); the curve must reach ``B`` (the last checkpoint at or beyond ``B``,
+  linear interpolation at ``B``);
+* **tokens to target** (eq. C2): :math:`T(\tau) = \min\{t : a(t) \ge \tau\}` on the interpolated curve, ``inf`` if
+  never reached by the last checkpoint;
+
+and, over the seeds of a method, the mean AUC, the AUC difference to a baseline method (paired by seed when both
+have the same seeds), and the tokens-to-target of the **seed-mean curve** (the mean of the seeds' accuracies on a
+common token grid), each with a percentile bootstrap interval: over seeds with ``scipy.stats.bootstrap``; over seeds
+*and* questions (two-level: seeds with replacement, then questions with replacement, the same questions for every
+checkpoint of a run, which keeps their correlation along the curve) when per-question outcomes at every checkpoint
+are given (SciPy has no hierarchical bootstrap, so that one is a plain NumPy percentile bootstrap).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["curve_auc", "tokens_to_target", "curve_on_grid", "compare_curves", "two_level_curve_bootstrap"]
+
+
+def _curve(tokens, values, start_value: float | None) -> tuple[np.ndarray, np.ndarray]:
+    t = np.asarray(tokens, dtype=np.float64).ravel()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if t.shape != v.shape or t.size == 0:
+        raise ValueError(f"a curve needs equally many tokens and values (>= 1), got {t.size} and {v.size}.")
+    if not (np.all(np.isfinite(t)) and np.all(np.isfinite(v))):
+        raise ValueError("curve tokens and values must be finite.")
+    if np.any(np.diff(t) <= 0) or t[0] <= 0:
+        raise ValueError("curve token checkpoints must be positive and strictly increasing.")
+    if start_value is not None:
+        t, v = np.concatenate([[0.0], t]), np.concatenate([[float(start_value)], v])
+    return t, v
+
+
+def curve_on_grid(tokens, values, grid, *, start_value: float | None = None) -> np.ndarray:
+    """The piecewise-linear curve evaluated at ``grid`` (NaN beyond the last checkpoint or before the first).
+
+    Parameters
+    ----------
+    tokens, values : array_like, shape (J,)
+        Checkpoints (strictly increasing, > 0) and the accuracy at each.
+    grid : array_like
+        Token positions.
+    start_value : float, optional
+        Accuracy at ``t = 0`` (the start checkpoint); without it the curve starts at its first checkpoint.
+    """
+    t, v = _curve(tokens, values, start_value)
+    g = np.asarray(grid, dtype=np.float64)
+    out = np.interp(g, t, v)
+    return np.where((g < t[0] - 1e-9) | (g > t[-1] + 1e-9), np.nan, out)
+
+
+def curve_auc(tokens, values, budget: float, *, start_value: float | None = None) -> float:
+    """Normalized area under the accuracy-vs-tokens curve on ``[0, budget]`` (eq. C1).
+
+    Returns
+    -------
+    float
+        The mean accuracy over the budget, in the units of ``values``.
+
+    Raises
+    ------
+    ValueError
+        ``budget`` not positive, the curve does not reach ``budget``, or (without ``start_value``) does not start
+        at 0.
+    """
+    if not budget > 0:
+        raise ValueError(f"budget must be positive, got {budget!r}.")
+    t, v = _curve(tokens, values, start_value)
+    if t[0] > 0:
+        raise ValueError("the curve has no value at t = 0: pass start_value (the start checkpoint's accuracy).")
+    if t[-1] < budget * (1 - 1e-9):
+        raise ValueError(f"the curve ends at {t[-1]:.0f} tokens, before the budget {budget:.0f}.")
+    inside = t < budget
+    tt = np.concatenate([t[inside], [budget]])
+    vv = np.concatenate([v[inside], [np.interp(budget, t, v)]])
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
+    return float(trapezoid(vv, tt) / budget)
+
+
+def tokens_to_target(tokens, values, target: float, *, start_value: float | None = None) -> float:
+    """First token count at which the interpolated curve reaches ``target`` (eq. C2); ``inf`` if it never does."""
+    t, v = _curve(tokens, values, start_value)
+    if v[0] >= target:
+        return float(t[0])
+    for j in range(1, t.size):
+        if v[j] >= target:
+            return float(t[j - 1] + (target - v[j - 1]) / (v[j] - v[j - 1]) * (t[j] - t[j - 1]))
+    return math.inf
+
+
+def _mean_curve_t2t(curves: list[tuple[np.ndarray, np.ndarray]], grid: np.ndarray, target: float,
+                    start_value: float | None) -> float:
+    vals = np.mean([curve_on_grid(t, v, grid, start_value=start_value) for t, v in curves], axis=0)
+    ok = np.isfinite(vals)
+    return tokens_to_target(grid[ok][grid[ok] > 0], vals[ok][grid[ok] > 0], target,
+                            start_value=start_value) if ok.any() else math.inf
+
+
+def _ci(res) -> tuple[float, float]:
+    lo, hi = res.confidence_interval
+    return float(lo), float(hi)
+
+
+def compare_curves(runs: dict[str, dict[int, tuple[Sequence[float], Sequence[float]]]], *, budget: float,
+                   baseline: str, target: float | None = None, start_value: float | None = None,
+                   confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> dict:
+    """AUC, AUC difference to ``baseline`` and tokens-to-target per method, with seed-bootstrap intervals.
+
+    Parameters
+    ----------
+    runs : dict
+        ``{method: {seed: (tokens, accuracies)}}``: every run's checkpoints.
+    budget : float
+        Token budget of the AUC (every run must reach it).
+    baseline : str
+        The method the differences are taken against (a key of ``runs``).
+    target : float, optional
+        Accuracy target of the tokens-to-target statistic; default: the baseline's mean final accuracy.
+    start_value : float, optional
+        Accuracy of the start checkpoint (``t = 0``), shared by every run.
+    confidence, n_resamples, seed
+        Of the percentile bootstrap (``scipy.stats.bootstrap``; seeds resampled with replacement).
+
+    Returns
+    -------
+    dict
+        ``target``, ``budget`` and ``methods``: per method ``seeds``, ``auc`` (per seed), ``auc_mean`` with
+        ``auc_ci``, ``auc_diff`` (mean minus the baseline's; paired by seed when the seed sets match) with
+        ``auc_diff_ci`` and ``auc_diff_paired``, ``t2t_mean_curve`` (tokens at which the seed-mean curve reaches the
+        target; ``inf`` if not) with ``t2t_ci``, and ``t2t_per_seed``.
+    """
+    if baseline not in runs:
+        raise ValueError(f"baseline {baseline!r} is not among the methods {sorted(runs)}.")
+    rng = np.random.default_rng(seed)
+    norm = {m: {s: (np.asarray(t, float), np.asarray(v, float)) for s, (t, v) in per.items()} for m, per in runs.items()}
+    if target is None:
+        target = float(np.mean([v[-1] for _, v in norm[baseline].values()]))
+    grid = np.linspace(0.0, budget, 201)[1:]
+    auc = {m: {s: curve_auc(t, v, budget, start_value=start_value) for s, (t, v) in per.items()}
+           for m, per in norm.items()}
+    boot = dict(confidence_level=confidence, n_resamples=n_resamples, method="percentile", random_state=rng)
+    out = {"target": target, "budget": budget, "baseline": baseline, "confidence": confidence, "methods": {}}
+    for m, per in norm.items():
+        seeds = sorted(per)
+        a = np.array([auc[m][s] for s in seeds])
+        rec = {"seeds": seeds, "auc": a.tolist(), "auc_mean": float(a.mean())}
+        rec["auc_ci"] = _ci(stats.bootstrap((a,), np.mean, **boot)) if len(a) > 1 else (math.nan, math.nan)
+        b_seeds = sorted(norm[baseline])
+        b = np.array([auc[baseline][s] for s in b_seeds])
+        rec["auc_diff"] = float(a.mean() - b.mean())
+        rec["auc_diff_paired"] = seeds == b_seeds
+        if m == baseline or len(a) < 2 or len(b) < 2:
+            rec["auc_diff_ci"] = (math.nan, math.nan) if m != baseline else (0.0, 0.0)
+        elif rec["auc_diff_paired"]:
+            rec["auc_diff_ci"] = _ci(stats.bootstrap((a - b,), np.mean, **boot))
+        else:
+            rec["auc_diff_ci"] = _ci(stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(x, axis) - np.mean(y, axis),
+                                                     **boot))
+        curves = [per[s] for s in seeds]
+        rec["t2t_per_seed"] = [tokens_to_target(t, v, target, start_value=start_value) for t, v in curves]
+        rec["t2t_mean_curve"] = _mean_curve_t2t(curves, grid, target, start_value)
+        if len(curves) > 1:
+            def t2t(idx, curves=curves):
+                return _mean_curve_t2t([curves[int(i)] for i in idx], grid, target, start_value)
+
+            with warnings.catch_warnings(), np.errstate(invalid="ignore"):  # resamples that never reach: inf
+                warnings.simplefilter("ignore", RuntimeWarning)
+                res = stats.bootstrap((np.arange(len(curves)),), t2t, vectorized=False,
+                                      **{**boot, "n_resamples": min(n_resamples, 1999)})
+            rec["t2t_ci"] = _ci(res)
+        else:
+            rec["t2t_ci"] = (math.nan, math.nan)
+        out["methods"][m] = rec
+    return out
+
+
+def two_level_curve_bootstrap(outcomes, tokens, budget: float, *, start_outcomes=None, n_resamples: int = 2000,
+                              confidence: float = 0.95, seed: int = 0) -> dict:
+    """Mean AUC of one method with a percentile interval over seeds **and** questions.
+
+    Parameters
+    ----------
+    outcomes : array_like, shape (S, J, Q)
+        Per seed, checkpoint and held-out question: 1 correct, 0 wrong (or a score in [0, 1]).
+    tokens : array_like, shape (S, J) or (J,)
+        Token count of every checkpoint.
+    budget : float
+    start_outcomes : array_like, shape (Q,), optional
+        The start checkpoint's per-question outcomes (``t = 0``), resampled with the same questions.
+
+    Returns
+    -------
+    dict
+        ``auc_mean`` (on all questions), ``ci`` (two-level percentile interval), ``n_seeds``, ``n_questions``.
+    """
+    o = np.asarray(outcomes, dtype=np.float64)
+    if o.ndim != 3:
+        raise ValueError(f"outcomes must have shape (seeds, checkpoints, questions), got {o.shape}.")
+    s_n, j_n, q_n = o.shape
+    tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), (s_n, j_n))
+    start = None if start_outcomes is None else np.asarray(start_outcomes, dtype=np.float64)
+
+    def mean_auc(seed_idx, q_idx):
+        vals = []
+        for s in seed_idx:
+            acc = o[s][:, q_idx].mean(axis=1)
+            sv = None if start is None else float(start[q_idx].mean())
+            vals.append(curve_auc(tok[s], acc, budget, start_value=sv))
+        return float(np.mean(vals))
+
+    rng = np.random.default_rng(seed)
+    point = mean_auc(range(s_n), np.arange(q_n))
+    draws = [mean_auc(rng.integers(0, s_n, s_n), rng.integers(0, q_n, q_n)) for _ in range(n_resamples)]
+    alpha = 1 - confidence
+    lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return {"auc_mean": point, "ci": (float(lo), float(hi)), "n_seeds": s_n, "n_questions": q_n}
