@@ -13,11 +13,14 @@ with the same sampling settings (temperature 1, top-p 1, top-k off) and **exactl
   request per rollout, as TRL sends them. vLLM's CPU backend picks its dtype itself (bfloat16 here).
 
 Each measurement is the median of ``--repeats`` timed calls after one untimed warm-up call of the same shape. The
-prompts are the two-shot ``sum3`` chat prompts of ``trl_ext.realmodel`` (about 110 tokens with the template). Threads:
-HF uses ``torch.get_num_threads()`` (``--threads``, default all cores); vLLM's CPU worker binds its own OpenMP threads
-(reported). Results: ``--output`` (JSON, rewritten after every cell) and a Markdown table on stdout with the
-tokens/s of both and the vLLM / HF ratio, all from the same run. Engine start-up (seconds) is reported separately:
-it is paid once per training process.
+prompts are the two-shot ``sum3`` chat prompts of ``trl_ext.realmodel`` (170 tokens each with the template).
+Order: (1) every HF cell, alone in the process with ``--threads`` threads (default all cores: what a CPU user without
+vLLM gets); (2) the engine starts (start-up time reported: paid once per training process) and every vLLM cell;
+(3) one HF cell again. vLLM's CPU worker binds the process's OpenMP threads when it starts and then refuses
+``torch.set_num_threads`` ("doesn't allow to use torch.set_num_threads after the thread binding"), so (3) measures
+what the HF passes of a *colocated* trainer (its log-prob and training forward/backward) run with. Results:
+``--output`` (JSON, rewritten after every vLLM cell) and a Markdown table on stdout with both tokens/s and the
+vLLM / HF ratio, all from one run.
 """
 
 from __future__ import annotations
@@ -92,43 +95,63 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    hf_threads = torch.get_num_threads()
+    all_prompts = prompts_for(tok, args.rows)
+    shapes = [(g, n) for n in args.lengths for g in args.groups if args.rows % g == 0]
+
+    def rows_of(g):
+        return [p for p in all_prompts[: args.rows // g] for _ in range(g)]
+
+    def timed(call, rows, length):
+        call(rows, length)  # warm-up of this shape
+        times, toks = [], 0
+        for _ in range(args.repeats):
+            dt, toks = call(rows, length)
+            times.append(dt)
+        med = statistics.median(times)
+        return med, toks, toks / med
+
+    result = {"model": os.path.basename(os.path.normpath(model_dir)), "rows": args.rows, "repeats": args.repeats,
+              "torch": torch.__version__, "hf_threads": torch.get_num_threads(), "cells": []}
+    # 1. HF generate alone in the process, with every requested thread (what a CPU user without vLLM gets)
+    cells = {}
+    for g, n in shapes:
+        med, toks, rate = timed(lambda r, m: hf_call(model, tok, r, m), rows_of(g), n)
+        cells[(g, n)] = {"G": g, "L": n, "prompts": args.rows // g, "rollouts": args.rows, "hf_s": med,
+                         "hf_tokens": toks, "hf_tok_per_s": rate}
+        print(json.dumps(cells[(g, n)]), flush=True)
+    # 2. the engine, built with TRL 1.16's colocate arguments
     t0 = time.perf_counter()
     import vllm
     from vllm import LLM
 
-    max_len = max(args.lengths) + 160
-    llm = LLM(model=model_dir, distributed_executor_backend="external_launcher", seed=0, max_model_len=max_len,
-              max_num_batched_tokens=4096, logprobs_mode="processed_logprobs")
+    llm = LLM(model=model_dir, distributed_executor_backend="external_launcher", seed=0,
+              max_model_len=max(len(p) for p in all_prompts) + max(args.lengths) + 8, max_num_batched_tokens=4096,
+              logprobs_mode="processed_logprobs")
     startup = time.perf_counter() - t0
-    torch.set_num_threads(args.threads)  # vLLM's worker may have changed it; HF gets the same threads every cell
-    result = {"model": os.path.basename(os.path.normpath(model_dir)), "rows": args.rows, "repeats": args.repeats,
-              "hf_threads": hf_threads, "vllm_version": vllm.__version__, "torch": torch.__version__,
-              "vllm_omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
-              "vllm_dtype": str(llm.llm_engine.model_config.dtype), "vllm_startup_s": startup, "cells": []}
-    all_prompts = prompts_for(tok, args.rows)
-    for length in args.lengths:
-        for g in args.groups:
-            if args.rows % g:
-                continue
-            rows = [p for p in all_prompts[: args.rows // g] for _ in range(g)]
-            cell = {"G": g, "L": length, "prompts": args.rows // g, "rollouts": len(rows)}
-            for name, call in (("hf", lambda r, n: hf_call(model, tok, r, n)), ("vllm", lambda r, n: vllm_call(llm, r, n))):
-                call(rows, length)  # warm-up of this shape
-                times, toks = [], 0
-                for _ in range(args.repeats):
-                    dt, toks = call(rows, length)
-                    times.append(dt)
-                med = statistics.median(times)
-                cell[f"{name}_s"], cell[f"{name}_tokens"], cell[f"{name}_tok_per_s"] = med, toks, toks / med
-            cell["vllm_over_hf"] = cell["vllm_tok_per_s"] / cell["hf_tok_per_s"]
-            result["cells"].append(cell)
-            print(json.dumps(cell), flush=True)
-            os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
-            with open(args.output, "w") as f:
-                json.dump(result, f, indent=1)
-    print(f"\nvLLM {result['vllm_version']} ({result['vllm_dtype']}), start-up {startup:.0f} s; HF float32, "
-          f"{hf_threads} threads; {args.rows} rollouts per call, median of {args.repeats}\n")
+    result.update(vllm_version=vllm.__version__, vllm_dtype=str(llm.llm_engine.model_config.dtype),
+                  vllm_startup_s=startup, vllm_omp_threads_bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
+    for g, n in shapes:
+        med, toks, rate = timed(lambda r, m: vllm_call(llm, r, m), rows_of(g), n)
+        c = cells[(g, n)]
+        c.update(vllm_s=med, vllm_tokens=toks, vllm_tok_per_s=rate, vllm_over_hf=rate / c["hf_tok_per_s"])
+        result["cells"].append(c)
+        print(json.dumps(c), flush=True)
+        os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=1)
+    # 3. HF generate again, now that the engine has bound the process's threads (a colocated trainer's HF passes)
+    torch.set_num_threads(args.threads)  # vLLM's CPU worker refuses this after its thread binding
+    g, n = shapes[0]
+    med, toks, rate = timed(lambda r, m: hf_call(model, tok, r, m), rows_of(g), n)
+    result["hf_after_engine"] = {"G": g, "L": n, "threads": torch.get_num_threads(), "hf_tok_per_s": rate,
+                                 "vs_hf_alone": rate / cells[(g, n)]["hf_tok_per_s"]}
+    with open(args.output, "w") as f:
+        json.dump(result, f, indent=1)
+    a = result["hf_after_engine"]
+    print(f"\nvLLM {result['vllm_version']} ({result['vllm_dtype']}), start-up {startup:.0f} s; HF float32 with "
+          f"{result['hf_threads']} threads, before the engine started; {args.rows} rollouts per call, median of "
+          f"{args.repeats}. HF after the engine started: {a['threads']} thread(s), {a['hf_tok_per_s']:.0f} tok/s "
+          f"(x{a['vs_hf_alone']:.2f} of HF alone, G={a['G']}, L={a['L']})\n")
     print("| G | L | prompts | HF tok/s | vLLM tok/s | vLLM / HF |\n|---|---|---|---|---|---|")
     for c in result["cells"]:
         print(f"| {c['G']} | {c['L']} | {c['prompts']} | {c['hf_tok_per_s']:.0f} | {c['vllm_tok_per_s']:.0f} | "
