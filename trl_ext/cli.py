@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "warmup": ("trl_ext.testbed.cli", "Build (or load) the cached warmed-up tiny testbed model."),
     "audit": ("trl_ext.estimators.audit_cli", "Run the estimator audits (BASIS, V0.5, PAIR) on simulated populations."),
     "compare": ("trl_ext.stats.compare_cli", "Compare two configurations' per-question outcomes over seeds (two-part rule)."),
+    "curves": ("trl_ext.stats.curves_cli", "AUC and tokens-to-target of accuracy-vs-tokens curves across methods and seeds."),
     "gate": ("trl_ext.measurement.gate_cli", "Measure the shut-gate rate of a model on a dataset before training."),
     "noise-floor": ("trl_ext.measurement.noise_floor_cli", "Measure a scorer's noise floor (alone vs. inside filler batches)."),
     "replay": ("trl_ext.measurement.replay_cli", "Regenerate a logged keyed rollout; diff two checkpoints on the same keys."),
