@@ -63,7 +63,8 @@ def tiny_dir(tmp_path_factory, vllm_installed):
 
 
 def run_scenario(scenario: str, out_dir, model_dir, *extra: str, ranks: int = 1, timeout: int = 900) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": SCRIPTS}
+    path = os.pathsep.join(p for p in (SCRIPTS, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
     if ranks == 1:
         cmd = [sys.executable, DRIVER, scenario, str(out_dir), str(model_dir), *extra]
     else:
