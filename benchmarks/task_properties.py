@@ -63,43 +63,19 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 
 import numpy as np  # noqa: E402
 
-HIST_LABELS: tuple[str, ...] = ("0", "(0,0.25]", "(0.25,0.5]", "(0.5,0.75]", "(0.75,1)", "1")
-"""Pass-rate histogram bins: exactly 0, four interior bins, exactly 1."""
-
-PROBE_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
-"""Probe lengths measured, as multiples of PAIR's default ``tau``."""
+# One implementation of the PAIR prefix-head pieces (AUC, Brier metrics, probes, head feeding), the pass-rate bins and
+# the variance decomposition: the library's (trl-ext advise: trl_ext.advise.prefix, trl_ext.advise.regime).
+from trl_ext.advise.prefix import (  # noqa: E402,F401
+    PROBE_FACTORS,
+    auc,
+    binary_prediction_metrics,
+    feed_heads,
+)
+from trl_ext.advise.prefix import probe_features as _probe_features  # noqa: E402
+from trl_ext.advise.regime import HIST_LABELS, pass_rate_histogram, variance_decomposition  # noqa: E402,F401
 
 
 # ------------------------------------------------------------------------------------------------ pure statistics
-def pass_rate_histogram(pass_rates) -> dict:
-    """Counts of per-prompt pass rates in the bins :data:`HIST_LABELS`.
-
-    Parameters
-    ----------
-    pass_rates : array_like of float in [0, 1]
-        One pass rate per prompt.
-
-    Returns
-    -------
-    dict
-        ``{label: count}`` for the bins ``0`` (exactly 0), ``(0,0.25]``, ``(0.25,0.5]``, ``(0.5,0.75]``,
-        ``(0.75,1)`` and ``1`` (exactly 1), in that order. The counts sum to the number of prompts.
-
-    Raises
-    ------
-    ValueError
-        A pass rate outside [0, 1] or not finite.
-    """
-    p = np.asarray(pass_rates, dtype=np.float64).ravel()
-    if not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)):
-        raise ValueError("pass rates must be finite and lie in [0, 1]")
-    zero, one = p == 0.0, p == 1.0
-    mid = ~zero & ~one
-    counts = [zero.sum(), (mid & (p <= 0.25)).sum(), (mid & (p > 0.25) & (p <= 0.5)).sum(),
-              (mid & (p > 0.5) & (p <= 0.75)).sum(), (mid & (p > 0.75)).sum(), one.sum()]
-    return {label: int(c) for label, c in zip(HIST_LABELS, counts)}
-
-
 def pass_rate_spread(pass_rates) -> dict:
     """Spread of per-prompt pass rates: histogram, shares at 0 / 1 / in between, mean and sd.
 
@@ -154,147 +130,6 @@ def length_summary(lengths, cap: int | None = None) -> dict:
     if cap is not None:
         out["share_at_cap"] = float((x >= cap).mean())
     return out
-
-
-def variance_decomposition(pass_rates, k: int) -> dict:
-    r"""Split the reward variance into a between-prompt and a within-prompt part, correcting for binomial noise.
-
-    With ``N`` prompts, pass rates ``p_hat_i`` estimated from ``k`` binary samples each, and
-    ``v_i = p_hat_i (1 - p_hat_i) / (k - 1)`` (unbiased for the binomial noise ``p_i (1 - p_i) / k`` of
-    ``p_hat_i``):
-
-    * ``between_variance = var(p_hat, ddof=1) - mean(v)``: unbiased for the variance of the true pass rate over
-      the prompt distribution (what a prompt-specific value can explain);
-    * ``total_variance = p_bar (1 - p_bar)``: the variance of one reward of a random prompt;
-    * ``icc = between_variance / total_variance``: the share of reward variance explained by the prompt (an
-      intra-class correlation; NaN when ``total_variance`` is 0);
-    * ``mean_sq_gap = mean((p_hat - p_bar)^2) - (N - 1) / N mean(v)``: unbiased for ``mean_i (p_i - p_bar)^2``
-      over these ``N`` prompts (the squared error of a batch-mean value, the gap BASIS and V0.5 close);
-      ``rms_gap = sqrt(max(mean_sq_gap, 0))``;
-    * ``within_variance = k / (k - 1) mean(p_hat (1 - p_hat))``: unbiased for ``E[p (1 - p)]``, the reward variance
-      a prompt-specific value cannot remove (``within + between`` is about ``total``).
-
-    Parameters
-    ----------
-    pass_rates : array_like of float in [0, 1]
-        ``p_hat_i``, one per prompt; at least 2 prompts.
-    k : int >= 2
-        Samples per prompt.
-
-    Returns
-    -------
-    dict
-        The quantities above plus ``n_prompts``, ``k``, ``mean`` (``p_bar``), ``raw_variance`` (``var(p_hat)``,
-        ddof 1) and ``binomial_noise`` (``mean(v)``). The corrected variances can be slightly negative by chance.
-    """
-    p = np.asarray(pass_rates, dtype=np.float64).ravel()
-    if int(k) != k or k < 2:
-        raise ValueError(f"k must be an int >= 2, got {k!r}")
-    if p.size < 2:
-        raise ValueError("need at least 2 prompts")
-    if not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)):
-        raise ValueError("pass rates must be finite and lie in [0, 1]")
-    n, k = int(p.size), int(k)
-    p_bar = float(p.mean())
-    noise = float((p * (1.0 - p)).mean() / (k - 1))
-    raw = float(p.var(ddof=1))
-    between = raw - noise
-    total = p_bar * (1.0 - p_bar)
-    gap = float(((p - p_bar) ** 2).mean()) - (n - 1) / n * noise
-    return {
-        "n_prompts": n,
-        "k": k,
-        "mean": p_bar,
-        "raw_variance": raw,
-        "binomial_noise": noise,
-        "between_variance": between,
-        "total_variance": total,
-        "icc": between / total if total > 0 else float("nan"),
-        "mean_sq_gap": gap,
-        "rms_gap": math.sqrt(max(gap, 0.0)),
-        "within_variance": noise * k,
-    }
-
-
-def auc(scores, labels) -> float:
-    """Area under the ROC curve (Mann-Whitney), ties counted one half.
-
-    Parameters
-    ----------
-    scores : array_like of float
-        Predicted scores (higher = more likely positive).
-    labels : array_like of {0, 1}
-        Outcomes, same length.
-
-    Returns
-    -------
-    float
-        ``P(score of a random positive > score of a random negative) + 0.5 P(tie)``; NaN when one class is empty.
-    """
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels, dtype=np.float64).ravel()
-    if s.shape != y.shape:
-        raise ValueError(f"scores and labels differ in length: {s.size} vs {y.size}")
-    if not np.all((y == 0) | (y == 1)):
-        raise ValueError("labels must be 0 or 1")
-    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    # average ranks (1-based) with ties sharing their mean rank
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(s.size, dtype=np.float64)
-    sorted_s = s[order]
-    start = 0
-    while start < s.size:
-        stop = start
-        while stop + 1 < s.size and sorted_s[stop + 1] == sorted_s[start]:
-            stop += 1
-        ranks[order[start:stop + 1]] = 0.5 * (start + stop) + 1.0
-        start = stop + 1
-    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def binary_prediction_metrics(pred, labels, base_rate: float) -> dict:
-    """AUC and Brier score of probabilities against binary outcomes, with the base-rate reference.
-
-    Parameters
-    ----------
-    pred : array_like of float in [0, 1]
-        Predicted success probabilities.
-    labels : array_like of {0, 1}
-        Outcomes.
-    base_rate : float in [0, 1]
-        The constant prediction of the reference (e.g. the mean reward of the data the predictor was fit on).
-
-    Returns
-    -------
-    dict
-        ``n``, ``positives``, ``mean_pred``, ``mean_label``, ``auc`` (:func:`auc`), ``brier``, ``base_brier``
-        (Brier of the constant ``base_rate``) and ``brier_skill = 1 - brier / base_brier`` (NaN if ``base_brier``
-        is 0); all NaN-valued metrics for an empty input.
-    """
-    from trl_ext.estimators.pair_heads import brier_score
-
-    p = np.asarray(pred, dtype=np.float64).ravel()
-    y = np.asarray(labels, dtype=np.float64).ravel()
-    if p.shape != y.shape:
-        raise ValueError(f"pred and labels differ in length: {p.size} vs {y.size}")
-    nan = float("nan")
-    if p.size == 0:
-        return {"n": 0, "positives": 0, "mean_pred": nan, "mean_label": nan, "auc": nan, "brier": nan,
-                "base_brier": nan, "brier_skill": nan}
-    brier = brier_score(p, y)
-    base = brier_score(np.full_like(y, float(base_rate)), y)
-    return {
-        "n": int(p.size),
-        "positives": int(y.sum()),
-        "mean_pred": float(p.mean()),
-        "mean_label": float(y.mean()),
-        "auc": auc(p, y),
-        "brier": brier,
-        "base_brier": base,
-        "brier_skill": 1.0 - brier / base if base > 0 else nan,
-    }
 
 
 def value_mse(pred, pass_rates, k: int) -> dict:
@@ -464,56 +299,40 @@ def build_pair_trainer(model, tok, rows, task, k, max_new, seed, out_dir):
 
 
 def probe_features(trainer, prompt_ids, comps, probe_len, batch):
-    """Finished flags, remaining-token costs and ``pair_features`` of every sample's probe of ``probe_len`` tokens,
-    through the trainer's own rollout strategy (finished rule, checkpoint) and feature function."""
-    import torch
-
-    strat = trainer.rollout_strategy
-    seqs, finished, costs = [], [], []
-    for p_ids, c_i in zip(prompt_ids, comps):
-        for c in c_i:
-            probe = c[:probe_len]
-            fin = strat.is_finished(trainer, probe, probe_len)
-            ckpt = strat.checkpoint(trainer, probe, fin)
-            seqs.append(list(p_ids) + list(probe[:ckpt]))
-            finished.append(fin)
-            costs.append(float(len(c) - len(probe)))
-    feats = torch.cat([trainer.pair_features(seqs[s:s + batch]) for s in range(0, len(seqs), batch)])
-    return feats, np.asarray(finished, dtype=bool), np.asarray(costs)
+    """Features (``trainer.pair_features``), finished flags (the trainer's end tokens) and remaining-token costs of
+    every sample's probe of ``probe_len`` tokens (:func:`trl_ext.advise.prefix.probe_features`; the checkpoint is
+    the probe's end: ``pair_snap_window = 0``, PAIR's default)."""
+    if int(trainer.args.pair_snap_window) != 0:
+        raise ValueError("probe_features assumes pair_snap_window = 0 (no checkpoint snapping).")
+    return _probe_features(trainer.pair_features, prompt_ids, comps, probe_len, trainer.eos_token_ids, batch)
 
 
 def fit_and_score_heads(trainer, init_heads, feats, finished, costs, rewards, n_fit, head_batch_prompts, k):
-    """Fresh heads fed the first ``n_fit`` prompts' labels in generation batches (refresh after each, as the
-    trainer), scored on the remaining prompts."""
-    import torch
-
+    """Fresh heads fed the first ``n_fit`` prompts' labels in generation batches (refresh after each with the
+    trainer's fit settings, as ``PAIRTrainer.pair_refresh_heads``; :func:`trl_ext.advise.prefix.feed_heads`),
+    scored on the remaining prompts."""
     from trl_ext.estimators.pair_heads import cost_mape, expected_calibration_error
 
     n, _ = rewards.shape
     r_flat = rewards.reshape(-1)
-    trainer.pair_heads = copy.deepcopy(init_heads)
-    refreshes = 0
-    for s in range(0, n_fit, head_batch_prompts):
-        sl = slice(s * k, min(s + head_batch_prompts, n_fit) * k)
-        m = sl.stop - sl.start
-        trainer.pair_heads.add_labels(feats[sl], torch.as_tensor(r_flat[sl]), torch.as_tensor(costs[sl]),
-                                      torch.ones(m))
-        trainer.pair_needs_refresh = True
-        trainer.pair_refresh_heads()
-        refreshes += 1
+    heads = copy.deepcopy(init_heads)
+    refreshes = feed_heads(heads, feats, rewards, costs, range(n_fit), k, head_batch_prompts,
+                           fit_steps=int(trainer.args.pair_head_fit_steps),
+                           fit_batch_size=int(trainer.args.pair_head_batch_size))
+    trainer.pair_heads = heads
     ev = slice(n_fit * k, n * k)
-    pred = trainer.pair_heads.predict(feats[ev])
+    pred = heads.predict(feats[ev])
     p_hat = pred.p_hat.numpy()
     y = r_flat[ev]
     base_rate = float(r_flat[:n_fit * k].mean())
     fit_unfinished = ~finished[:n_fit * k]
     base_unfinished = float(r_flat[:n_fit * k][fit_unfinished].mean()) if fit_unfinished.any() else base_rate
     unfinished = ~finished[ev]
-    out = {
+    return {
         "fit_labels": n_fit * k,
         "refreshes": refreshes,
-        "temperature": float(trainer.pair_heads.temperature),
-        "calibration_slice": trainer.pair_heads.diagnostics(),
+        "temperature": float(heads.temperature),
+        "calibration_slice": heads.diagnostics(),
         "share_finished_in_probe": float(finished[ev].mean()),
         "all": binary_prediction_metrics(p_hat, y, base_rate),
         "unfinished": binary_prediction_metrics(p_hat[unfinished], y[unfinished], base_unfinished),
@@ -522,7 +341,6 @@ def fit_and_score_heads(trainer, init_heads, feats, finished, costs, rewards, n_
                                  if unfinished.any() else float("nan")),
         "nonfinite_predictions": int(pred.n_nonfinite),
     }
-    return out
 
 
 def prompt_only_predictors(rewards, n_fit, groups):

