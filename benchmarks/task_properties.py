@@ -72,7 +72,12 @@ from trl_ext.advise.prefix import (  # noqa: E402,F401
     feed_heads,
 )
 from trl_ext.advise.prefix import probe_features as _probe_features  # noqa: E402
-from trl_ext.advise.regime import HIST_LABELS, pass_rate_histogram, variance_decomposition  # noqa: E402,F401
+from trl_ext.advise.regime import (  # noqa: E402,F401
+    HIST_LABELS,
+    length_summary,
+    pass_rate_histogram,
+    variance_decomposition,
+)
 
 
 # ------------------------------------------------------------------------------------------------ pure statistics
@@ -105,31 +110,6 @@ def pass_rate_spread(pass_rates) -> dict:
         "mean": float(p.mean()),
         "sd": float(p.std()),
     }
-
-
-def length_summary(lengths, cap: int | None = None) -> dict:
-    """Mean, median, min and max of completion lengths (and the share at the cap when ``cap`` is given).
-
-    Parameters
-    ----------
-    lengths : array_like of int
-        Generated tokens per sample (non-empty).
-    cap : int, optional
-        ``max_new_tokens``; adds ``share_at_cap`` (samples that used the whole budget).
-
-    Returns
-    -------
-    dict
-        ``n``, ``mean``, ``median``, ``min``, ``max`` (and ``share_at_cap``).
-    """
-    x = np.asarray(lengths, dtype=np.float64).ravel()
-    if x.size == 0:
-        raise ValueError("no lengths")
-    out = {"n": int(x.size), "mean": float(x.mean()), "median": float(np.median(x)), "min": int(x.min()),
-           "max": int(x.max())}
-    if cap is not None:
-        out["share_at_cap"] = float((x >= cap).mean())
-    return out
 
 
 def value_mse(pred, pass_rates, k: int) -> dict:

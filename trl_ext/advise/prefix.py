@@ -97,6 +97,7 @@ def hidden_state_features(model, pad_token_id: int | None, last_k: int = HEAD_DE
     import torch
 
     from trl_ext.estimators.pair_heads import prefix_summary
+    from trl_ext.measurement.keyed_sampling import left_pad
 
     pad = 0 if pad_token_id is None else int(pad_token_id)
 
@@ -105,12 +106,7 @@ def hidden_state_features(model, pad_token_id: int | None, last_k: int = HEAD_DE
         if not seqs or any(len(s) == 0 for s in seqs):
             raise ValueError("hidden_state_features needs non-empty token sequences.")
         device = next(model.parameters()).device
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
+        ids, mask = left_pad(seqs, pad)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         was_training = model.training
         model.eval()
@@ -143,6 +139,7 @@ def shared_forward_features(model, pad_token_id: int | None, prompt_ids, complet
     import torch
 
     from trl_ext.estimators.pair_heads import prefix_summary
+    from trl_ext.measurement.keyed_sampling import left_pad
 
     lens = sorted({int(t) for t in probe_lens})
     t_max = lens[-1]
@@ -163,12 +160,8 @@ def shared_forward_features(model, pad_token_id: int | None, prompt_ids, complet
     try:
         for s in range(0, len(seqs), batch_size):
             chunk = seqs[s:s + batch_size]
-            width = max(len(x) for x in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, x in enumerate(chunk):
-                ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
-                mask[i, width - len(x):] = 1
+            ids, mask = left_pad(chunk, pad)
+            width = ids.shape[1]
             pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
             with torch.no_grad():
                 hidden = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),

@@ -79,6 +79,7 @@ from ..estimators.pair import (
     standardize_pair_advantages,
 )
 from ..estimators.pair_heads import PrefixHeads, prefix_summary
+from ..measurement.keyed_sampling import left_pad
 from . import _trl_compat as compat
 from .base import ExtGRPOConfig, GRPOTrainer, validate_ext_config
 from .batch import RolloutBatch
@@ -764,14 +765,8 @@ class PAIRTrainer(GRPOTrainer):
         exactly one such call per generation batch (equal row counts), which keeps those collectives aligned.
         """
         device = self.accelerator.device
-        width = max(len(s) for s in seqs)
         tok = compat.tokenizer(self)
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
+        ids, mask = left_pad(seqs, tok.pad_token_id if tok.pad_token_id is not None else 0)
         # explicit position ids: left padding must not shift positions (layout-independent features)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         with compat.generation_model(self) as model:
