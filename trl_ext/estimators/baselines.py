@@ -346,60 +346,93 @@ def trl_grpo_advantages(
     if not valid.any():
         return out, std_out
     gid = group_ids[valid]
+    k, g_size, uniform = _trl_group_layout(gid, valid, n, ddof)
+    r = rewards[valid]
+    if aggregation == "sum_then_normalize":
+        adv, std_g = _sum_then_normalize(r, gid, k, g_size, uniform, scale_rewards, eps, ddof)
+    else:
+        adv, std_g = _normalize_then_sum(r, rewards_per_func, reward_weights, valid, gid, k, g_size, uniform, eps)
+    out[valid] = torch.nan_to_num(adv, nan=0.0).to(dtype)
+    std_out[valid] = std_g.to(dtype)
+    return out, std_out
+
+
+def _trl_group_layout(gid: torch.Tensor, valid: torch.Tensor, n: int, ddof: int) -> tuple[int, int, bool]:
+    """``(K, G, uniform)``: the number of groups, the size of group 0, and whether the rows are TRL's layout.
+
+    TRL's layout is ``K`` contiguous groups of equal size ``G`` with no pad row (and the Bessel std TRL uses): there
+    :func:`trl_grpo_advantages` runs TRL's own ``view(-1, G)`` operations, so the result is bitwise TRL's.
+    """
+    import torch
     k = int(gid.max().item()) + 1
     sizes = torch.bincount(gid, minlength=k)
     g_size = int(sizes[0].item())
     uniform = ddof == 1 and bool(valid.all()) and bool((sizes == g_size).all()) and bool(
         torch.equal(gid, torch.arange(n, device=gid.device) // g_size)
     )
-    r = rewards[valid]
-    if aggregation == "sum_then_normalize":
-        if uniform:  # TRL's exact operations
-            mean = torch.nanmean(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
-            if g_size > 1:
-                std_g = nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
-            else:
-                std_g = torch.zeros_like(r)
-        else:
-            mean_k, std_k = _group_mean_std(r.cpu(), gid.cpu(), k, ddof)
-            mean, std_g = mean_k.to(r.device)[gid], std_k.to(r.device)[gid]
-        if scale_rewards == "batch" and ddof == 0:
-            std = _group_mean_std(r.cpu(), torch.zeros_like(gid.cpu()), 1, 0)[1].to(r.device).expand_as(r)
-        elif scale_rewards == "batch":
-            std = nanstd(r).expand_as(r) if r.numel() > 1 else torch.zeros_like(r)
-        else:
-            std = std_g
-        adv = r - mean
-        if scale_rewards != "none":
-            adv = adv / (std + eps)
-    else:
-        if rewards_per_func is None or reward_weights is None:
-            raise ValueError("normalize_then_sum needs rewards_per_func and reward_weights.")
-        rpf = rewards_per_func[valid].float()
-        w = reward_weights.to(rpf.device, torch.float32)
-        unscorable = torch.isnan(rpf).all(dim=1)
-        if uniform:
-            grouped = rpf.view(-1, g_size, rpf.shape[1])
-            mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
-            std_k = nanstd(grouped, dim=1, keepdim=True) if g_size > 1 else torch.zeros_like(mean_k)
-            reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, rpf.shape[1])
-        else:
-            mk, sk = _group_mean_std(rpf.cpu(), gid.cpu(), k)
-            reward_k = (rpf - mk.to(rpf.device)[gid]) / (sk.to(rpf.device)[gid] + eps)
-        summed = (reward_k * w.unsqueeze(0)).nansum(dim=1)
-        summed[unscorable] = torch.nan
-        std = nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
-        adv = (summed - torch.nanmean(summed)) / (std + eps)
-        if uniform and g_size > 1:
-            std_g = nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
-        elif uniform:
-            std_g = torch.zeros_like(r)
-        else:
-            std_g = _group_mean_std(r.cpu(), gid.cpu(), k)[1].to(r.device)[gid]
-    out[valid] = torch.nan_to_num(adv, nan=0.0).to(dtype)
-    std_out[valid] = std_g.to(dtype)
-    return out, std_out
+    return k, g_size, uniform
 
+
+def _sum_then_normalize(r: torch.Tensor, gid: torch.Tensor, k: int, g_size: int, uniform: bool, scale_rewards: str,
+                        eps: float, ddof: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's default aggregation: ``(r_i - mean_g(r)) / (std + eps)`` with the group, batch or no std.
+
+    Returns the advantages of the non-pad rows (NaN where TRL yields NaN) and each row's group std.
+    """
+    import torch
+    if uniform:  # TRL's exact operations
+        mean = torch.nanmean(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
+        if g_size > 1:
+            std_g = nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
+        else:
+            std_g = torch.zeros_like(r)
+    else:
+        mean_k, std_k = _group_mean_std(r.cpu(), gid.cpu(), k, ddof)
+        mean, std_g = mean_k.to(r.device)[gid], std_k.to(r.device)[gid]
+    if scale_rewards == "batch" and ddof == 0:
+        std = _group_mean_std(r.cpu(), torch.zeros_like(gid.cpu()), 1, 0)[1].to(r.device).expand_as(r)
+    elif scale_rewards == "batch":
+        std = nanstd(r).expand_as(r) if r.numel() > 1 else torch.zeros_like(r)
+    else:
+        std = std_g
+    adv = r - mean
+    if scale_rewards != "none":
+        adv = adv / (std + eps)
+    return adv, std_g
+
+
+def _normalize_then_sum(r: torch.Tensor, rewards_per_func: torch.Tensor | None, reward_weights: torch.Tensor | None,
+                        valid: torch.Tensor, gid: torch.Tensor, k: int, g_size: int, uniform: bool,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO's aggregation: each reward function standardized within its group, the weighted sum over the batch.
+
+    Returns the advantages of the non-pad rows and each row's group std of the summed rewards ``r``.
+    """
+    import torch
+    if rewards_per_func is None or reward_weights is None:
+        raise ValueError("normalize_then_sum needs rewards_per_func and reward_weights.")
+    rpf = rewards_per_func[valid].float()
+    w = reward_weights.to(rpf.device, torch.float32)
+    unscorable = torch.isnan(rpf).all(dim=1)
+    if uniform:
+        grouped = rpf.view(-1, g_size, rpf.shape[1])
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1, keepdim=True) if g_size > 1 else torch.zeros_like(mean_k)
+        reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, rpf.shape[1])
+    else:
+        mk, sk = _group_mean_std(rpf.cpu(), gid.cpu(), k)
+        reward_k = (rpf - mk.to(rpf.device)[gid]) / (sk.to(rpf.device)[gid] + eps)
+    summed = (reward_k * w.unsqueeze(0)).nansum(dim=1)
+    summed[unscorable] = torch.nan
+    std = nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
+    adv = (summed - torch.nanmean(summed)) / (std + eps)
+    if uniform and g_size > 1:
+        std_g = nanstd(r.view(-1, g_size), dim=1).repeat_interleave(g_size, dim=0)
+    elif uniform:
+        std_g = torch.zeros_like(r)
+    else:
+        std_g = _group_mean_std(r.cpu(), gid.cpu(), k)[1].to(r.device)[gid]
+    return adv, std_g
 
 
 @register_advantage_estimator("grpo")

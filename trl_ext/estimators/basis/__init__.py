@@ -1,0 +1,89 @@
+"""BASIS: batchwise single-rollout baselines, offline V_beta value tables and per-step beta calibration.
+
+Source: Gong et al., "BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM
+Reasoning" (May 2026). Section and equation numbers below refer to that paper.
+
+Pipeline per training step (Section 4, Algorithm 3):
+
+1. **Offline value table** (Section 4 "Offline value estimation", Proposition 2, Appendix 10): from ``n`` reference
+   rollouts per prompt, the KL-tilted value ``V_beta(x) = E_ref[r exp(r/beta)] / E_ref[exp(r/beta)]`` on a fixed
+   grid of ``beta`` (:func:`default_beta_grid`, :func:`v_beta`, :func:`v_beta_table`, :func:`v_beta_from_samples`).
+2. **Batchwise refinement** (Eq. 2, Proposition 1, Appendix 8 Eq. 4-6): each prompt's baseline is a weighted
+   average of the *other* prompts' single rewards, restricted to the active set ``eps < V < 1 - eps``
+   (:func:`batchwise_baseline`).
+3. **Online calibration** (Eq. 3): choose ``beta_t`` on the grid (:func:`calibrate_beta`). The default objective
+   is a robust variant of Eq. 3 (see :func:`calibrate_beta` and ``docs/estimators_basis.md``).
+4. **Advantage** ``A_i = r_i - b_i`` (Section 4, after Eq. 3; :func:`basis_advantages`). The opt-in batch std
+   scaling that the BASIS trainer and the registry entry offer is :func:`std_scale_advantages` (not in the paper).
+
+All functions are pure numpy/scipy and vectorized; nothing here imports TRL.
+
+Layout (every name, private helpers included, is importable from here):
+
+- :mod:`.values` -- step 1: the beta grid and the offline ``V_beta`` values (Proposition 2, Appendix 10).
+- :mod:`.refinement` -- step 2: the batchwise leave-one-out baseline (Eq. 2, Eq. 4-6) and its fallbacks.
+- :mod:`.grid` -- the vectorized hot loop of step 3: both calibration objectives on the whole grid.
+- :mod:`.calibration` -- step 3: beta selection (Eq. 3).
+- :mod:`.advantages` -- step 4: ``A_i = r_i - b_i`` and the opt-in batch std scaling.
+- :mod:`.registry` -- the ``"basis"`` advantage-estimator registry entry.
+- :mod:`._checks` -- input checks and the accepted option names.
+"""
+
+from __future__ import annotations
+
+from .._validation import to_numpy  # noqa: F401 - importable here before the split
+from ._checks import (  # noqa: F401 - private helpers, importable here before the split
+    _FALLBACKS,
+    _OBJECTIVES,
+    BASIS_VARIANTS,
+    _as_1d_float,
+    _check_beta,
+    _check_eps,
+    _check_fallback,
+    _check_unit_interval,
+    _check_variant,
+    _f64,
+)
+from .advantages import basis_advantages, std_scale_advantages
+from .calibration import CalibrationResult, calibrate_beta
+from .grid import (  # noqa: F401 - private helpers, importable here before the split
+    _CHUNK_CELLS,
+    _TINY,
+    _closed_form_values_into,
+    _exclusive_sum_into,
+    _grid_losses,
+)
+from .refinement import (  # noqa: F401 - private helpers, importable here before the split
+    BaselineResult,
+    _exclusive_sum,
+    _exclusive_sum_exact,
+    _fallback_values,
+    _loo_mean,
+    _prep_rewards,
+    _refine,
+    batchwise_baseline,
+)
+from .registry import _register, basis_registry_advantages  # noqa: F401 - registers "basis" on import
+from .values import (  # noqa: F401 - private helpers, importable here before the split
+    _check_grid,
+    _to_padded,
+    _v_and_q,
+    default_beta_grid,
+    v_beta,
+    v_beta_from_samples,
+    v_beta_table,
+)
+
+__all__ = [
+    "BASIS_VARIANTS",
+    "BaselineResult",
+    "CalibrationResult",
+    "basis_advantages",
+    "batchwise_baseline",
+    "calibrate_beta",
+    "default_beta_grid",
+    "std_scale_advantages",
+    "v_beta",
+    "v_beta_from_samples",
+    "v_beta_table",
+]

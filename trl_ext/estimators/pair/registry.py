@@ -1,0 +1,79 @@
+"""The ``"pair"`` entry of the advantage-estimator registry: Eq. 13 on a flat batch of ragged candidate groups."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validation import as_float_array, factorize_groups, to_numpy
+from ..baselines import AdvantageResult, register_advantage_estimator
+from ._checks import _probabilities, _selected
+from .advantages import pair_advantages, scorable_selection
+
+
+@register_advantage_estimator("pair")
+def pair_group_advantages(rewards, group_ids, selected, inclusion, w_max=None, self_normalize=False) -> AdvantageResult:
+    """Eq. 13 PAIR advantages for a flat batch of ragged candidate groups (registry name ``"pair"``).
+
+    Each group is the *full* candidate group (all G prefixes, continued or not), so that M = G(G-1)/2 is the
+    complete-pair normalizer. Independent Bernoulli continuation within each group.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (N,)
+        Rewards; unselected rows are ignored (NaN allowed there).
+    group_ids : array_like, shape (N,)
+    selected : array_like of bool, shape (N,)
+    inclusion : array_like, shape (N,)
+        Logged marginal continuation probabilities in (0, 1].
+    w_max, self_normalize : see :func:`pair_advantages` (biased variants).
+
+    Returns
+    -------
+    AdvantageResult
+        ``advantages`` is 0 for unselected rows. ``baselines`` is NaN (PAIR has no per-rollout baseline) and
+        ``scale`` is 1. A *selected* row with a NaN reward (unscorable completion) follows PAIR's one NaN rule
+        (:func:`scorable_selection`): it observes no edge, gets advantage 0 and is counted in ``n_nan``; the other
+        rows keep their logged weights. Groups with a single candidate get advantage 0 (``n_degenerate``).
+        ``extras`` carries per-group ``n_edges``, ``ess``, ``max_weight`` and ``biased``.
+    """
+    r = as_float_array(rewards, "rewards", ndim=1)
+    n = r.shape[0]
+    codes, uniq = factorize_groups(group_ids, n)
+    sel = to_numpy(selected)
+    if sel.shape != (n,):
+        raise ValueError(f"`selected` must have shape ({n},), got {sel.shape}.")
+    sel = _selected(sel, n)
+    pi = _probabilities("inclusion", inclusion, n)
+    sel_ok, n_nan = scorable_selection(r, sel)
+    adv = np.zeros(n)
+    n_deg = 0
+    extras = {"n_edges": [], "ess": [], "max_weight": [], "biased": self_normalize or w_max is not None}
+    for g in range(uniq.shape[0]):
+        idx = np.flatnonzero(codes == g)
+        if idx.size < 2:
+            n_deg += int(idx.size)
+            extras["n_edges"].append(0)
+            extras["ess"].append(0.0)
+            extras["max_weight"].append(0.0)
+            continue
+        res = pair_advantages(r[idx], sel[idx], pi[idx], w_max=w_max, self_normalize=self_normalize)
+        adv[idx] = res.advantages
+        extras["n_edges"].append(res.n_edges)
+        extras["ess"].append(res.ess)
+        extras["max_weight"].append(res.max_weight)
+    n_zero_std = 0
+    for g in range(uniq.shape[0]):
+        rr = r[(codes == g) & sel_ok]
+        if rr.size >= 1 and np.all(rr == rr[0]):
+            n_zero_std += 1
+    extras["n_unselected"] = int((~sel).sum())
+    return AdvantageResult(
+        advantages=adv,
+        baselines=np.full(n, np.nan),
+        scale=np.ones(n),
+        n_nan=n_nan,
+        n_groups=int(uniq.shape[0]),
+        n_zero_std_groups=n_zero_std,
+        n_degenerate=n_deg,
+        extras=extras,
+    )
