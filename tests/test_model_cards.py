@@ -24,6 +24,7 @@ from base_helpers import binary_reward, hash_reward, tiny_dataset, tiny_model_an
 
 from trl_ext.priors.table_format import ValueTable, ValueTableRow, save_value_table  # noqa: E402
 from trl_ext.trainers import _trl_compat as compat  # noqa: E402
+from trl_ext.trainers import model_card  # noqa: E402
 from trl_ext.trainers.base import EXT_STATE_FILE, ExtGRPOConfig, GRPOTrainer  # noqa: E402
 from trl_ext.trainers.basis import BASISConfig, BASISTrainer  # noqa: E402
 from trl_ext.trainers.pair import PAIRConfig, PAIRTrainer  # noqa: E402
@@ -34,12 +35,12 @@ COMMON = dict(per_device_train_batch_size=8, max_completion_length=5, max_steps=
               dataloader_num_workers=0, disable_tqdm=True)
 
 V05_CARD = dict(
-    name="V0.5", tags=("trl", compat.TRL_EXT_TAG, "v05"),
-    paper=compat.paper_info(title="V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", year=2026,
+    name="V0.5", tags=("trl", model_card.TRL_EXT_TAG, "v05"),
+    paper=model_card.paper_info(title="V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", year=2026,
                             arxiv_id="2603.10848", bibtex_key="v05_2026"),
     details=("v05_value_prior", "v05_value_prior_kwargs", v05_model_card_details),
 )
-"""The arguments of the ``compat.set_model_card_info(V05GRPOTrainer, ...)`` statement after the class in
+"""The arguments of the ``model_card.set_model_card_info(V05GRPOTrainer, ...)`` statement after the class in
 ``trl_ext/trainers/v05.py``."""
 
 
@@ -96,7 +97,7 @@ def test_trl_builds_the_card_from_the_class_attributes_we_set():
 
     for name in compat.RELIED_ON_CARD_ATTRIBUTES:
         assert hasattr(trl.GRPOTrainer, name), f"TRL {trl.__version__}: GRPOTrainer.{name} no longer exists"
-    info = compat.model_card_info_of(trl.GRPOTrainer)
+    info = model_card.model_card_info_of(trl.GRPOTrainer)
     assert info["name"] == "GRPO" and {"title", "id", "citation"} <= set(info["paper"])
     assert info["tags"] == compat.trl_grpo_tags() == ["trl", "grpo"]
     params = list(inspect.signature(trl.GRPOTrainer.create_model_card).parameters)
@@ -112,7 +113,7 @@ def test_grpo_card_keeps_grpo_and_adds_the_trl_ext_tag(tmp_path):
     assert "This model was trained with GRPO, a method introduced in [DeepSeekMath" in card
     assert "@article{shao2024deepseekmath" in card
     assert {"trl", "grpo", "trl-ext"} <= _front_matter_tags(card)
-    assert compat.model_card_info_of(tr)["tags"] == ["trl", "grpo", "trl-ext"]
+    assert model_card.model_card_info_of(tr)["tags"] == ["trl", "grpo", "trl-ext"]
     assert {"trl", "grpo", "trl-ext"} <= set(tr.model.model_tags)  # TRL also tags the model with them
 
 
@@ -216,7 +217,7 @@ def test_v05_one_line_card_settings_name_v05_and_record_the_prior(tmp_path):
     class V05WithCard(V05GRPOTrainer):
         pass
 
-    compat.set_model_card_info(V05WithCard, **V05_CARD)
+    model_card.set_model_card_info(V05WithCard, **V05_CARD)
     card = _card(_v05(tmp_path, V05WithCard))
     assert "This model was trained with V0.5, a method introduced in [V0.5: Generalist Value Model as a Prior for " \
            "Sparse RL Rollouts](https://huggingface.co/papers/2603.10848)" in card
@@ -291,13 +292,13 @@ def test_v05_card_names_the_model_the_default_embedding_prior_embeds_with(tmp_pa
 # ------------------------------------------------------------------------------------------------------ helper
 def test_set_model_card_info_validates_and_inherits(tmp_path):
     with pytest.raises(ValueError, match="paper needs"):
-        compat.set_model_card_info(type("X", (GRPOTrainer,), {}), paper={"title": "t"})
+        model_card.set_model_card_info(type("X", (GRPOTrainer,), {}), paper={"title": "t"})
     with pytest.raises(TypeError, match="details item"):
-        compat.set_model_card_info(type("Y", (GRPOTrainer,), {}), details=(3,))
+        model_card.set_model_card_info(type("Y", (GRPOTrainer,), {}), details=(3,))
     sub = type("PAIRSub", (PAIRTrainer,), {})
-    assert compat.model_card_info_of(sub) == compat.model_card_info_of(PAIRTrainer)
+    assert model_card.model_card_info_of(sub) == model_card.model_card_info_of(PAIRTrainer)
     assert "create_model_card" not in vars(sub)  # inherited, writes the section once
-    info = compat.paper_info(title="T", year=2026, bibtex_key="k")
+    info = model_card.paper_info(title="T", year=2026, bibtex_key="k")
     assert info["id"] is None and "eprint" not in info["citation"] and "author" not in info["citation"]
 
 

@@ -9,9 +9,9 @@ from importlib import import_module
 
 _LAZY = {
     "GRPOTrainer": "trl_ext.trainers.base",
-    "ExtGRPOConfig": "trl_ext.trainers.base",
+    "ExtGRPOConfig": "trl_ext.trainers.config",
     "trl_grpo_advantages": "trl_ext.trainers.base",
-    "EXT_STATE_FILE": "trl_ext.trainers.base",
+    "EXT_STATE_FILE": "trl_ext.trainers.state",
     "RolloutBatch": "trl_ext.trainers.batch",
     "BASISTrainer": "trl_ext.trainers.basis",
     "BASISConfig": "trl_ext.trainers.basis",

@@ -41,7 +41,7 @@ from ..estimators.basis import (
     v_beta_from_samples,
 )
 from ..priors.table_format import ValueTable, load_value_table, prompt_key
-from . import _trl_compat as compat
+from . import model_card
 from .base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
 from .batch import RolloutBatch
 
@@ -68,7 +68,7 @@ BASIS_METRICS = (
 """Metric names :class:`BASISTrainer` logs every generation batch (train and eval)."""
 
 
-BASIS_PAPER = compat.paper_info(
+BASIS_PAPER = model_card.paper_info(
     title="BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM Reasoning",
     authors=("Gong", "others"), year=2026, bibtex_key="gong2026basis",
 )
@@ -262,7 +262,7 @@ def basis_model_card_details(trainer) -> dict[str, Any]:
     return out
 
 
-@compat.model_card_info(name="BASIS", tags=("trl", compat.TRL_EXT_TAG, "basis"), paper=BASIS_PAPER,
+@model_card.model_card_info(name="BASIS", tags=("trl", model_card.TRL_EXT_TAG, "basis"), paper=BASIS_PAPER,
                         details=(basis_model_card_details,))
 class BASISTrainer(GRPOTrainer):
     """GRPO-family trainer with one rollout per prompt and the BASIS baseline (Section 4, Algorithm 1).

@@ -81,6 +81,7 @@ from ..estimators.pair import (
 from ..estimators.pair_heads import PrefixHeads, prefix_summary
 from ..measurement.keyed_sampling import left_pad
 from . import _trl_compat as compat
+from . import model_card
 from .base import ExtGRPOConfig, GRPOTrainer, validate_ext_config
 from .batch import RolloutBatch
 from .rollouts import RolloutStrategy
@@ -102,7 +103,7 @@ def _default_tau(max_completion_length: int) -> int:
     return int(min(256, max(1, max_completion_length // 8)))
 
 
-PAIR_PAPER = compat.paper_info(
+PAIR_PAPER = model_card.paper_info(
     title="PAIR: Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR",
     authors=("Voss", "Hale", "Reyes"), year=2026, arxiv_id="2608.11368", bibtex_key="voss2026pair",
 )
@@ -648,7 +649,7 @@ def pair_model_card_details(trainer) -> dict[str, Any]:
     }
 
 
-@compat.model_card_info(name="PAIR", tags=("trl", compat.TRL_EXT_TAG, "pair"), paper=PAIR_PAPER,
+@model_card.model_card_info(name="PAIR", tags=("trl", model_card.TRL_EXT_TAG, "pair"), paper=PAIR_PAPER,
                         details=(pair_model_card_details,))
 class PAIRTrainer(GRPOTrainer):
     """GRPO with PAIR prefix probing, continuation design and pair-inclusion reweighting (see module docstring).

@@ -65,6 +65,7 @@ from ..estimators.v05 import (
 )
 from ..priors import SupportBuffer, ValuePrior, build_prior
 from . import _trl_compat as compat
+from . import model_card
 from .base import ExtGRPOConfig, GRPOTrainer, parse_kwargs_field, validate_ext_config
 from .batch import RolloutBatch
 from .rollouts import RolloutStrategy, _block, unique_prompt_rows, weighted_reward
@@ -973,8 +974,8 @@ def v05_model_card_details(trainer) -> dict[str, Any]:
     return out
 
 
-compat.set_model_card_info(
-    V05GRPOTrainer, name="V0.5", tags=("trl", compat.TRL_EXT_TAG, "v05"),
-    paper=compat.paper_info(title="V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", year=2026,
+model_card.set_model_card_info(
+    V05GRPOTrainer, name="V0.5", tags=("trl", model_card.TRL_EXT_TAG, "v05"),
+    paper=model_card.paper_info(title="V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts", year=2026,
                             arxiv_id="2603.10848", bibtex_key="v05_2026"),
     details=("v05_value_prior", "v05_value_prior_kwargs", v05_model_card_details))

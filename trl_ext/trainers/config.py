@@ -1,0 +1,293 @@
+"""``ExtGRPOConfig``: :class:`trl.GRPOConfig` plus the trl_ext options, and the one rule for accepting configs.
+
+* :class:`ExtGRPOConfig` -- every trl_ext option of the base trainer, one dataclass field each with its help text;
+* :func:`as_config` -- which config classes a trainer accepts (upgrade a plain ``trl.GRPOConfig``, refuse a sibling
+  method's config);
+* :func:`validate_ext_config` -- the checks, each raising ``ValueError`` that says what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+import trl
+
+from ..estimators.baselines import estimator_min_group_size
+from . import _trl_compat as compat
+from .rollouts import validate_dynamic_sampling
+
+__all__ = ["ExtGRPOConfig", "as_config", "parse_kwargs_field", "validate_ext_config"]
+
+
+# ---------------------------------------------------------------------------------------------------------- config
+@dataclass
+class ExtGRPOConfig(trl.GRPOConfig):
+    """:class:`trl.GRPOConfig` plus the trl_ext measurement options.
+
+    Every trl_ext option is one dataclass field below; its ``help`` metadata documents it (the text
+    ``HfArgumentParser`` shows on the command line, as in TRL's own configs), and ``docs/base_trainer.md`` describes
+    them. Every new option is off (or purely additive) by default, so a default ``ExtGRPOConfig`` trains exactly
+    like ``trl.GRPOConfig``. Which config classes a trainer accepts (one rule for every trl_ext trainer, see
+    :func:`as_config`): its own config class or a subclass of it, or a plain ``trl.GRPOConfig`` or
+    ``ExtGRPOConfig``, which is upgraded to the trainer's config class with that class's defaults for the fields it
+    lacks. Anything else (another trainer's config class included) is a ``TypeError``.
+    """
+
+    advantage_estimator: str = field(
+        default="grpo",
+        metadata={"help": "Registered advantage estimator: grpo (TRL's advantages, bitwise, honouring scale_rewards "
+                          "and multi_objective_aggregation; the default), dr_grpo (group mean, no std; use with "
+                          "loss_type='dr_grpo'), rloo (leave-one-out), reinforce_pp (global batch mean and std; "
+                          "accepts num_generations=1), or a name registered with "
+                          "trl_ext.estimators.register_advantage_estimator."},
+    )
+    advantage_estimator_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of the advantage estimator (dict or JSON string), e.g. "
+                          "{\"normalize\": true} for rloo."},
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "DAPO dynamic sampling (trl_ext.trainers.rollouts.DynamicSampling): drop groups whose "
+                          "rewards are all equal and generate more prompts until the batch is full or "
+                          "dynamic_sampling_max_rounds extra rounds ran."},
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3,
+        metadata={"help": "Cap of extra generation rounds per generation batch (dynamic_sampling); each round is at "
+                          "most as large as the missing groups."},
+    )
+    dynamic_sampling_std_atol: float = field(
+        default=0.0,
+        metadata={"help": "A group is dropped (dynamic_sampling) when max - min of its finite rewards is <= this."},
+    )
+    shared_prefix_rollouts: bool = field(
+        default=False,
+        metadata={"help": "Generate with trl_ext.measurement.shared_prefix.shared_prefix_generate: a prompt's "
+                          "completions run as one generation while they agree and fork at the first differing "
+                          "token (exactly independent sampling; with keyed_sampling the same tokens). "
+                          "Transformers generation only (refused with use_vllm); sampling settings only "
+                          "(temperature, top-k, top-p, min-p). Off by default so that the default run stays "
+                          "bitwise equal to TRL (unkeyed, it draws the same law from a different random stream). "
+                          "Recommended on for transformers generation with num_generations >= 4: measured 0.23-0.65 "
+                          "of generate's wall time and 0.10-0.33 of its model forward tokens on "
+                          "SmolLM2-135M-Instruct (CPU, G = 4-16, T = 0.7-1.0; the larger G, the lower); nothing to "
+                          "share with one rollout per prompt (BASIS accepts it, saving 0). See "
+                          "docs/shared_prefix.md."},
+    )
+    signal_only_denominator: bool = field(
+        default=False,
+        metadata={"help": "Divide the policy loss only by the sequences (sequence-level losses grpo, sapo, luspo, "
+                          "dr_grpo) or tokens (token-level losses dapo, cispo, vespo, bnpo) of groups that carry a "
+                          "nonzero advantage, instead of all of them (the paper's 'fair-accounting' configuration: a "
+                          "tied group contributes no signal and is also dropped from the count it averages over). "
+                          "The KL and entropy terms keep TRL's normalizers. For equal-size groups this equals "
+                          "dividing by the number of live groups of per-group means. Off by default."},
+    )
+    tie_break_scorer_index: int | None = field(
+        default=None,
+        metadata={"help": "Index into reward_funcs of the scorer (any reward function or reward model). When set, "
+                          "the other reward functions are checkers whose weighted sum is the grade, and the reward is "
+                          "grade + tie_break_epsilon * within-class rank of the score (rank normalized to [0, 1] "
+                          "inside each (group, grade) class), computed on the groups gathered across ranks."},
+    )
+    tie_break_epsilon: float = field(
+        default=0.1,
+        metadata={"help": "Tie-break blend weight (the paper's epsilon = 0.1; not GRPO's clipping epsilon). Must be "
+                          "> 0 and below the smallest gap between distinct grades inside a group (checked at run "
+                          "time), so the blend never overrules the checker."},
+    )
+    tie_break_confidence_scaling: bool = field(
+        default=False,
+        metadata={"help": "Multiply the advantages of every group the blend opened (checker-tied, scorer-separated) "
+                          "by min(1, (max score - min score) / scorer_noise_floor): a group the scorer separated by "
+                          "less than its own noise floor is shrunk proportionally instead of getting a full-strength "
+                          "update. Requires scorer_noise_floor."},
+    )
+    scorer_noise_floor: float | None = field(
+        default=None,
+        metadata={"help": "The scorer's noise floor on its own scale (3 x the 95th percentile of per-item spread; "
+                          "measure it with trl-ext noise-floor)."},
+    )
+    log_shut_gate: bool = field(
+        default=True,
+        metadata={"help": "Log the shut-gate diagnostics gate/tied_share, gate/tied_all_right_share, "
+                          "gate/tied_all_wrong_share and gate/tied_correct_share every generation batch."},
+    )
+    gate_success_threshold: float = field(
+        default=0.5,
+        metadata={"help": "A rollout counts as correct for the shut gate when its reward (the grade under the "
+                          "tie-break) is >= this."},
+    )
+    gate_atol: float = field(default=0.0, metadata={"help": "Tie tolerance of the shut gate (max - min <= gate_atol)."})
+    log_rollout_metadata: bool = field(
+        default=False,
+        metadata={"help": "Add row_idx, group_id and the trainer's rollout_columns to the completions table."},
+    )
+    keyed_sampling: bool = field(
+        default=False,
+        metadata={"help": "Draw every rollout token with Gumbel noise hashed from (request key, sample index, "
+                          "position) so each rollout regenerates byte-identically (transformers generation only; "
+                          "see docs/replay.md)."},
+    )
+    keyed_sampling_seed: int | None = field(
+        default=None, metadata={"help": "Run seed of the request keys (None: args.seed). Share it across runs "
+                                        "that must draw identical noise."},
+    )
+    keyed_sampling_key_column: str | None = field(
+        default=None, metadata={"help": "Dataset column with a stable question id for the keys (None: hash of "
+                                        "the prompt text)."},
+    )
+    keyed_sampling_log: bool = field(
+        default=True, metadata={"help": "With keyed_sampling, log every rollout with its key to "
+                                        "<output_dir>/rollouts/rank<r>.jsonl (for trl-ext replay)."},
+    )
+
+    uses_advantage_estimator: ClassVar[bool] = True
+    """False for method configs whose trainer computes its own advantages (V0.5, BASIS, PAIR): then
+    ``advantage_estimator`` must stay at its default."""
+
+    def __post_init__(self):
+        self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
+                                                             "advantage_estimator_kwargs")
+        group_size = self.num_generations if isinstance(self.num_generations, int) else 2
+        compat.validate_config_with_placeholder_group_size(self, super().__post_init__, group_size=group_size)
+        validate_ext_config(self)
+
+
+def parse_kwargs_field(value: Any, name: str) -> dict:
+    """A dict-valued config field given as a dict, a JSON object string (command line) or ``None``."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict (or a JSON object string), got {type(value).__name__}.")
+    return dict(value)
+
+
+def as_config(args: Any, config_class: type, trainer_name: str):
+    """Return ``args`` as an instance of ``config_class`` (the one rule every trl_ext trainer applies).
+
+    What decides is the config's *library class*: the most derived trl_ext class in its MRO (``None`` for a plain
+    ``trl.GRPOConfig`` or a user's own subclass of it).
+
+    * no library class (``trl.GRPOConfig`` or a user's subclass of it, whose extra fields the user's script may
+      read), or a library class that is a parent of ``config_class`` (the base :class:`ExtGRPOConfig`, or a user's
+      subclass of it, given to a method trainer): upgraded, unless it already is a ``config_class`` -- a
+      ``config_class`` object with the same attribute values (the user's extra fields included), the defaults of
+      ``config_class`` for the fields it lacks, and ``config_class``'s own validation (TRL's ``__post_init__`` is
+      not re-run: its derived fields are kept);
+    * a library class equal to ``config_class`` (the trainer's own config, or a user's subclass of it): returned
+      unchanged;
+    * any other library class raises ``TypeError``: another trainer's method config (a ``V05GRPOConfig`` given to
+      the PAIR trainer, or any method config given to the base ``trl_ext.GRPOTrainer``), whose method options would
+      otherwise be silently ignored.
+    """
+    if not isinstance(args, trl.GRPOConfig):
+        raise TypeError(f"{trainer_name} needs a {config_class.__name__} (or a trl.GRPOConfig), got "
+                        f"{type(args).__name__}.")
+    library = next((c for c in type(args).__mro__ if c.__module__.split(".")[0] == "trl_ext"), None)
+    if library is not None and not issubclass(config_class, library):
+        raise TypeError(
+            f"{trainer_name} needs a {config_class.__name__}, got a {type(args).__name__} ({library.__name__}), "
+            f"another trainer's config: its method options would be ignored. Pass args={config_class.__name__}(...) "
+            "with the same arguments (a plain trl.GRPOConfig or ExtGRPOConfig is upgraded with its defaults), or "
+            f"use the trainer that {library.__name__} belongs to."
+        )
+    if isinstance(args, config_class):
+        return args
+    new = object.__new__(config_class)
+    new.__dict__.update(args.__dict__)
+    for f in fields(config_class):
+        if f.name in new.__dict__:
+            continue
+        if f.default is not MISSING:
+            setattr(new, f.name, f.default)
+        elif f.default_factory is not MISSING:
+            setattr(new, f.name, f.default_factory())
+    validate = getattr(config_class, "validate_method_options", None)
+    if validate is not None:
+        validate(new)
+    else:
+        validate_ext_config(new)
+    return new
+
+
+def validate_ext_config(o) -> None:
+    """Check the trl_ext fields of a config; raises ``ValueError`` saying what to change."""
+    args = o
+    o.advantage_estimator_kwargs = parse_kwargs_field(o.advantage_estimator_kwargs, "advantage_estimator_kwargs")
+    if not getattr(o, "uses_advantage_estimator", True):
+        if o.advantage_estimator != "grpo" or o.advantage_estimator_kwargs:
+            raise ValueError(f"{type(o).__name__} computes its own advantages; advantage_estimator="
+                             f"{o.advantage_estimator!r} would be ignored. Leave advantage_estimator at 'grpo' (it "
+                             "then only applies to evaluation batches) or use trl_ext.GRPOTrainer / ExtGRPOConfig.")
+    try:
+        min_g = estimator_min_group_size(o.advantage_estimator)
+    except KeyError as e:
+        raise ValueError(f"advantage_estimator={o.advantage_estimator!r} is not registered: {e.args[0]}. Register it "
+                         "with @trl_ext.estimators.register_advantage_estimator(name) before building the config."
+                         ) from None
+    g = o.num_generations
+    if isinstance(g, int) and g < min_g and getattr(o, "uses_advantage_estimator", True):
+        raise ValueError(f"advantage_estimator={o.advantage_estimator!r} needs num_generations >= {min_g} (it has a "
+                         f"per-prompt baseline), got {g}. Raise num_generations or pick an estimator with a "
+                         "cross-prompt baseline (reinforce_pp).")
+    validate_dynamic_sampling(o)
+    if getattr(o, "shared_prefix_rollouts", False):
+        if getattr(o, "use_vllm", False):
+            raise ValueError(
+                "shared_prefix_rollouts=True is implemented for transformers generation only (use_vllm=False). vLLM "
+                "already shares each prompt's KV cache between its samples (prefix caching, n>1 sampling) but does not "
+                "expose running samples together until their first differing token. Set use_vllm=False or "
+                "shared_prefix_rollouts=False."
+            )
+        if getattr(o, "use_transformers_continuous_batching", False):
+            raise ValueError("shared_prefix_rollouts=True replaces transformers' generate loop and cannot be combined "
+                             "with use_transformers_continuous_batching; turn one of them off.")
+    if o.dynamic_sampling and isinstance(g, int) and g < 2:
+        raise ValueError("dynamic_sampling drops groups whose rewards are all equal, which needs num_generations >= 2; "
+                         f"got {g}.")
+    if o.signal_only_denominator and args.loss_type not in compat.SIGNAL_ONLY_LOSSES:
+        raise ValueError(
+            f"signal_only_denominator supports loss_type in {compat.SIGNAL_ONLY_LOSSES}, got {args.loss_type!r}. "
+            "Use one of those loss types or set signal_only_denominator=False."
+        )
+    if o.tie_break_scorer_index is not None:
+        if isinstance(o.tie_break_scorer_index, bool) or not isinstance(o.tie_break_scorer_index, int) \
+                or o.tie_break_scorer_index < 0:
+            raise ValueError(
+                f"tie_break_scorer_index must be a non-negative int (index into reward_funcs), got "
+                f"{o.tie_break_scorer_index!r}."
+            )
+        if getattr(args, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+            raise ValueError(
+                "The tie-break blend needs multi_objective_aggregation='sum_then_normalize' (the blend is the summed "
+                "reward); 'normalize_then_sum' would standardize the scorer and checkers separately."
+            )
+    if not (isinstance(o.tie_break_epsilon, int | float) and math.isfinite(o.tie_break_epsilon)
+            and o.tie_break_epsilon > 0):
+        raise ValueError(f"tie_break_epsilon must be a finite number > 0, got {o.tie_break_epsilon!r}.")
+    if o.scorer_noise_floor is not None and not (
+        isinstance(o.scorer_noise_floor, int | float) and math.isfinite(o.scorer_noise_floor)
+        and o.scorer_noise_floor > 0
+    ):
+        raise ValueError(f"scorer_noise_floor must be a finite number > 0 (or None), got {o.scorer_noise_floor!r}.")
+    if o.tie_break_confidence_scaling:
+        if o.tie_break_scorer_index is None:
+            raise ValueError("tie_break_confidence_scaling=True needs tie_break_scorer_index (the blend) to be set.")
+        if o.scorer_noise_floor is None:
+            raise ValueError(
+                "tie_break_confidence_scaling=True needs scorer_noise_floor (measure it with `trl-ext noise-floor`)."
+            )
+    if not math.isfinite(float(o.gate_success_threshold)):
+        raise ValueError(f"gate_success_threshold must be finite, got {o.gate_success_threshold!r}.")
+    if not (math.isfinite(float(o.gate_atol)) and o.gate_atol >= 0):
+        raise ValueError(f"gate_atol must be a finite number >= 0, got {o.gate_atol!r}.")
