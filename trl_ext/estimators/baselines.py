@@ -45,6 +45,8 @@ __all__ = [
     "dr_grpo_advantages",
     "estimator_min_group_size",
     "ESTIMATOR_MIN_GROUP_SIZE",
+    "ESTIMATOR_SIDE_INPUTS",
+    "estimator_side_inputs",
     "nanstd",
 ]
 
@@ -93,6 +95,15 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., AdvantageResult]] = {}
 ESTIMATOR_MIN_GROUP_SIZE: dict[str, int] = {}
 """Smallest rollouts-per-prompt each registered estimator accepts (1: it has a cross-prompt baseline)."""
 
+ESTIMATOR_SIDE_INPUTS: dict[str, dict[str, str]] = {}
+"""Side inputs each registered estimator needs beyond ``rewards`` and ``group_ids``: ``{keyword: level}`` with level
+``"row"`` (one value per rollout) or ``"group"`` (one value per group, in order of first appearance)."""
+
+ESTIMATOR_USED_BY: dict[str, str] = {}
+"""Where an estimator with side inputs is available ready-made (e.g. ``"trl_ext.BASISTrainer"``), for error messages."""
+
+SIDE_INPUT_LEVELS = ("row", "group")
+
 
 def estimator_min_group_size(name: str) -> int:
     """The ``min_group_size`` ``name`` was registered with (2 unless declared)."""
@@ -100,8 +111,16 @@ def estimator_min_group_size(name: str) -> int:
     return ESTIMATOR_MIN_GROUP_SIZE.get(name, 2)
 
 
-def register_advantage_estimator(name: str, *, min_group_size: int = 2) -> Callable[[Callable[..., AdvantageResult]], Callable[..., AdvantageResult]]:
-    """Decorator registering ``fn(rewards, group_ids, **kwargs) -> AdvantageResult`` under ``name``.
+def estimator_side_inputs(name: str) -> dict[str, str]:
+    """The side inputs ``name`` was registered with: ``{keyword: "row" | "group"}`` (empty for reward-only ones)."""
+    get_advantage_estimator(name)
+    return dict(ESTIMATOR_SIDE_INPUTS.get(name, {}))
+
+
+def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inputs: dict[str, str] | None = None,
+                                 used_by: str | None = None,
+                                 ) -> Callable[[Callable[..., AdvantageResult]], Callable[..., AdvantageResult]]:
+    """Decorator registering ``fn(rewards, group_ids, **side_inputs, **kwargs) -> AdvantageResult`` under ``name``.
 
     Mirrors verl's ``register_adv_est`` (``verl/trainer/ppo/core_algos.py``). Registering a *different* function
     under an existing name raises ``ValueError``; re-registering the same function (module reload) is a no-op.
@@ -115,11 +134,25 @@ def register_advantage_estimator(name: str, *, min_group_size: int = 2) -> Calla
     min_group_size : int, default 2
         Smallest ``num_generations`` the estimator accepts; 1 for estimators with a cross-prompt baseline (one
         rollout per prompt, e.g. REINFORCE++).
+    side_inputs : dict, optional
+        Inputs the estimator needs besides rewards and group labels, ``{keyword: level}``: ``"row"`` -- an array of
+        one value per rollout, aligned with ``rewards``; ``"group"`` -- one value per group in order of first
+        appearance. The trainer passes them as keyword arguments from the rollout strategy
+        (``RolloutStrategy.provides``); a trainer whose strategy does not provide one refuses the configuration at
+        construction.
+    used_by : str, optional
+        The ready-made trainer that serves this estimator (named in the error a trainer gives when it cannot).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"estimator name must be a non-empty string, got {name!r}.")
     if isinstance(min_group_size, bool) or not isinstance(min_group_size, int) or min_group_size < 1:
         raise ValueError(f"min_group_size must be an int >= 1, got {min_group_size!r}.")
+    side = dict(side_inputs or {})
+    for key, level in side.items():
+        if not isinstance(key, str) or not key.isidentifier() or key in ("rewards", "group_ids"):
+            raise ValueError(f"side input names must be keyword names other than rewards/group_ids, got {key!r}.")
+        if level not in SIDE_INPUT_LEVELS:
+            raise ValueError(f"side input {key!r}: level must be one of {SIDE_INPUT_LEVELS}, got {level!r}.")
 
     def decorator(fn: Callable[..., AdvantageResult]) -> Callable[..., AdvantageResult]:
         old = ADVANTAGE_ESTIMATORS.get(name)
@@ -131,6 +164,9 @@ def register_advantage_estimator(name: str, *, min_group_size: int = 2) -> Calla
             raise ValueError(f"advantage estimator {name!r} is already registered to {old!r}; pick another name.")
         ADVANTAGE_ESTIMATORS[name] = fn
         ESTIMATOR_MIN_GROUP_SIZE[name] = int(min_group_size)
+        ESTIMATOR_SIDE_INPUTS[name] = side
+        if used_by is not None:
+            ESTIMATOR_USED_BY[name] = str(used_by)
         return fn
 
     return decorator

@@ -164,7 +164,9 @@ class BatchAccounting:
                 numeric = all(isinstance(v, int | float) and not isinstance(v, bool) or v is None for v in values)
                 extra[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
                                            dtype=torch.float64) if numeric else values
+        side = self._ext_gather_side_inputs(inputs, replay) if mode == "train" else {}
         return RolloutBatch(
+            side_inputs=side,
             rewards=rewards.cpu(),
             rewards_per_func=rpf.cpu(),
             group_ids=group_ids,
@@ -179,6 +181,29 @@ class BatchAccounting:
             grades=None if grades is None else grades.cpu(),
             mode=mode,
         )
+
+    def _ext_gather_side_inputs(self, inputs, replay) -> dict:
+        """The strategy's side inputs for this rank's rows (``RolloutStrategy.side_inputs``, then what
+        ``finish_rollouts(side_inputs=...)`` was given), gathered over ranks: ``{name: float64 ndarray (N,)}``."""
+        import numpy as np
+
+        provides = sorted(self.rollout_strategy.provides)
+        if not provides:  # no collective at all for strategies without side inputs
+            return {}
+        local = dict(self.rollout_strategy.side_inputs(self, list(inputs)))
+        if replay is not None and replay.get("side_inputs"):
+            local.update(replay["side_inputs"])
+        out = {}
+        for key in provides:
+            values = local.get(key)
+            if values is not None and len(values) != len(inputs):
+                raise ValueError(f"rollout strategy {self.rollout_strategy.name!r}: side input {key!r} has "
+                                 f"{len(values)} values for {len(inputs)} rows.")
+            parts = compat.gather_object([None if values is None else [float(v) for v in values]])
+            if any(p is None for p in parts):
+                continue  # not supplied this batch: an estimator that needs it raises, naming the strategy
+            out[key] = np.asarray([v for p in parts for v in p], dtype=np.float64)
+        return out
 
     def _ext_tie_break(self, rpf, group_ids, is_pad, mode):
         """Blend = grade + epsilon * within-class rank (``trl_ext.estimators.tie_break_blend``) on gathered groups.

@@ -54,10 +54,17 @@ from . import model_card  # noqa: F401  (sets the trl-ext tag of every trainer's
 from ._vllm_compat import install_colocate_weight_sync
 from .accounting import BatchAccounting
 from .batch import RolloutBatch
-from .config import ExtGRPOConfig, as_config, parse_kwargs_field, validate_ext_config  # noqa: F401  (re-exported)
+from .config import (  # noqa: F401  (validate_ext_config re-exported)
+    ExtGRPOConfig,
+    as_config,
+    check_side_inputs,
+    parse_kwargs_field,
+    resolved_rollout_strategy,
+    validate_ext_config,
+)
 from .keyed_sampling_mixin import KeyedSamplingMixin
 from .rollout_io import RolloutIO
-from .rollouts import DynamicSampling, FixedGroups, RolloutStrategy
+from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
 from .state import _EXT_STATE_VERSION, EXT_STATE_FILE, _last_complete_checkpoint
 
 __all__ = ["ExtGRPOConfig", "GRPOTrainer", "RolloutBatch", "trl_grpo_advantages", "EXT_STATE_FILE",
@@ -263,6 +270,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             raise ValueError(f"{type(self).__name__}: signal_only_denominator cannot be combined with the fixed policy "
                              f"normalizer of rollout strategy {self.rollout_strategy.name!r}; set "
                              "signal_only_denominator=False.")
+        if self.args.uses_advantage_estimator:  # a subclass's own strategy must serve the configured estimator
+            check_side_inputs(self.args.advantage_estimator, type(self.rollout_strategy))
         if self.args.dynamic_sampling and self.rollout_strategy.name != "dynamic_sampling":
             raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
@@ -271,16 +280,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                         self.rollout_strategy.describe(self), self.args.advantage_estimator)
 
     def create_rollout_strategy(self) -> RolloutStrategy:
-        """The train-mode rollout allocation (override in trainers with their own, e.g. V0.5's OSLA rounds)."""
-        if self.args.dynamic_sampling:
-            from datasets import IterableDataset
-
-            if isinstance(self.train_dataset, IterableDataset) or not hasattr(self.train_dataset, "__len__"):
-                raise ValueError("dynamic_sampling draws refill prompts by index and needs a map-style training "
-                                 "dataset (datasets.Dataset); got an iterable dataset.")
-            return DynamicSampling(self.args.dynamic_sampling_max_rounds, self.args.dynamic_sampling_std_atol,
-                                   seed=self.args.seed)
-        return FixedGroups()
+        """The train-mode rollout allocation: the strategy registered under the config's ``rollout_strategy``
+        (:func:`~trl_ext.trainers.config.resolved_rollout_strategy`), built with ``rollout_strategy_kwargs``.
+        Method trainers whose strategy needs the trainer's own objects override this (V0.5's OSLA rounds, PAIR)."""
+        name = resolved_rollout_strategy(self.args)
+        return get_rollout_strategy(name).from_trainer(self, **self.args.rollout_strategy_kwargs)
 
     # ------------------------------------------------------------------------------------------------ public hooks
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
@@ -319,7 +323,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
 
         The one valid-row adapter: pad rows and unscorable rows (NaN reward) are removed before the estimator sees
         the batch (so it gets flat ``rewards`` and ``group_ids`` of real, scorable rollouts, groups possibly
-        ragged) and get advantage 0; they are counted in ``adv/unscorable_rows``. The estimator's own fallbacks
+        ragged, plus the side inputs it was registered with, taken from ``batch.side_inputs`` on the same rows:
+        per row, or per group in order of first appearance) and get advantage 0; they are counted in ``adv/unscorable_rows``. The estimator's own fallbacks
         (e.g. RLOO singletons) are counted in ``adv/degenerate_rows``.
 
         Returns
@@ -334,7 +339,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         if not bool(valid.any()):
             self.last_estimator_result = None
             return adv
-        res = estimator(batch.rewards[valid].double().numpy(), batch.group_ids[valid].numpy(), **kwargs)
+        side = side_input_arrays(batch, name, valid, self.rollout_strategy)
+        res = estimator(batch.rewards[valid].double().numpy(), batch.group_ids[valid].numpy(), **side, **kwargs)
         values = np.asarray(getattr(res, "advantages", res), dtype=np.float64)
         if values.shape != (int(valid.sum()),):
             raise ValueError(f"advantage estimator {name!r} returned shape {values.shape}; expected "

@@ -56,6 +56,10 @@ class RolloutBatch:
         This rank.
     local_sizes : list of int
         Rows owned by each rank (equal across ranks in TRL; kept explicit for clarity).
+    side_inputs : dict
+        Estimator side inputs supplied by the rollout strategy (``RolloutStrategy.provides``), gathered: ``{name:
+        float64 ndarray of shape (N,)}`` (pad rows included; group-level inputs repeat the group's value on each
+        row). Empty unless the strategy provides some.
     grades : Tensor or None, shape (N,)
         The checker grade (weighted sum of the non-scorer reward functions) when the tie-break blend is on; then
         ``rewards`` holds the blended reward. ``None`` otherwise.
@@ -74,6 +78,7 @@ class RolloutBatch:
     num_processes: int = 1
     process_index: int = 0
     local_sizes: list[int] = field(default_factory=list)
+    side_inputs: dict[str, Any] = field(default_factory=dict)
     grades: torch.Tensor | None = None
     mode: str = "train"
 
@@ -95,6 +100,9 @@ class RolloutBatch:
         for key, value in self.extra.items():
             if len(value) != n:
                 raise ValueError(f"RolloutBatch.extra[{key!r}] has {len(value)} rows, expected {n}.")
+        for key, value in self.side_inputs.items():
+            if len(value) != n:
+                raise ValueError(f"RolloutBatch.side_inputs[{key!r}] has {len(value)} rows, expected {n}.")
         if self.grades is not None and tuple(self.grades.shape) != (n,):
             raise ValueError(f"RolloutBatch.grades must have shape ({n},), got {tuple(self.grades.shape)}.")
         if self.group_ids.dtype != torch.int64:

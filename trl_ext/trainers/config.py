@@ -15,11 +15,12 @@ from typing import Any, ClassVar
 
 import trl
 
-from ..estimators.baselines import estimator_min_group_size
+from ..estimators.baselines import ESTIMATOR_USED_BY, estimator_min_group_size, estimator_side_inputs
 from . import _trl_compat as compat
-from .rollouts import validate_dynamic_sampling
+from .rollouts import get_rollout_strategy, validate_dynamic_sampling
 
-__all__ = ["ExtGRPOConfig", "as_config", "parse_kwargs_field", "validate_ext_config"]
+__all__ = ["ExtGRPOConfig", "as_config", "parse_kwargs_field", "validate_ext_config", "resolved_rollout_strategy",
+           "check_side_inputs"]
 
 
 # ---------------------------------------------------------------------------------------------------------- config
@@ -48,6 +49,17 @@ class ExtGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "Keyword arguments of the advantage estimator (dict or JSON string), e.g. "
                           "{\"normalize\": true} for rloo."},
+    )
+    rollout_strategy: str | None = field(
+        default=None,
+        metadata={"help": "Registered rollout strategy (trl_ext.trainers.rollouts.register_rollout_strategy): "
+                          "fixed_groups (TRL's num_generations rollouts per prompt), dynamic_sampling (DAPO), or "
+                          "your own. None (default): dynamic_sampling when dynamic_sampling=True, else fixed_groups. "
+                          "Method trainers (V0.5, BASIS, PAIR) use their own strategy and refuse this option."},
+    )
+    rollout_strategy_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of the rollout strategy's from_trainer (dict or JSON string)."},
     )
     dynamic_sampling: bool = field(
         default=False,
@@ -158,6 +170,34 @@ class ExtGRPOConfig(trl.GRPOConfig):
         validate_ext_config(self)
 
 
+def resolved_rollout_strategy(args: Any) -> str:
+    """The rollout strategy name a config selects: ``rollout_strategy``, else ``"dynamic_sampling"`` when
+    ``dynamic_sampling=True``, else ``"fixed_groups"`` (TRL's)."""
+    name = getattr(args, "rollout_strategy", None)
+    if name is not None:
+        return str(name)
+    return "dynamic_sampling" if getattr(args, "dynamic_sampling", False) else "fixed_groups"
+
+
+def check_side_inputs(estimator: str, strategy_cls: type) -> None:
+    """Refuse an estimator whose registered side inputs the strategy class does not provide (``ValueError``)."""
+    needed = estimator_side_inputs(estimator)
+    missing = sorted(set(needed) - set(getattr(strategy_cls, "provides", ())))
+    if not missing:
+        return
+    from .rollouts import ROLLOUT_STRATEGIES
+
+    able = sorted(n for n, c in ROLLOUT_STRATEGIES.items() if set(needed) <= set(getattr(c, "provides", ())))
+    hint = f" It is served by {ESTIMATOR_USED_BY[estimator]}." if estimator in ESTIMATOR_USED_BY else ""
+    choice = f"rollout_strategy in {able}" if able else "a rollout strategy that provides them"
+    raise ValueError(
+        f"advantage_estimator={estimator!r} needs side input(s) {missing} "
+        f"({', '.join(f'{k}: per {needed[k]}' for k in missing)}), which rollout strategy "
+        f"{strategy_cls.name!r} does not provide.{hint} Pick {choice} (declare them in RolloutStrategy.provides), "
+        "or another estimator."
+    )
+
+
 def parse_kwargs_field(value: Any, name: str) -> dict:
     """A dict-valued config field given as a dict, a JSON object string (command line) or ``None``."""
     if value is None:
@@ -235,6 +275,24 @@ def validate_ext_config(o) -> None:
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} is not registered: {e.args[0]}. Register it "
                          "with @trl_ext.estimators.register_advantage_estimator(name) before building the config."
                          ) from None
+    o.rollout_strategy_kwargs = parse_kwargs_field(getattr(o, "rollout_strategy_kwargs", None),
+                                                   "rollout_strategy_kwargs")
+    if getattr(o, "uses_advantage_estimator", True):
+        strategy = resolved_rollout_strategy(o)
+        try:
+            strategy_cls = get_rollout_strategy(strategy)
+        except KeyError as e:
+            raise ValueError(f"rollout_strategy={strategy!r} is not registered: {e.args[0]}. Register it with "
+                             "@trl_ext.trainers.rollouts.register_rollout_strategy(name) before building the config."
+                             ) from None
+        check_side_inputs(o.advantage_estimator, strategy_cls)
+        if o.dynamic_sampling and strategy != "dynamic_sampling":
+            raise ValueError(f"dynamic_sampling=True selects the dynamic_sampling rollout strategy, but "
+                             f"rollout_strategy={strategy!r}; set one of them.")
+    elif getattr(o, "rollout_strategy", None) is not None or o.rollout_strategy_kwargs:
+        raise ValueError(f"{type(o).__name__} uses its method's own rollout strategy; rollout_strategy="
+                         f"{o.rollout_strategy!r} would be ignored. Leave rollout_strategy unset, or use "
+                         "trl_ext.GRPOTrainer / ExtGRPOConfig to combine an estimator with a strategy.")
     g = o.num_generations
     if isinstance(g, int) and g < min_g and getattr(o, "uses_advantage_estimator", True):
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} needs num_generations >= {min_g} (it has a "

@@ -216,6 +216,7 @@ class RolloutIO:
         logprobs: Sequence[Sequence[float]] | None = None,
         rewards_per_func: torch.Tensor | None = None,
         is_pad: Sequence[bool] | None = None,
+        side_inputs: dict[str, Sequence[float]] | None = None,
     ) -> dict:
         """Score a variable number of self-generated rollouts through TRL's tail; returns TRL's output dict.
 
@@ -249,6 +250,9 @@ class RolloutIO:
             Rows to treat exactly like the base's own pad rows (no reward, no advantage, no loss, not counted in
             any metric; their ``group_ids`` are ignored). Use it when a rank has nothing to contribute: pass one
             dummy rollout with ``is_pad=[True]`` so the collectives stay aligned.
+        side_inputs : dict of name -> sequence of float, optional
+            Estimator side inputs of these rollouts (one value per rollout; names in the strategy's ``provides``),
+            gathered into ``RolloutBatch.side_inputs``; pad rows repeat the last value.
 
         Returns
         -------
@@ -299,8 +303,15 @@ class RolloutIO:
             rewards_per_func = torch.cat(
                 [rewards_per_func, torch.full((n_pad, rewards_per_func.shape[1]), float("nan"))], dim=0
             )
+        side = {}
+        for key, values in (side_inputs or {}).items():
+            values = [float(v) for v in values]
+            if len(values) != n:
+                raise ValueError(f"finish_rollouts: side_inputs[{key!r}] has {len(values)} values, expected {n}.")
+            side[key] = values + values[-1:] * n_pad
         prompt_ids = compat.tokenize_prompts(self, [x["prompt"] for x in rows])
         self._ext_replay = {
+            "side_inputs": side,
             "prompt_ids": prompt_ids,
             "completion_ids": c_ids,
             "logprobs": lps,

@@ -19,9 +19,12 @@ Strategies shipped with the library:
 Every token any strategy generates goes through :meth:`trl_ext.GRPOTrainer.generate_rollouts` or TRL's
 ``_generate``, both of which end in the one generated-token counter (``ext/generated_tokens``).
 
-To add a strategy, subclass :class:`RolloutStrategy`, implement :meth:`RolloutStrategy.generate_and_score`, and
-return an instance from the trainer's :meth:`~trl_ext.GRPOTrainer.create_rollout_strategy`
-(``docs/architecture.md``).
+To add a strategy, subclass :class:`RolloutStrategy` (or :class:`FixedGroups`), register it with
+:func:`register_rollout_strategy` and select it with ``ExtGRPOConfig(rollout_strategy=name,
+rollout_strategy_kwargs={...})``. A strategy that feeds an estimator's side inputs lists them in
+:attr:`RolloutStrategy.provides` and returns them from :meth:`RolloutStrategy.side_inputs` (or passes them to
+``finish_rollouts(side_inputs=...)``); the trainer refuses at construction an estimator whose side inputs its
+strategy does not provide (``docs/architecture.md`` has a worked example).
 """
 
 from __future__ import annotations
@@ -38,7 +41,41 @@ if TYPE_CHECKING:  # pragma: no cover
     from .base import GRPOTrainer
     from .batch import RolloutBatch
 
-__all__ = ["RolloutStrategy", "FixedGroups", "DynamicSampling"]
+__all__ = ["RolloutStrategy", "FixedGroups", "DynamicSampling", "register_rollout_strategy", "get_rollout_strategy",
+           "ROLLOUT_STRATEGIES"]
+
+ROLLOUT_STRATEGIES: dict[str, type] = {}
+"""Rollout strategies selectable by ``rollout_strategy=name`` (registered with :func:`register_rollout_strategy`)."""
+
+
+def register_rollout_strategy(name: str):
+    """Class decorator registering a :class:`RolloutStrategy` subclass under ``name`` (sets ``cls.name``).
+
+    The class is built by ``cls.from_trainer(trainer, **rollout_strategy_kwargs)`` when a trainer's config says
+    ``rollout_strategy=name``. Registering a different class under a taken name raises ``ValueError``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"rollout strategy name must be a non-empty string, got {name!r}.")
+
+    def decorator(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, RolloutStrategy)):
+            raise TypeError(f"register_rollout_strategy({name!r}) needs a RolloutStrategy subclass, got {cls!r}.")
+        old = ROLLOUT_STRATEGIES.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"rollout strategy {name!r} is already registered to {old!r}; pick another name.")
+        cls.name = name
+        ROLLOUT_STRATEGIES[name] = cls
+        return cls
+
+    return decorator
+
+
+def get_rollout_strategy(name: str) -> type:
+    """The strategy class registered under ``name`` (``KeyError`` listing the known names otherwise)."""
+    try:
+        return ROLLOUT_STRATEGIES[name]
+    except KeyError:
+        raise KeyError(f"unknown rollout strategy {name!r}; registered: {sorted(ROLLOUT_STRATEGIES)}") from None
 
 
 class RolloutStrategy:
@@ -56,6 +93,24 @@ class RolloutStrategy:
     has_fixed_normalizer = False
     """Set True by strategies whose :meth:`fixed_policy_normalizer` returns a value (checked at construction:
     signal-only denominators cannot be combined with a fixed normalizer)."""
+    provides: frozenset[str] = frozenset()
+    """Estimator side inputs this strategy supplies (:meth:`side_inputs` or ``finish_rollouts(side_inputs=...)``);
+    checked at construction against the estimator's registered ``side_inputs``."""
+
+    @classmethod
+    def from_trainer(cls, trainer: GRPOTrainer, **kwargs) -> RolloutStrategy:
+        """Build the strategy for ``trainer`` (``kwargs``: the config's ``rollout_strategy_kwargs``)."""
+        return cls(**kwargs)
+
+    def side_inputs(self, trainer: GRPOTrainer, rows: list[dict]) -> dict[str, list]:
+        """Per-row side inputs for the estimator, for this rank's ``rows`` of a train generation batch.
+
+        Called by the base trainer while it builds the :class:`~trl_ext.trainers.batch.RolloutBatch` (after
+        generation and scoring), with the local dataset rows in batch order (pad rows included: give them any
+        value). Return ``{name: list of len(rows)}`` for every name in :attr:`provides` that is not passed to
+        ``finish_rollouts(side_inputs=...)`` instead; the base gathers them into ``RolloutBatch.side_inputs``.
+        """
+        return {}
 
     def generate_and_score(self, trainer: GRPOTrainer, inputs: list[dict]) -> dict:
         """Produce one generation batch and return TRL's output dict.
@@ -87,6 +142,7 @@ class RolloutStrategy:
         """Restore :meth:`state_dict`."""
 
 
+@register_rollout_strategy("fixed_groups")
 class FixedGroups(RolloutStrategy):
     """TRL's allocation: ``num_generations`` rollouts for each prompt of the generation batch, one call."""
 
@@ -99,6 +155,36 @@ class FixedGroups(RolloutStrategy):
         g = int(trainer.num_generations)
         return (f"rollout strategy fixed_groups: {trainer.args.generation_batch_size} rollouts per generation batch "
                 f"({g} per prompt), as TRL")
+
+
+def side_input_arrays(batch: RolloutBatch, estimator: str, valid: torch.Tensor, strategy: RolloutStrategy) -> dict:
+    """The registered side inputs of ``estimator``, cut to the ``valid`` rows of ``batch`` (keyword -> ndarray).
+
+    Row-level inputs keep one value per valid row; group-level inputs keep one value per group that has a valid
+    row, in order of first appearance, and must be equal on every row of a group (``ValueError`` otherwise).
+    A declared input missing from ``batch.side_inputs`` is a ``RuntimeError`` naming the strategy that should have
+    supplied it.
+    """
+    from ..estimators.baselines import estimator_side_inputs
+
+    out = {}
+    for key, level in estimator_side_inputs(estimator).items():
+        if key not in batch.side_inputs:
+            raise RuntimeError(f"advantage estimator {estimator!r} needs side input {key!r}, but rollout strategy "
+                               f"{strategy.name!r} did not supply it for this batch (RolloutStrategy.side_inputs or "
+                               "finish_rollouts(side_inputs=...)).")
+        values = np.asarray(batch.side_inputs[key], dtype=np.float64)[valid.numpy()]
+        if level == "group":
+            gid = batch.group_ids[valid].numpy()
+            _, first = np.unique(gid, return_index=True)
+            order = np.sort(first)
+            per_group = values[order]
+            spread = values - per_group[np.searchsorted(gid[order], gid)] if gid.size else values
+            if np.any(np.abs(np.nan_to_num(spread)) > 0):
+                raise ValueError(f"side input {key!r} is declared per group but differs within a group.")
+            values = per_group
+        out[key] = values
+    return out
 
 
 def unique_prompt_rows(rows: list[dict], k: int) -> list[dict]:
@@ -137,6 +223,7 @@ def group_has_signal(rewards: np.ndarray, atol: float) -> bool:
     return fin.size >= 2 and float(fin.max() - fin.min()) > atol
 
 
+@register_rollout_strategy("dynamic_sampling")
 class DynamicSampling(RolloutStrategy):
     """DAPO dynamic sampling (arXiv:2503.14476, Eq. 11's constraint ``0 < |{correct}| < G`` and Algorithm 1).
 
@@ -160,6 +247,18 @@ class DynamicSampling(RolloutStrategy):
     """
 
     name = "dynamic_sampling"
+
+    @classmethod
+    def from_trainer(cls, trainer, **kwargs):
+        """From the config's ``dynamic_sampling_*`` fields; needs a map-style training dataset (refills by index)."""
+        from datasets import IterableDataset
+
+        ds = trainer.train_dataset
+        if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
+            raise ValueError("dynamic_sampling draws refill prompts by index and needs a map-style training "
+                             "dataset (datasets.Dataset); got an iterable dataset.")
+        a = trainer.args
+        return cls(a.dynamic_sampling_max_rounds, a.dynamic_sampling_std_atol, seed=a.seed, **kwargs)
 
     def __init__(self, max_rounds: int, std_atol: float = 0.0, seed: int = 0):
         self.max_rounds = int(max_rounds)

@@ -13,7 +13,8 @@ from .advantages import basis_advantages
 def _register():
     from ..baselines import AdvantageResult, group_stats, register_advantage_estimator
 
-    @register_advantage_estimator("basis")
+    @register_advantage_estimator("basis", min_group_size=1, side_inputs={"p_hat": "row"},
+                                  used_by="trl_ext.BASISTrainer")
     def basis_registry_advantages(
         rewards,
         group_ids=None,

@@ -10,7 +10,8 @@ from ._checks import _probabilities, _selected
 from .advantages import pair_advantages, scorable_selection
 
 
-@register_advantage_estimator("pair")
+@register_advantage_estimator("pair", side_inputs={"selected": "row", "inclusion": "row"},
+                              used_by="trl_ext.PAIRTrainer")
 def pair_group_advantages(rewards, group_ids, selected, inclusion, w_max=None, self_normalize=False) -> AdvantageResult:
     """Eq. 13 PAIR advantages for a flat batch of ragged candidate groups (registry name ``"pair"``).
 

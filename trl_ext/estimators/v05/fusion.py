@@ -191,7 +191,7 @@ def fused_advantages(rewards: Any, prior: float, floor: float = DEFAULT_SIGMA_FL
     )
 
 
-@register_advantage_estimator("v05")
+@register_advantage_estimator("v05", side_inputs={"priors": "group"}, used_by="trl_ext.V05GRPOTrainer")
 def fused_advantages_batch(
     rewards: Any, group_ids: Any, priors: Any = None, floor: float = DEFAULT_SIGMA_FLOOR
 ) -> AdvantageResult:
