@@ -62,6 +62,7 @@ from ..estimators.v05 import (
     fused_advantages_batch,
     osla_cap,
     shrinkage_fusion_batch,
+    to_signed_reward,
 )
 from ..priors import SupportBuffer, ValuePrior, build_prior
 from . import _trl_compat as compat
@@ -794,19 +795,21 @@ class V05GRPOTrainer(GRPOTrainer):
         return self._v05_map_rewards(weighted_reward(rpf, self.reward_weights.detach().cpu()).double().numpy())
 
     def _v05_map_rewards(self, r: np.ndarray) -> np.ndarray:
+        """:func:`~trl_ext.estimators.to_signed_reward` from ``[v05_reward_low, v05_reward_high]`` (relative slack
+        1e-6), with the V0.5 config's names in the errors."""
         lo, hi = self.args.v05_reward_low, self.args.v05_reward_high
-        fin = r[np.isfinite(r)]
-        tol = 1e-6 * (hi - lo)
-        if fin.size and (fin.min() < lo - tol or fin.max() > hi + tol):
+        if np.isinf(r).any():
+            raise ValueError("V0.5: a reward function returned an infinite reward; return None for unscorable ones.")
+        try:
+            return np.asarray(to_signed_reward(r, lo, hi, rel_tol=1e-6), dtype=np.float64)
+        except ValueError as e:
+            fin = r[np.isfinite(r)]
             raise ValueError(
                 f"V0.5: rewards must lie in the declared range [v05_reward_low={lo}, v05_reward_high={hi}] (the "
                 f"fusion's noise bound 1/k needs rewards mapped to [-1, 1]); got min={fin.min():.6g}, "
                 f"max={fin.max():.6g}. Set v05_reward_low/v05_reward_high in V05GRPOConfig to the range your reward "
                 "functions (x weights) produce."
-            )
-        if np.isinf(r).any():
-            raise ValueError("V0.5: a reward function returned an infinite reward; return None for unscorable ones.")
-        return np.clip(2.0 * (r - lo) / (hi - lo) - 1.0, -1.0, 1.0)
+            ) from e
 
     # ------------------------------------------------------------------------------------------------ advantages
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:

@@ -236,17 +236,22 @@ def fused_advantages_batch(
 
 
 
-def to_signed_reward(r: Any, low: float = 0.0, high: float = 1.0) -> Any:
+def to_signed_reward(r: Any, low: float = 0.0, high: float = 1.0, rel_tol: float = 0.0) -> Any:
     """Map rewards bounded in [low, high] linearly onto [-1, 1]: 2 (r - low) / (high - low) - 1.
 
     With the defaults this is the paper's V = 2p - 1 (Workflow Step 1) and maps a {0, 1} checker to {-1, 1}.
-    NaN passes through (unscorable stays unscorable). Raises when ``high <= low`` or any finite value lies
-    outside [low, high]. Returns a float for scalar input, else an ndarray of the same shape.
+    NaN passes through (unscorable stays unscorable). Raises when ``high <= low`` or any non-NaN value lies outside
+    ``[low - rel_tol (high - low), high + rel_tol (high - low)]`` (values inside that slack are clipped to [-1, 1];
+    the V0.5 trainer uses ``rel_tol=1e-6`` so that weighted sums rounded past a bound are accepted). Returns a
+    float for scalar input, else an ndarray of the same shape.
     """
     lo, hi = float(low), float(high)
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         raise ValueError(f"need finite low < high, got low={low!r}, high={high!r}.")
+    tol = float(rel_tol) * (hi - lo)
+    if not (math.isfinite(tol) and tol >= 0.0):
+        raise ValueError(f"rel_tol must be a finite number >= 0, got {rel_tol!r}.")
     x = as_float_array(r, "r", ndim=None, allow_empty=True)
-    check_range(x, "r", lo, hi)
+    check_range(x, "r", lo - tol, hi + tol)
     out = np.clip(2.0 * (x - lo) / (hi - lo) - 1.0, -1.0, 1.0)
     return float(out) if out.ndim == 0 else out
