@@ -448,7 +448,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 "start the trl_ext state fresh."
             )
         self.load_ext_state_dict(state)
-        if self.keyed_sampling_enabled and getattr(self.args, "keyed_sampling_log", True):
+        if self.keyed_sampling_enabled and self.args.keyed_sampling_log:
             dropped = self.keyed_drop_records_from_step(int(self.state.global_step))
             if dropped:
                 logger.warning("keyed_sampling: removed %d logged rollouts of steps >= %d from %s; the resumed run "

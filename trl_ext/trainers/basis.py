@@ -337,7 +337,7 @@ class BASISTrainer(GRPOTrainer):
         if args.scale_rewards not in ("group", "none", True, False):
             warnings.warn(f"BASISTrainer ignores scale_rewards={args.scale_rewards!r} (the advantage is r - b); use "
                           "basis_scale_advantages=True for batch std scaling.", UserWarning, stacklevel=2)
-        if getattr(args, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+        if args.multi_objective_aggregation != "sum_then_normalize":
             warnings.warn("BASISTrainer ignores multi_objective_aggregation: the reward is the weighted sum of the "
                           "reward functions.", UserWarning, stacklevel=2)
         # table compatibility (header metadata vs. the training setup)

@@ -173,10 +173,10 @@ class ExtGRPOConfig(trl.GRPOConfig):
 def resolved_rollout_strategy(args: Any) -> str:
     """The rollout strategy name a config selects: ``rollout_strategy``, else ``"dynamic_sampling"`` when
     ``dynamic_sampling=True``, else ``"fixed_groups"`` (TRL's)."""
-    name = getattr(args, "rollout_strategy", None)
+    name = args.rollout_strategy
     if name is not None:
         return str(name)
-    return "dynamic_sampling" if getattr(args, "dynamic_sampling", False) else "fixed_groups"
+    return "dynamic_sampling" if args.dynamic_sampling else "fixed_groups"
 
 
 def check_side_inputs(estimator: str, strategy_cls: type) -> None:
@@ -264,7 +264,7 @@ def validate_ext_config(o) -> None:
     """Check the trl_ext fields of a config; raises ``ValueError`` saying what to change."""
     args = o
     o.advantage_estimator_kwargs = parse_kwargs_field(o.advantage_estimator_kwargs, "advantage_estimator_kwargs")
-    if not getattr(o, "uses_advantage_estimator", True):
+    if not o.uses_advantage_estimator:
         if o.advantage_estimator != "grpo" or o.advantage_estimator_kwargs:
             raise ValueError(f"{type(o).__name__} computes its own advantages; advantage_estimator="
                              f"{o.advantage_estimator!r} would be ignored. Leave advantage_estimator at 'grpo' (it "
@@ -275,9 +275,9 @@ def validate_ext_config(o) -> None:
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} is not registered: {e.args[0]}. Register it "
                          "with @trl_ext.estimators.register_advantage_estimator(name) before building the config."
                          ) from None
-    o.rollout_strategy_kwargs = parse_kwargs_field(getattr(o, "rollout_strategy_kwargs", None),
+    o.rollout_strategy_kwargs = parse_kwargs_field(o.rollout_strategy_kwargs,
                                                    "rollout_strategy_kwargs")
-    if getattr(o, "uses_advantage_estimator", True):
+    if o.uses_advantage_estimator:
         strategy = resolved_rollout_strategy(o)
         try:
             strategy_cls = get_rollout_strategy(strategy)
@@ -289,25 +289,25 @@ def validate_ext_config(o) -> None:
         if o.dynamic_sampling and strategy != "dynamic_sampling":
             raise ValueError(f"dynamic_sampling=True selects the dynamic_sampling rollout strategy, but "
                              f"rollout_strategy={strategy!r}; set one of them.")
-    elif getattr(o, "rollout_strategy", None) is not None or o.rollout_strategy_kwargs:
+    elif o.rollout_strategy is not None or o.rollout_strategy_kwargs:
         raise ValueError(f"{type(o).__name__} uses its method's own rollout strategy; rollout_strategy="
                          f"{o.rollout_strategy!r} would be ignored. Leave rollout_strategy unset, or use "
                          "trl_ext.GRPOTrainer / ExtGRPOConfig to combine an estimator with a strategy.")
     g = o.num_generations
-    if isinstance(g, int) and g < min_g and getattr(o, "uses_advantage_estimator", True):
+    if isinstance(g, int) and g < min_g and o.uses_advantage_estimator:
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} needs num_generations >= {min_g} (it has a "
                          f"per-prompt baseline), got {g}. Raise num_generations or pick an estimator with a "
                          "cross-prompt baseline (reinforce_pp).")
     validate_dynamic_sampling(o)
-    if getattr(o, "shared_prefix_rollouts", False):
-        if getattr(o, "use_vllm", False):
+    if o.shared_prefix_rollouts:
+        if o.use_vllm:
             raise ValueError(
                 "shared_prefix_rollouts=True is implemented for transformers generation only (use_vllm=False). vLLM "
                 "already shares each prompt's KV cache between its samples (prefix caching, n>1 sampling) but does not "
                 "expose running samples together until their first differing token. Set use_vllm=False or "
                 "shared_prefix_rollouts=False."
             )
-        if getattr(o, "use_transformers_continuous_batching", False):
+        if o.use_transformers_continuous_batching:
             raise ValueError("shared_prefix_rollouts=True replaces transformers' generate loop and cannot be combined "
                              "with use_transformers_continuous_batching; turn one of them off.")
     if o.dynamic_sampling and isinstance(g, int) and g < 2:
@@ -325,7 +325,7 @@ def validate_ext_config(o) -> None:
                 f"tie_break_scorer_index must be a non-negative int (index into reward_funcs), got "
                 f"{o.tie_break_scorer_index!r}."
             )
-        if getattr(args, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+        if args.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
                 "The tie-break blend needs multi_objective_aggregation='sum_then_normalize' (the blend is the summed "
                 "reward); 'normalize_then_sum' would standardize the scorer and checkers separately."

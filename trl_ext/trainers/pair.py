@@ -328,17 +328,17 @@ def validate_pair_config(args) -> None:
             f"multiple of num_generations (G = {G}) so each prompt's candidate group stays on one rank. Change "
             "per_device_train_batch_size or num_generations."
         )
-    if getattr(args, "signal_only_denominator", False):
+    if args.signal_only_denominator:
         raise ValueError("signal_only_denominator is not compatible with PAIR (Eq. 13 needs a fixed normalizer); "
                          "use pair_fixed_normalizer instead.")
-    if getattr(args, "tie_break_scorer_index", None) is not None:
+    if args.tie_break_scorer_index is not None:
         raise ValueError("The tie-break blend is not supported by PAIRTrainer (its rewards are not binary); unset "
                          "tie_break_scorer_index.")
-    if getattr(args, "dynamic_sampling", False):
+    if args.dynamic_sampling:
         raise ValueError("dynamic_sampling is not available in PAIRTrainer (its rollout strategy is the prefix probe; "
                          "dropping groups after their rewards are known would break the design); set "
                          "dynamic_sampling=False.")
-    if getattr(args, "keyed_sampling", False):
+    if args.keyed_sampling:
         raise ValueError("keyed_sampling is not supported by PAIRTrainer: a PAIR rollout is generated in two calls "
                          "(probe, then continuation from prompt + prefix), which the keyed noise and trl-ext replay do "
                          "not model; set keyed_sampling=False.")

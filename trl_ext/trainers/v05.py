@@ -723,7 +723,7 @@ class V05GRPOTrainer(GRPOTrainer):
         if is_peft_model(policy) and hasattr(policy, "disable_adapter"):
             return policy, "peft_base_model", policy.disable_adapter, False
         ref = getattr(self, "ref_model", None)
-        if ref is not None and not getattr(self.args, "sync_ref_model", False):
+        if ref is not None and not self.args.sync_ref_model:
             return self.accelerator.unwrap_model(ref), "reference_model", None, False
         return policy, "policy_copy", None, True
 
