@@ -324,8 +324,8 @@ class KeyedSamplingMixin:
         if getattr(self, "use_vllm", False):
             tp = getattr(self, "vllm_tensor_parallel_size", None)
             if tp is None:
-                tp = self.args.vllm_tensor_parallel_size
-            check_vllm_keyed_config(getattr(self, "vllm_mode", None), tp, self.args.generation_kwargs)
+                tp = getattr(self.args, "vllm_tensor_parallel_size", 1)
+            check_vllm_keyed_config(getattr(self, "vllm_mode", None), tp, getattr(self.args, "generation_kwargs", None))
         if getattr(self, "use_transformers_continuous_batching", False):
             raise NotImplementedError("keyed_sampling does not support use_transformers_continuous_batching")
         if getattr(self, "tools", None):
@@ -337,10 +337,10 @@ class KeyedSamplingMixin:
     @property
     def keyed_sampling_enabled(self) -> bool:
         """``args.keyed_sampling`` (False when the config does not declare it)."""
-        return bool(self.args.keyed_sampling)
+        return bool(getattr(self.args, "keyed_sampling", False))
 
     def _keyed_seed(self) -> int:
-        seed = self.args.keyed_sampling_seed
+        seed = getattr(self.args, "keyed_sampling_seed", None)
         seed = self.args.seed if seed is None else seed
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"keyed_sampling_seed must be an int or None, got {seed!r}")
@@ -356,7 +356,7 @@ class KeyedSamplingMixin:
             warper the keyed sampler does not implement (``typical_p``, ``epsilon_cutoff``, ``eta_cutoff``,
             ``top_h``).
         """
-        gk = dict(self.args.generation_kwargs or {})
+        gk = dict(getattr(self.args, "generation_kwargs", None) or {})
         if gk.get("do_sample") is False:
             raise ValueError("keyed_sampling=True samples; generation_kwargs sets do_sample=False. Remove one of them.")
         if (gk.get("num_beams") or 1) != 1 or (gk.get("num_return_sequences") or 1) != 1:
@@ -389,7 +389,7 @@ class KeyedSamplingMixin:
 
     # ------------------------------------------------------------------ keys
     def _row_prompt_key(self, row: dict) -> str:
-        col = self.args.keyed_sampling_key_column
+        col = getattr(self.args, "keyed_sampling_key_column", None)
         if col is None:
             return prompt_key_of(row.get("prompt"))
         if col not in row:
@@ -533,7 +533,7 @@ class KeyedSamplingMixin:
         )
         from transformers import LogitsProcessorList
 
-        if self.args.shared_prefix_rollouts:
+        if getattr(self.args, "shared_prefix_rollouts", False):
             return self._keyed_generate_shared(prompt_ids, requests, settings)
         with compat.generation_model(self) as unwrapped_model:
             out = unwrapped_model.generate(
@@ -543,7 +543,7 @@ class KeyedSamplingMixin:
                 logits_processor=LogitsProcessorList([proc]),
             )
         completion_ids = truncate_at_eos(out[:, input_ids.shape[1] :].cpu(), settings.eos_token_ids)
-        if self.args.keyed_sampling_log:
+        if getattr(self.args, "keyed_sampling_log", True):
             self._log_keyed_rollouts(prompt_ids, completion_ids, requests, settings, int(input_ids.shape[1]))
         return completion_ids, None
 
@@ -557,7 +557,7 @@ class KeyedSamplingMixin:
                                                            keyed=KeyedRows.from_requests(requests),
                                                            pad_to_multiple_of=self.pad_to_multiple_of)
         self.ext_record_shared_prefix_stats(stats)
-        if self.args.keyed_sampling_log:
+        if getattr(self.args, "keyed_sampling_log", True):
             padded = max((len(p) for p in prompt_ids), default=0)
             self._write_rollout_records(
                 prompt_ids, completion_ids, requests, per_row=None,
@@ -598,7 +598,7 @@ class KeyedSamplingMixin:
                 f"keyed_sampling (vLLM): TRL's vLLM generation made {proxy.calls} llm.generate calls for one keyed "
                 "call (expected 1); the per-request seeds were not applied as documented"
             )
-        if self.args.keyed_sampling_log:
+        if getattr(self.args, "keyed_sampling_log", True):
             params = vllm_sampling_params_record(proxy.template) if proxy.template is not None else {}
             vllm_mod = sys.modules.get("vllm")
             extra = {
