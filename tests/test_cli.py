@@ -228,5 +228,5 @@ def test_load_dataset_rows_save_to_disk_and_errors(tmp_path):
     with pytest.raises(RefError, match="has no rows"):
         load_dataset_rows(tmp_path / "empty.jsonl")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n[1]\n')
-    with pytest.raises(RefError, match="line 2 is not a JSON object"):
+    with pytest.raises(RefError, match="bad.jsonl:2: each line must be a JSON object"):
         load_dataset_rows(tmp_path / "bad.jsonl")

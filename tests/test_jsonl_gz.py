@@ -5,7 +5,8 @@
 * a path ``X.jsonl`` that does not exist falls back to ``X.jsonl.gz`` (committed ``runs.json`` files name
   ``outcomes.jsonl``), also for ``trl-ext compare`` glob patterns; a plain file wins when both exist;
 * the comparison harness writes ``outcomes.jsonl.gz`` and still completes reused runs whose outcomes are plain;
-* every outcome file named by a committed ``runs.json`` resolves to a file on disk.
+* every outcome file named by a committed ``runs.json`` resolves to a file on disk;
+* ``trl_ext._io.read_jsonl``, the one JSON Lines reader behind all of these, is strict and names ``file:line``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trl_ext._io import open_text, resolve_jsonl, write_text_atomic
+from trl_ext._io import open_text, read_jsonl, resolve_jsonl, write_text_atomic
 from trl_ext._refs import _rows_from_jsonl
 from trl_ext.stats import compare_cli
 from trl_ext.stats.outcomes import OutcomeFormatError, read_outcomes
@@ -188,3 +189,36 @@ def test_committed_runs_name_outcome_files_that_exist():
                     checked += 1
     if docs:
         assert checked > 0
+
+
+def test_read_jsonl_is_strict_and_names_the_line(tmp_path):
+    """The shared reader: blank lines skipped, ``\r\n`` handled, U+2028 inside a string kept (no splitlines),
+    ``.gz`` and the ``.jsonl`` -> ``.jsonl.gz`` fallback, the caller's error class with ``file:line``."""
+    class MyError(ValueError):
+        pass
+
+    text = '{"a": 1}\r\n\n  \n{"b": "x\u2028y"}\n'
+    plain = tmp_path / "p.jsonl"
+    plain.write_bytes(text.encode("utf-8"))
+    assert read_jsonl(plain) == [{"a": 1}, {"b": "x\u2028y"}]
+    assert read_jsonl(plain, numbered=True) == [(1, {"a": 1}), (4, {"b": "x\u2028y"})]
+    write_text_atomic(tmp_path / "z.jsonl.gz", text)
+    assert read_jsonl(tmp_path / "z.jsonl") == read_jsonl(plain)  # fallback to the .gz twin
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    assert read_jsonl(tmp_path / "empty.jsonl") == []  # the caller decides whether empty is an error
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{oops\n')
+    with pytest.raises(MyError, match=r"bad\.jsonl:2: not valid JSON"):
+        read_jsonl(bad, error=MyError)
+    bad.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: each line must be a JSON object; got list"):
+        read_jsonl(bad)
+    assert read_jsonl(bad, objects=False) == [{"a": 1}, [1, 2]]
+    bad.write_bytes(b'{"a": "\xff"}\n')
+    with pytest.raises(MyError, match="not UTF-8 text"):
+        read_jsonl(bad, error=MyError)
+    (tmp_path / "c.jsonl.gz").write_bytes(b"not gzip\n")
+    with pytest.raises(MyError, match="unreadable"):
+        read_jsonl(tmp_path / "c.jsonl.gz", error=MyError)
+    with pytest.raises(FileNotFoundError):
+        read_jsonl(tmp_path / "missing.jsonl")

@@ -9,7 +9,7 @@ import json
 import os
 
 __all__ = ["write_json", "sha256_file", "read_cache_meta", "resolve_jsonl", "open_text", "write_text_atomic",
-           "write_json_compact", "read_json"]
+           "write_json_compact", "read_json", "read_jsonl"]
 
 
 def resolve_jsonl(path: str | os.PathLike) -> str:
@@ -30,6 +30,57 @@ def open_text(path: str | os.PathLike):
     return open(path, encoding="utf-8")
 
 
+def read_jsonl(path: str | os.PathLike, *, error: type[Exception] = ValueError, objects: bool = True,
+               numbered: bool = False) -> list:
+    """The records of a JSON Lines file, read strictly: the one JSONL reader of the package.
+
+    A ``.gz`` name is gunzipped, and a missing ``X.jsonl`` whose ``X.jsonl.gz`` exists is read from the latter
+    (:func:`resolve_jsonl`). Blank (whitespace-only) lines are skipped; every other line must hold one JSON value,
+    a JSON object when ``objects`` is true. Lines are split on ``\n`` (``\r\n`` and ``\r`` included), never on the
+    other Unicode line breaks a JSON string may contain. An empty file gives ``[]``: whether that is an error is the
+    caller's call (it knows what the records are).
+
+    Parameters
+    ----------
+    path : str or PathLike
+    error : exception class, default ValueError
+        Raised, with a message naming the file (and the 1-based line), for a line that is not valid JSON, a line
+        that is not an object (with ``objects``), a file that is not UTF-8 text, or one that cannot be read (a
+        corrupt or truncated ``.gz``).
+    objects : bool, default True
+        Require every record to be a JSON object.
+    numbered : bool, default False
+        Return ``(line number, record)`` pairs (for callers whose own checks name the line).
+
+    Raises
+    ------
+    FileNotFoundError
+        If neither ``path`` nor its ``.gz`` twin exists.
+    """
+    path = resolve_jsonl(path)
+    try:
+        with open_text(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({exc})") from None
+    except (OSError, EOFError) as exc:  # e.g. a truncated or non-gzip .gz file
+        raise error(f"{path}: unreadable ({exc})") from None
+    out: list = []
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if objects and not isinstance(rec, dict):
+            raise error(f"{path}:{lineno}: each line must be a JSON object; got {type(rec).__name__}")
+        out.append((lineno, rec) if numbered else rec)
+    return out
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> str:
     """Write ``text`` as UTF-8 to ``path`` atomically (tmp file then rename); gzip-compressed when the name ends with
     ``.gz`` (level 9, no file name or time stamp in the header, so equal text gives equal bytes). Returns ``path``."""
@@ -48,8 +99,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> str:
     return path
 
 
-def sha256_file(path: str) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes (a path or ``os.PathLike``), read in 1 MiB blocks.
+
+    The one file-hash helper of the package (``trl_ext.trainers.basis.file_sha256`` computes the same digest)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -142,21 +142,11 @@ def resolve_callable(ref: str, *, option: str = "reference") -> Callable[..., An
 
 # ------------------------------------------------------------------------------------------------- datasets
 def _rows_from_jsonl(path: str) -> list[dict]:
-    from ._io import open_text
+    """Rows of a JSON Lines dataset (:func:`trl_ext._io.read_jsonl`: one object per line, ``.gz`` gunzipped);
+    errors are :class:`RefError` naming ``file:line``."""
+    from ._io import read_jsonl
 
-    rows = []
-    with open_text(path) as f:  # gunzips a .gz file
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RefError(f"{path}: line {i} is not valid JSON: {e}") from e
-            if not isinstance(d, dict):
-                raise RefError(f"{path}: line {i} is not a JSON object (one row per line).")
-            rows.append(d)
-    return rows
+    return read_jsonl(path, error=RefError)
 
 
 def _rows_from_json(path: str) -> list[dict]:

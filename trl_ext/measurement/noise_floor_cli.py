@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,20 +47,17 @@ def load_scorer(spec: str):
 
 
 def read_text_jsonl(path: str) -> tuple[list[str], list]:
-    """Read a JSONL file of ``{"text": str, ["id": ...]}`` objects; errors name ``file:line``."""
+    """Read a JSONL file of ``{"text": str, ["id": ...]}`` objects (:func:`trl_ext._io.read_jsonl`; a ``.gz`` file is
+    gunzipped); errors name ``file:line``."""
+    from trl_ext._io import read_jsonl
+
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        records = read_jsonl(path, error=_InputError, numbered=True)
     except FileNotFoundError:
         raise _InputError(f"{path}: file not found") from None
     texts, ids = [], []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+    for lineno, rec in records:
+        if not isinstance(rec.get("text"), str):
             raise _InputError(f"{path}:{lineno}: each line must be an object with a string 'text' field")
         texts.append(rec["text"])
         ids.append(rec.get("id", len(ids)))

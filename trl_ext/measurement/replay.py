@@ -21,7 +21,6 @@ from the question; what remains is that bounded numerical effect.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -30,6 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
+from trl_ext._io import read_jsonl, resolve_jsonl
 from trl_ext.measurement.keyed_sampling import (
     KeyedGumbelLogitsProcessor,
     SamplerSettings,
@@ -75,7 +75,8 @@ def load_rollout_log(path: str | os.PathLike) -> list[dict]:
     Parameters
     ----------
     path : str or PathLike
-        ``<output_dir>/rollouts/rank<r>.jsonl``.
+        ``<output_dir>/rollouts/rank<r>.jsonl`` (read by :func:`trl_ext._io.read_jsonl`: a ``.gz`` file is gunzipped,
+        blank lines are skipped, every other line must be a JSON object).
 
     Returns
     -------
@@ -87,22 +88,16 @@ def load_rollout_log(path: str | os.PathLike) -> list[dict]:
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        On a line that is not JSON or lacks a required field (the line number is given), or an empty log.
+        On a line that is not a JSON object or lacks a required field (the line number is given), an unreadable
+        file, or an empty log.
     """
-    path = os.fspath(path)
+    path = resolve_jsonl(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"rollout log {path!r} not found; it is written to <output_dir>/rollouts/rank<r>.jsonl")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-            _check_record(rec, f"{path}:{n}")
-            records.append(rec)
+    for n, rec in read_jsonl(path, numbered=True):
+        _check_record(rec, f"{path}:{n}")
+        records.append(rec)
     if not records:
         raise ValueError(f"rollout log {path!r} holds no records")
     return records

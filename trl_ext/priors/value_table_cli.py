@@ -86,10 +86,11 @@ def load_reward(spec: str):
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """Rows of a JSON Lines file (blank lines skipped); errors name the line."""
-    from .._refs import _rows_from_jsonl
+    """Rows of a JSON Lines file (:func:`trl_ext._io.read_jsonl`: blank lines skipped, one object per line); errors
+    name the line, and an empty file is an error."""
+    from .._io import read_jsonl as _read_jsonl
 
-    rows = _rows_from_jsonl(path)
+    rows = _read_jsonl(path)
     if not rows:
         raise ValueError(f"{path}: no rows.")
     return rows

@@ -12,7 +12,6 @@ absent (the comparison then reports that it cannot use them). Files may be gzip-
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import open_text, resolve_jsonl
+from .._io import read_jsonl, resolve_jsonl
 
 __all__ = ["OutcomeFormatError", "RunOutcomes", "read_outcomes", "pair_seed_files", "align_runs"]
 
@@ -76,23 +75,12 @@ def read_outcomes(path: str | Path) -> RunOutcomes:
     """
     path = resolve_jsonl(path)
     try:
-        with open_text(path) as fh:
-            text = fh.read()
+        records = read_jsonl(path, error=OutcomeFormatError, numbered=True)
     except FileNotFoundError:
         raise OutcomeFormatError(f"{path}: file not found") from None
-    except (OSError, EOFError) as exc:  # e.g. a truncated or non-gzip .gz file
-        raise OutcomeFormatError(f"{path}: unreadable ({exc})") from None
     ids, correct, pr, ns, ct = [], [], [], [], []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise OutcomeFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise OutcomeFormatError(f"{path}:{lineno}: each line must be a JSON object; got {type(rec).__name__}")
+    for lineno, rec in records:
         if "question_id" not in rec or not isinstance(rec["question_id"], str) or not rec["question_id"]:
             raise OutcomeFormatError(f"{path}:{lineno}: missing or non-string 'question_id'")
         qid = rec["question_id"]

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .._io import open_text, resolve_jsonl, write_text_atomic
+from .._io import read_jsonl, resolve_jsonl, write_text_atomic
 
 __all__ = ["EvalResult", "evaluate_model", "write_outcomes_jsonl", "read_outcomes_jsonl", "REQUIRED_KEYS"]
 
@@ -118,11 +118,27 @@ def evaluate_model(
         Empty dataset, missing columns, unknown task, ``num_samples < 1``, greedy with ``num_samples > 1``,
         non-positive ``temperature`` / ``max_new_tokens`` / ``batch_size``.
     """
-    import torch
-
-    from .tasks import get_reward_funcs, substitution_channel_scores
+    from .tasks import get_reward_funcs
 
     reward_fn = get_reward_funcs(task)[0]
+    _check_eval_args(num_samples=num_samples, greedy=greedy, temperature=temperature, max_new_tokens=max_new_tokens,
+                     batch_size=batch_size)
+    rows = [dict(r) for r in dataset]
+    if not rows:
+        raise ValueError("dataset is empty: nothing to evaluate")
+    missing = [k for k in ("prompt", "answer", "question_id") if k not in rows[0]]
+    if missing:
+        raise ValueError(f"dataset lacks column(s) {missing}; build it with trl_ext.testbed.make_dataset")
+    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer needs pad and eos tokens")
+    texts, lengths = _generate_answers(model, tokenizer, rows, num_samples=num_samples, greedy=greedy,
+                                       max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                       batch_size=batch_size)
+    return _score_answers(rows, texts, lengths, task, reward_fn)
+
+
+def _check_eval_args(*, num_samples, greedy, temperature, max_new_tokens, batch_size) -> None:
+    """The sampling settings of :func:`evaluate_model` (``ValueError`` naming the bad one)."""
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     if greedy and num_samples != 1:
@@ -133,16 +149,16 @@ def evaluate_model(
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    rows = [dict(r) for r in dataset]
-    if not rows:
-        raise ValueError("dataset is empty: nothing to evaluate")
-    missing = [k for k in ("prompt", "answer", "question_id") if k not in rows[0]]
-    if missing:
-        raise ValueError(f"dataset lacks column(s) {missing}; build it with trl_ext.testbed.make_dataset")
-    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-        raise ValueError("tokenizer needs pad and eos tokens")
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
 
+
+def _generate_answers(model, tokenizer, rows: list[dict], *, num_samples: int, greedy: bool, max_new_tokens: int,
+                      temperature: float, seed: int, batch_size: int) -> tuple[list[list[str]], list[list[int]]]:
+    """``(texts, lengths)``: the decoded completions of every row and their generated token counts (up to and
+    including the first ``<eos>``), under a forked, seeded torch RNG; the model's mode and the tokenizer's padding
+    side are restored afterwards."""
+    import torch
+
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     was_training = bool(getattr(model, "training", False))
     if hasattr(model, "eval"):
         model.eval()
@@ -184,6 +200,13 @@ def evaluate_model(
         tokenizer.padding_side = old_side
         if was_training and hasattr(model, "train"):
             model.train()
+    return texts, lengths
+
+
+def _score_answers(rows: list[dict], texts: list[list[str]], lengths: list[list[int]], task: str,
+                   reward_fn) -> EvalResult:
+    """Score every row's completions with ``reward_fn`` and build the outcome records of :func:`evaluate_model`."""
+    from .tasks import substitution_channel_scores
 
     records, rates, total = [], [], 0
     for row, comps, lens in zip(rows, texts, lengths):
@@ -247,21 +270,14 @@ def write_outcomes_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> st
 
 
 def read_outcomes_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Read records written by :func:`write_outcomes_jsonl` (blank lines skipped). A ``.gz`` file is gunzipped; a
-    missing ``X.jsonl`` whose ``X.jsonl.gz`` exists is read from the latter.
+    """Read records written by :func:`write_outcomes_jsonl` (:func:`trl_ext._io.read_jsonl`: blank lines skipped). A
+    ``.gz`` file is gunzipped; a missing ``X.jsonl`` whose ``X.jsonl.gz`` exists is read from the latter.
 
-    Raises ``ValueError`` naming the line for invalid JSON or an invalid record.
+    Raises ``ValueError`` naming the line for invalid JSON or an invalid record, and for an unreadable file.
     """
     path = resolve_jsonl(path)
     out = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
-            _validate_record(rec, f"{path}:{lineno}")
-            out.append(rec)
+    for lineno, rec in read_jsonl(path, numbered=True):
+        _validate_record(rec, f"{path}:{lineno}")
+        out.append(rec)
     return out
