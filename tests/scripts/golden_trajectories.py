@@ -449,6 +449,15 @@ def main() -> int:
         written += [(s, 2, r, os.path.join(out, golden_name(s, 2, r))) for s in two for r in (0, 1)]
         print(f"world 2: {', '.join(two)}: {out}", flush=True)
     if a.record:
+        import json
+
+        import torch
+        import transformers
+        import trl
+
+        with open(os.path.join(out, "RECORDED_ON.json"), "w", encoding="utf-8") as f:  # where the test compares
+            json.dump({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+                       "transformers": transformers.__version__, "trl": trl.__version__}, f, indent=1)
         return 0
     errors = []
     for scenario, w, r, _ in written:  # default mode: compare the fresh run with the committed goldens
