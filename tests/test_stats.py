@@ -156,11 +156,33 @@ def test_exact_binomial_equals_enumeration(n, data, p):
     assert S.exact_binomial_test(k, n, p, alternative="greater") == pytest.approx(greater, rel=1e-9)
 
 
-def test_vectorised_half_test_matches_scipy():
+def test_vectorised_half_test_is_the_scalar_test():
+    """``_binom_two_sided_half`` (the floors' Monte Carlo) is ``exact_binomial_test`` elementwise, bit for bit."""
     ks, ns = zip(*[(k, n) for n in range(0, 45) for k in range(n + 1)])
     got = _binom_two_sided_half(np.array(ks), np.array(ns))
     want = [S.exact_binomial_test(k, n) for k, n in zip(ks, ns)]
-    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert got.tolist() == want
+    grid = _binom_two_sided_half(np.array([[3, 4], [0, 7]]), 7)
+    assert grid.shape == (2, 2) and grid[1, 0] == S.exact_binomial_test(0, 7)
+    assert float(_binom_two_sided_half(0, 0)) == 1.0
+
+
+def test_binomtest_equals_the_closed_form_at_one_half():
+    """Why one test suffices: at p = 1/2 scipy's ``binomtest`` (minlike) equals the closed form
+    ``min(1, 2 F(min(k, n - k)))`` the two-part rule used to compute on its own -- exactly, except where the p-value
+    rounds to 1 (an odd ``n`` split ``(n +- 1) / 2``), where binomtest gives 1.0 and the closed form 1 - O(1e-15)."""
+    from scipy import stats
+
+    checked = 0
+    for n in [*range(1, 121), *range(121, 2500, 61)]:
+        k = np.arange(n + 1) if n <= 120 else np.unique(np.r_[0 : n + 1 : 11, n // 2 - 3 : n // 2 + 4])
+        closed = np.minimum(1.0, 2.0 * stats.binom.cdf(np.minimum(k, n - k), n, 0.5))
+        exact = np.array([S.exact_binomial_test(int(i), n) for i in k])
+        mid = (exact > 1e-300) & (exact < 0.999)  # below 1e-300 both are subnormal and differ in their last bits
+        assert np.array_equal(exact[mid], closed[mid]), n
+        np.testing.assert_allclose(exact[~mid], closed[~mid], rtol=2e-15, atol=1e-320)
+        checked += k.size
+    assert checked > 10_000
 
 
 def test_exact_binomial_edge_and_bad_input():
@@ -230,6 +252,33 @@ def test_bootstrap_estimate_and_shapes():
     assert custom.estimate == float(np.median(a - b))
     single = S.paired_bootstrap_ci([1.0], [0.0], n_boot=100)
     assert single.low == single.high == 1.0  # documented: zero width with one question
+
+
+def _hand_written_paired_bootstrap(a, b, n_boot, seed, level):
+    """The resampler ``paired_bootstrap_ci`` used before it called ``scipy.stats.bootstrap`` (default statistic)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = a.shape[-1]
+    rng = np.random.default_rng(seed)
+    reps = np.empty(n_boot)
+    d = (a - b).reshape(-1, n).mean(axis=0)
+    for start in range(0, n_boot, 2048):
+        m = min(2048, n_boot - start)
+        reps[start : start + m] = d[rng.integers(0, n, size=(m, n))].mean(axis=1)
+    lo, hi = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+@pytest.mark.parametrize("shape,n_boot,level", [((2,), 100, 0.95), ((7,), 2047, 0.9), ((3, 150), 2049, 0.95),
+                                                ((5, 2001), 2000, 0.95), ((1, 33), 5000, 0.8)])
+def test_bootstrap_is_bit_identical_to_the_hand_written_one(shape, n_boot, level):
+    """scipy.stats.bootstrap draws the same question indices as the earlier hand-written loop, so the interval (and
+    the intervals committed in benchmarks/results) is unchanged to the last bit."""
+    rng = np.random.default_rng(sum(shape) + n_boot)
+    a = (rng.random(shape) < 0.6).astype(float)
+    b = rng.random(shape)  # pass rates: non-binary differences too
+    for seed in (0, 3):
+        ci = S.paired_bootstrap_ci(a, b, n_boot=n_boot, seed=seed, level=level)
+        assert (ci.low, ci.high) == _hand_written_paired_bootstrap(a, b, n_boot, seed, level)
 
 
 def test_bootstrap_bad_input():

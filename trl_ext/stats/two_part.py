@@ -22,22 +22,34 @@ questions, see :func:`trl_ext.stats.floors.two_part_catch_rate`); a strict "two 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy import stats as _st
+
+from .paired import exact_binomial_test
 
 __all__ = ["SeedSummary", "Verdict", "question_verdicts", "two_part_rule"]
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _half_p(k: int, n: int) -> float:
+    return exact_binomial_test(k, n)
+
+
 def _binom_two_sided_half(k, n):
-    """Vectorised exact two-sided binomial p-value at p = 1/2 (equal to ``scipy.stats.binomtest``'s)."""
-    k = np.asarray(k)
-    n = np.asarray(n)
-    p = np.minimum(1.0, 2.0 * _st.binom.cdf(np.minimum(k, n - k), n, 0.5))
-    return np.where(n == 0, 1.0, p)
+    """:func:`~trl_ext.stats.paired.exact_binomial_test` ``(k, n)`` (p = 1/2, two-sided) elementwise over arrays.
+
+    Not a second implementation: one ``scipy.stats.binomtest`` per distinct ``(k, n)`` (cached), which is what the
+    Monte Carlo of :mod:`.floors` needs (millions of simulated tallies, few distinct ones). Returns an array of the
+    broadcast shape of ``k`` and ``n``.
+    """
+    k, n = np.broadcast_arrays(np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64))
+    pairs, inverse = np.unique(np.stack([k.ravel(), n.ravel()]), axis=1, return_inverse=True)
+    values = np.array([_half_p(int(a), int(b)) for a, b in pairs.T], dtype=np.float64)
+    return values[inverse.reshape(-1)].reshape(k.shape)
 
 
 @dataclass(frozen=True)
@@ -215,11 +227,11 @@ def two_part_rule(
         aw, bw = int(np.sum(v[i] > 0)), int(np.sum(v[i] < 0))
         seeds.append(
             SeedSummary(labels[i], n_q, aw, bw, n_q - aw - bw, float(a[i].mean()), float(b[i].mean()),
-                        float(_binom_two_sided_half(aw, aw + bw)))
+                        exact_binomial_test(aw, aw + bw))
         )
     qv = np.sign(v.sum(axis=0)).astype(np.int64)
     ka, kb = int(np.sum(qv > 0)), int(np.sum(qv < 0))
-    p = float(_binom_two_sided_half(ka, ka + kb))
+    p = exact_binomial_test(ka, ka + kb)
     direction = "a" if ka > kb else "b" if kb > ka else None
     significant = direction is not None and p < alpha
     unanimous = direction is not None and all(s.direction == direction for s in seeds)
