@@ -87,7 +87,7 @@ def select_rows(rows: list[dict], num_prompts: int | None, seed: int) -> tuple[l
 
 
 def _check_chat_template(rows, prompt_column, tokenizer) -> None:
-    from trl_ext.priors.value_table import _is_conversation
+    from trl_ext.priors.value_table_inputs import _is_conversation
 
     conv = [i for i, r in enumerate(rows) if _is_conversation(r[prompt_column])]
     if conv and not getattr(tokenizer, "chat_template", None):
@@ -99,7 +99,8 @@ def _check_chat_template(rows, prompt_column, tokenizer) -> None:
 def _prepare(tokenizer, rows, reward_funcs, *, num_samples, seed, prompt_column, reward_weights, reward_range):
     """Validate the inputs; returns ``(rows, funcs, weights, prompts, prompt_ids, keys)``."""
     from trl_ext.measurement.keyed_sampling import prompt_key_of, request_key
-    from trl_ext.priors.value_table import _check_prompt_rows, _prompt_token_ids
+    from trl_ext.priors.value_table_inputs import _check_prompt_rows
+    from trl_ext.priors.value_table_sampling import _prompt_token_ids
 
     rows = [dict(r) for r in rows]
     _check_prompt_rows(rows, prompt_column, empty="advise needs prompts to sample",
@@ -129,7 +130,7 @@ def _prepare(tokenizer, rows, reward_funcs, *, num_samples, seed, prompt_column,
 def _score_and_pack(tokenizer, rows, prompts, prompt_ids, keys, comps, eos, funcs, weights, *, num_samples,
                     max_new_tokens, prompt_column, reward_range, row_indices, settings, seeds=None) -> Sample:
     """Decode, score (TRL style) and pack the completions ``comps[i][j]`` into a :class:`Sample`."""
-    from trl_ext.priors.value_table import _is_conversation, _score
+    from trl_ext.priors.value_table_inputs import _is_conversation, _score
 
     eos_set = set(eos)
     flat_ids = [c for per in comps for c in per]
@@ -201,7 +202,7 @@ def draw_sample(model, tokenizer, rows: list[dict], reward_funcs, *, num_samples
         returning the wrong number of values or non-numbers, fewer than 2 samples, a bad reward range.
     """
     from trl_ext.measurement.keyed_sampling import SamplerSettings
-    from trl_ext.priors.value_table import _eos_ids, _generate_keyed
+    from trl_ext.priors.value_table_sampling import _eos_ids, _generate_keyed
 
     from .vllm_path import generate_vllm, is_vllm_engine
 
@@ -302,7 +303,7 @@ def advise(model, tokenizer, dataset, reward_funcs, *, num_prompts: int | None =
     -------
     Advice, or (Advice, Sample) with ``return_sample=True``.
     """
-    from trl_ext.priors.value_table import _dataset_rows
+    from trl_ext.priors.value_table_inputs import _dataset_rows
 
     from .noise import reward_noise_floors
     from .recommend import measure, recommend

@@ -145,10 +145,8 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
         of values or non-numbers.
     """
     import numpy as np
-    import torch
 
-    from trl_ext.measurement.keyed_sampling import truncate_at_eos
-    from trl_ext.priors.value_table import _check_prompt_rows, _eos_ids, _prompt_token_ids, _score
+    from trl_ext.priors.value_table_inputs import _check_prompt_rows, _score
 
     from .shut_gate import shut_gate_stats
 
@@ -165,6 +163,29 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
     weights = [1.0] * len(funcs) if reward_weights is None else [float(w) for w in reward_weights]
     if len(weights) != len(funcs):
         raise ValueError(f"{len(weights)} reward weights for {len(funcs)} reward functions.")
+    completions, completion_ids = _sample_gate_completions(
+        model, tokenizer, rows, prompt_column, num_generations=num_generations, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, batch_prompts=batch_prompts, seed=seed)
+    rep_rows = [r for r in rows for _ in range(num_generations)]
+    prompts = [r[prompt_column] for r in rep_rows]
+    skip = set(_RESERVED) | {prompt_column}
+    columns = {k: [r.get(k) for r in rep_rows] for k in rows[0] if k not in skip}
+    rewards = np.asarray(_score(funcs, weights, prompts, completions, completion_ids, columns), dtype=np.float64)
+    gids = np.repeat(np.arange(len(rows)), num_generations)
+    stats = shut_gate_stats(rewards, gids, success_threshold=success_threshold, atol=atol)
+    return stats, _gate_records(rows, prompt_column, completions, rewards, num_generations, row_indices)
+
+
+def _sample_gate_completions(model, tokenizer, rows: list[dict], prompt_column: str, *, num_generations: int,
+                             max_new_tokens: int, temperature: float, top_p: float, batch_prompts: int,
+                             seed: int) -> tuple[list, list[list[int]]]:
+    """``(completions, completion_ids)``: ``num_generations`` sampled completions of every row, prompt by prompt
+    (texts, or assistant messages for conversations), after ``torch.manual_seed(seed)``."""
+    import torch
+
+    from trl_ext.measurement.keyed_sampling import truncate_at_eos
+    from trl_ext.priors.value_table_sampling import _eos_ids, _prompt_token_ids
+
     torch.manual_seed(seed)
     device = next(model.parameters()).device
     pad = int(tokenizer.pad_token_id)
@@ -189,13 +210,12 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
             p = chunk[j // num_generations]
             completions.append(text if not _is_conversation(p) else [{"role": "assistant", "content": text}])
         completion_ids += comp
-    rep_rows = [r for r in rows for _ in range(num_generations)]
-    prompts = [r[prompt_column] for r in rep_rows]
-    skip = set(_RESERVED) | {prompt_column}
-    columns = {k: [r.get(k) for r in rep_rows] for k in rows[0] if k not in skip}
-    rewards = np.asarray(_score(funcs, weights, prompts, completions, completion_ids, columns), dtype=np.float64)
-    gids = np.repeat(np.arange(len(rows)), num_generations)
-    stats = shut_gate_stats(rewards, gids, success_threshold=success_threshold, atol=atol)
+    return completions, completion_ids
+
+
+def _gate_records(rows: list[dict], prompt_column: str, completions: list, rewards, num_generations: int,
+                  row_indices) -> list[dict]:
+    """One record per prompt of :func:`measure_gate`: prompt, completion texts, rewards (NaN -> None), ids."""
     records = []
     for i, r in enumerate(rows):
         sl = slice(i * num_generations, (i + 1) * num_generations)
@@ -207,7 +227,7 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
         if row_indices is not None:
             rec["row_index"] = int(row_indices[i])
         records.append(rec)
-    return stats, records
+    return records
 
 
 def _fmt(x: float) -> str:

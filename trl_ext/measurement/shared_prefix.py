@@ -383,6 +383,28 @@ def shared_prefix_generate(
     ValueError
         Empty or invalid prompts, a keyed length that is not one per row, unsupported settings.
     """
+    settings, rows = _check_call(prompt_ids, settings, num_per_prompt)
+    n_rows = len(rows)
+    device = next(model.parameters()).device
+    noise = None if keyed is None else _keyed_tensors(keyed, n_rows, device, settings)
+    if share:
+        uniques, row_group = _group_prompts(rows)
+    else:
+        uniques, row_group = rows, list(range(n_rows))
+    fwd = _forward_kwargs(model)
+    logits, cache, mask, step_input, stats = _prefill(model, fwd, uniques, row_group, settings, pad_to_multiple_of,
+                                                      device)
+    out_tokens, lengths, decode_shared = _decode(model, fwd, settings, noise, generator, row_group, device, logits,
+                                                 cache, mask, step_input, stats)
+    lengths_list = lengths.tolist()
+    completions = [out_tokens[r, : lengths_list[r]].tolist() for r in range(n_rows)]
+    _finish_stats(stats, decode_shared, rows, lengths_list)
+    return completions, {k: stats[k] for k in STATS_KEYS}
+
+
+def _check_call(prompt_ids, settings, num_per_prompt) -> tuple[SamplerSettings, list[list[int]]]:
+    """The checked :class:`SamplerSettings` of a :func:`shared_prefix_generate` call and its rows (every prompt
+    repeated ``num_per_prompt`` times)."""
     if isinstance(settings, GenerationConfig):
         settings = settings_from_generation_config(settings)
     if not isinstance(settings, SamplerSettings):
@@ -391,48 +413,44 @@ def shared_prefix_generate(
     if isinstance(num_per_prompt, bool) or not isinstance(num_per_prompt, int) or num_per_prompt < 1:
         raise ValueError(f"num_per_prompt must be a positive int, got {num_per_prompt!r}")
     rows = [list(p) for p in prompt_ids for _ in range(num_per_prompt)]
-    n_rows = len(rows)
-    if n_rows == 0:
+    if len(rows) == 0:
         raise ValueError("no prompts given")
     if any(len(p) == 0 for p in rows):
         raise ValueError("every prompt needs at least one token")
+    return settings, rows
 
-    device = next(model.parameters()).device
-    if keyed is not None:
-        if not isinstance(keyed, KeyedRows):
-            keyed = KeyedRows.from_requests(keyed)
-        offsets = [0] * n_rows if keyed.position_offsets is None else list(keyed.position_offsets)
-        if not (len(keyed.keys) == len(keyed.sample_indices) == len(offsets) == n_rows):
-            raise ValueError(
-                f"keyed has {len(keyed.keys)} keys, {len(keyed.sample_indices)} sample indices and {len(offsets)} "
-                f"position offsets for {n_rows} rows; pass one of each per row (after num_per_prompt expansion)"
-            )
-        k_keys = torch.as_tensor([int(k) for k in keyed.keys], dtype=torch.int64, device=device)
-        k_idx = torch.as_tensor([int(s) for s in keyed.sample_indices], dtype=torch.int64, device=device)
-        k_off = torch.as_tensor([int(o) for o in offsets], dtype=torch.int64, device=device)
-        noise_dtype = getattr(torch, settings.noise_dtype)
 
-    if share:
-        uniques, row_group = _group_prompts(rows)
-    else:
-        uniques, row_group = rows, list(range(n_rows))
-    n_unique = len(uniques)
-    warpers = build_warpers(settings)
-    eos = torch.as_tensor(sorted(set(settings.eos_token_ids)), dtype=torch.long, device=device)
-    cache_kw, keep_kw = _forward_kwargs(model)
-    max_new = settings.max_new_tokens
+def _keyed_tensors(keyed, n_rows: int, device, settings: SamplerSettings):
+    """``(keys, sample indices, position offsets, noise dtype)`` of keyed mode, one tensor entry per row."""
+    if not isinstance(keyed, KeyedRows):
+        keyed = KeyedRows.from_requests(keyed)
+    offsets = [0] * n_rows if keyed.position_offsets is None else list(keyed.position_offsets)
+    if not (len(keyed.keys) == len(keyed.sample_indices) == len(offsets) == n_rows):
+        raise ValueError(
+            f"keyed has {len(keyed.keys)} keys, {len(keyed.sample_indices)} sample indices and {len(offsets)} "
+            f"position offsets for {n_rows} rows; pass one of each per row (after num_per_prompt expansion)"
+        )
+    k_keys = torch.as_tensor([int(k) for k in keyed.keys], dtype=torch.int64, device=device)
+    k_idx = torch.as_tensor([int(s) for s in keyed.sample_indices], dtype=torch.int64, device=device)
+    k_off = torch.as_tensor([int(o) for o in offsets], dtype=torch.int64, device=device)
+    return k_keys, k_idx, k_off, getattr(torch, settings.noise_dtype)
 
-    # ---- prefill: one cache row per distinct prompt (left-padded, positions from the mask)
+
+def _prefill(model, fwd, uniques, row_group, settings: SamplerSettings, pad_to_multiple_of, device):
+    """Prefill one cache row per distinct prompt (left-padded, positions from the mask).
+
+    Returns ``(logits, cache, mask, input_ids, stats)``, ``stats`` holding the prefill's counters.
+    """
     input_ids, mask = left_pad(uniques, settings.pad_token_id, pad_to_multiple_of)
     input_ids, mask = input_ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     cache = _new_cache(model)
-    logits, cache = _run(model, cache, cache_kw, keep_kw, input_ids, mask, positions)
-    vocab = logits.shape[-1]
+    logits, cache = _run(model, cache, *fwd, input_ids, mask, positions)
+    n_unique = len(uniques)
     group_sizes = torch.bincount(torch.as_tensor(row_group), minlength=n_unique)
     unique_lens = torch.as_tensor([len(u) for u in uniques])
     stats = {
-        "rows": n_rows,
+        "rows": len(row_group),
         "unique_prompts": n_unique,
         "forward_calls": 1,
         "prefill_tokens": int(input_ids.numel()),
@@ -442,22 +460,34 @@ def shared_prefix_generate(
         "forks": 0,
         "max_branches": n_unique,
     }
-    decode_shared = 0
+    return logits, cache, mask, input_ids, stats
 
+
+def _decode(model, fwd, settings: SamplerSettings, noise, generator, row_group, device, logits, cache, mask,
+            step_input, stats):
+    """The decoding loop: draw every live member's token from its branch, fork the branches whose members drew
+    different tokens, feed one token per branch. Returns ``(out_tokens, lengths, decode_shared)``; updates
+    ``stats``."""
+    n_rows = len(row_group)
+    warpers = build_warpers(settings)
+    eos = torch.as_tensor(sorted(set(settings.eos_token_ids)), dtype=torch.long, device=device)
+    max_new = settings.max_new_tokens
+    decode_shared = 0
     out_tokens = torch.full((n_rows, max_new), int(settings.pad_token_id), dtype=torch.long, device=device)
     lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
     live = torch.arange(n_rows, device=device)  # live members (row ids)
     branch_of = torch.as_tensor(row_group, dtype=torch.long, device=device)  # their branch (cache row)
-    step_input = input_ids  # for the warpers' signature only; none of them reads it
+    # step_input: for the warpers' signature only; none of them reads it
     t = 0
     while True:
         nan_rows = torch.isnan(logits).any(dim=1)
         if nan_rows.any():
             raise ValueError(f"logits contain NaN in branches {nan_rows.nonzero().flatten().tolist()}; check the model")
         scores = warpers(step_input, logits)
-        if keyed is None:
+        if noise is None:
             tok = _draw_unkeyed(scores, branch_of, generator)
         else:
+            k_keys, k_idx, k_off, noise_dtype = noise
             tok = _draw_keyed(scores, branch_of, k_keys[live], k_idx[live], k_off[live] + t, noise_dtype)
         out_tokens[live, t] = tok
         lengths[live] = t + 1
@@ -468,26 +498,38 @@ def shared_prefix_generate(
         if not bool(cont.any()):
             break
         live, branch_of, tok = live[cont], branch_of[cont], tok[cont]
-        n_before = int(torch.unique(branch_of).numel())
-        n_rows_before = int(mask.shape[0])
-        parent, feed, branch_of = _fork(branch_of, tok, vocab)
-        n_branches = int(parent.numel())
-        stats["forks"] += n_branches - n_before
-        members = torch.bincount(branch_of, minlength=n_branches)
-        decode_shared += int((members >= 2).sum())
-        stats["decode_tokens"] += n_branches
-        stats["max_branches"] = max(stats["max_branches"], n_branches)
-        if n_branches != n_rows_before or not bool((parent == torch.arange(n_branches, device=device)).all()):
-            cache.reorder_cache(parent)  # duplicate forked rows, drop finished ones (beam search's index-select)
-            mask = mask[parent]
-        mask = torch.cat([mask, mask.new_ones((n_branches, 1))], dim=-1)
+        branch_of, feed, cache, mask, shared = _fork_branches(branch_of, tok, logits.shape[-1], cache, mask, stats,
+                                                              device)
+        decode_shared += shared
         pos = _decode_positions(mask)
         step_input = feed[:, None]
-        logits, cache = _run(model, cache, cache_kw, keep_kw, step_input, mask, pos)
+        logits, cache = _run(model, cache, *fwd, step_input, mask, pos)
         stats["forward_calls"] += 1
+    return out_tokens, lengths, decode_shared
 
-    lengths_list = lengths.tolist()
-    completions = [out_tokens[r, : lengths_list[r]].tolist() for r in range(n_rows)]
+
+def _fork_branches(branch_of, tok, vocab: int, cache, mask, stats: dict, device):
+    """Regroup the continuing members by (branch, token) and bring the cache and mask rows along (duplicating forked
+    rows, dropping finished ones). Returns ``(branch_of, feed, cache, mask, shared)``, ``shared`` = the new
+    branches that serve two or more members; updates the fork / decode counters of ``stats``."""
+    n_before = int(torch.unique(branch_of).numel())
+    n_rows_before = int(mask.shape[0])
+    parent, feed, branch_of = _fork(branch_of, tok, vocab)
+    n_branches = int(parent.numel())
+    stats["forks"] += n_branches - n_before
+    members = torch.bincount(branch_of, minlength=n_branches)
+    shared = int((members >= 2).sum())
+    stats["decode_tokens"] += n_branches
+    stats["max_branches"] = max(stats["max_branches"], n_branches)
+    if n_branches != n_rows_before or not bool((parent == torch.arange(n_branches, device=device)).all()):
+        cache.reorder_cache(parent)  # duplicate forked rows, drop finished ones (beam search's index-select)
+        mask = mask[parent]
+    mask = torch.cat([mask, mask.new_ones((n_branches, 1))], dim=-1)
+    return branch_of, feed, cache, mask, shared
+
+
+def _finish_stats(stats: dict, decode_shared: int, rows, lengths_list) -> None:
+    """Add the totals and fractions of :data:`STATS_KEYS` that need the finished completions."""
     stats["shared_positions"] += decode_shared
     stats["decode_shared_positions"] = decode_shared
     stats["forward_tokens"] = stats["prefill_tokens"] + stats["decode_tokens"]
@@ -497,7 +539,6 @@ def shared_prefix_generate(
     stats["shared_fraction"] = stats["shared_positions"] / stats["computed_tokens"]
     stats["decode_shared_fraction"] = decode_shared / stats["decode_tokens"] if stats["decode_tokens"] else 0.0
     stats["saved_fraction"] = 1.0 - stats["computed_tokens"] / stats["independent_tokens"]
-    return completions, {k: stats[k] for k in STATS_KEYS}
 
 
 @contextlib.contextmanager

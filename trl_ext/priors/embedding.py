@@ -145,10 +145,22 @@ def hf_mean_pool_embedder(
         Bad ``batch_size`` / ``max_length`` / ``pad_to_multiple_of``; (from ``embed``) a text that tokenizes to zero
         tokens.
     """
-    import contextlib
+    _check_embedder_args(batch_size, max_length, pad_to_multiple_of, context)
+    frozen, backbone = _frozen_backbone(model, copy, device)
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
 
-    import torch
+    def embed(texts: list[str]) -> np.ndarray:
+        return _embed_texts(frozen, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
+                            copy=copy, context=context, pad_to_multiple_of=pad_to_multiple_of, pad_id=pad_id)
 
+    embed.backbone = backbone
+    return embed
+
+
+def _check_embedder_args(batch_size, max_length, pad_to_multiple_of, context) -> None:
+    """The settings of :func:`hf_mean_pool_embedder` (``ValueError`` / ``TypeError`` naming the bad one)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"hf_mean_pool_embedder: batch_size must be an int >= 1, got {batch_size!r}.")
     if not isinstance(max_length, int) or max_length < 1:
@@ -157,6 +169,10 @@ def hf_mean_pool_embedder(
         raise ValueError(f"hf_mean_pool_embedder: pad_to_multiple_of must be an int >= 1, got {pad_to_multiple_of!r}.")
     if context is not None and not callable(context):
         raise TypeError("hf_mean_pool_embedder: context must be a zero-argument callable returning a context manager.")
+
+
+def _frozen_backbone(model: Any, copy: bool, device: Any) -> tuple[Any, dict]:
+    """The module that embeds (a frozen deep copy, or ``model`` itself) and the ``embed.backbone`` record."""
     if copy:
         frozen = _copy.deepcopy(model)
         _detach_forward_patches(frozen, model)
@@ -165,67 +181,76 @@ def hf_mean_pool_embedder(
             p.requires_grad_(False)
         if device is not None:
             frozen.to(device)
-        backbone = {"model": frozen, "copied": True, **model_footprint(frozen)}
-    else:
-        frozen = model
-        backbone = {"model": frozen, "copied": False, "parameters": 0, "bytes": 0}
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        return frozen, {"model": frozen, "copied": True, **model_footprint(frozen)}
+    return model, {"model": model, "copied": False, "parameters": 0, "bytes": 0}
 
-    def width(n: int) -> int:
-        return n if batch_size == 1 else -(-n // pad_to_multiple_of) * pad_to_multiple_of
 
-    def forward_chunk(rows: list[list[int]], w: int, dev) -> np.ndarray:
-        n_real = len(rows)
-        rows = rows + [rows[0]] * (batch_size - n_real) if batch_size > 1 else rows
-        inp = torch.full((len(rows), w), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), w), dtype=torch.long)
-        for r, t in enumerate(rows):
-            inp[r, : len(t)] = torch.tensor(t, dtype=torch.long)
-            mask[r, : len(t)] = 1
-        inp, mask = inp.to(dev), mask.to(dev)
-        ctx = context() if context is not None else contextlib.nullcontext()
-        with ctx:
-            hs = frozen(input_ids=inp, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
-        m = mask.unsqueeze(-1).to(hs.dtype)
-        return ((hs * m).sum(1) / m.sum(1)).float().cpu().numpy()[:n_real]
+def _pad_width(n: int, batch_size: int, pad_to_multiple_of: int) -> int:
+    """The padded width of a text of ``n`` tokens: its own count rounded up (``n`` itself with ``batch_size=1``)."""
+    return n if batch_size == 1 else -(-n // pad_to_multiple_of) * pad_to_multiple_of
 
-    def embed(texts: list[str]) -> np.ndarray:
-        if isinstance(texts, str):
-            raise TypeError("embed expects a list of strings, not a single string.")
-        texts = list(texts)
-        if not texts:
-            raise ValueError("embed: no texts given.")
-        ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
-        empty = [i for i, t in enumerate(ids) if len(t) == 0]
-        if empty:
-            raise ValueError(f"embed: texts at positions {empty[:5]} tokenize to zero tokens; give non-empty prompts.")
-        dev = device if device is not None else next(frozen.parameters()).device
-        buckets: dict[int, list[int]] = {}
-        for i, t in enumerate(ids):
-            buckets.setdefault(width(len(t)), []).append(i)
-        out: list[np.ndarray | None] = [None] * len(texts)
-        modes = None if copy else [(m, m.training) for m in frozen.modules()]
-        try:
-            if modes is not None:
-                frozen.eval()
-            with torch.inference_mode():
-                for w in sorted(buckets):
-                    idx = buckets[w]
-                    for s in range(0, len(idx), batch_size):
-                        part = idx[s : s + batch_size]
-                        pooled = forward_chunk([ids[i] for i in part], w, dev)
-                        for r, i in enumerate(part):
-                            out[i] = pooled[r]
-        finally:
-            if modes is not None:
-                for m, was in modes:
-                    m.training = was
-        return np.stack(out).astype(np.float32)
 
-    embed.backbone = backbone
-    return embed
+def _forward_chunk(frozen, rows: list[list[int]], w: int, dev, *, batch_size: int, pad_id: int, context) -> np.ndarray:
+    """Mean-pooled last hidden states of ``rows`` (token ids) right-padded to width ``w``, in one forward pass of
+    exactly ``batch_size`` rows (a short chunk is filled with copies of its first row, whose outputs are dropped)."""
+    import contextlib
+
+    import torch
+
+    n_real = len(rows)
+    rows = rows + [rows[0]] * (batch_size - n_real) if batch_size > 1 else rows
+    inp = torch.full((len(rows), w), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), w), dtype=torch.long)
+    for r, t in enumerate(rows):
+        inp[r, : len(t)] = torch.tensor(t, dtype=torch.long)
+        mask[r, : len(t)] = 1
+    inp, mask = inp.to(dev), mask.to(dev)
+    ctx = context() if context is not None else contextlib.nullcontext()
+    with ctx:
+        hs = frozen(input_ids=inp, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+    m = mask.unsqueeze(-1).to(hs.dtype)
+    return ((hs * m).sum(1) / m.sum(1)).float().cpu().numpy()[:n_real]
+
+
+def _embed_texts(frozen, tokenizer, texts, *, batch_size: int, max_length: int, device, copy: bool, context,
+                 pad_to_multiple_of: int, pad_id: int) -> np.ndarray:
+    """The ``embed(texts)`` of :func:`hf_mean_pool_embedder`: texts bucketed by padded width, each bucket embedded in
+    forward passes of ``batch_size`` rows under ``torch.inference_mode`` (with ``copy=False`` the modules' training
+    flags are restored afterwards)."""
+    import torch
+
+    if isinstance(texts, str):
+        raise TypeError("embed expects a list of strings, not a single string.")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("embed: no texts given.")
+    ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+    empty = [i for i, t in enumerate(ids) if len(t) == 0]
+    if empty:
+        raise ValueError(f"embed: texts at positions {empty[:5]} tokenize to zero tokens; give non-empty prompts.")
+    dev = device if device is not None else next(frozen.parameters()).device
+    buckets: dict[int, list[int]] = {}
+    for i, t in enumerate(ids):
+        buckets.setdefault(_pad_width(len(t), batch_size, pad_to_multiple_of), []).append(i)
+    out: list[np.ndarray | None] = [None] * len(texts)
+    modes = None if copy else [(m, m.training) for m in frozen.modules()]
+    try:
+        if modes is not None:
+            frozen.eval()
+        with torch.inference_mode():
+            for w in sorted(buckets):
+                idx = buckets[w]
+                for s in range(0, len(idx), batch_size):
+                    part = idx[s : s + batch_size]
+                    pooled = _forward_chunk(frozen, [ids[i] for i in part], w, dev, batch_size=batch_size,
+                                            pad_id=pad_id, context=context)
+                    for r, i in enumerate(part):
+                        out[i] = pooled[r]
+    finally:
+        if modes is not None:
+            for m, was in modes:
+                m.training = was
+    return np.stack(out).astype(np.float32)
 
 
 class EmbeddingInContextPrior(ValuePrior):

@@ -60,22 +60,13 @@ def compare_outcome_files(
     """
     if score not in ("correct", "pass_rate"):
         raise ValueError(f"score must be 'correct' or 'pass_rate'; got {score!r}")
-    pairs = pair_seed_files(files_a, files_b)
-    runs = []
-    for _, fa, fb in pairs:
-        runs += [read_outcomes(fa), read_outcomes(fb)]
-    aligned, align_report = align_runs(runs, intersect=intersect)
-    ra, rb = aligned[0::2], aligned[1::2]
+    pairs, ra, rb, align_report = _read_aligned(files_a, files_b, intersect)
     labels = [lab for lab, _, _ in pairs]
     n_q, n_s = len(ra[0]), len(pairs)
-
-    def block(rs, attr):
-        return np.stack([getattr(r, attr) for r in rs])
-
-    sa, sb = block(ra, score), block(rb, score)
+    sa, sb = _block(ra, score), _block(rb, score)
     if np.any(np.isnan(sa)) or np.any(np.isnan(sb)):
         raise ValueError(f"score {score!r} is missing from some records; use --score correct or add the field")
-    ca, cb = block(ra, "correct"), block(rb, "correct")
+    ca, cb = _block(ra, "correct"), _block(rb, "correct")
     verdict = two_part_rule(sa, sb, alpha=alpha, seed_labels=labels)
     margin = float(np.mean(sa.mean(axis=1) - sb.mean(axis=1)))
     ci = paired_bootstrap_ci(sa, sb, n_boot=n_boot, seed=seed)
@@ -119,24 +110,47 @@ def compare_outcome_files(
         "power": power,
         "alpha": alpha,
     }
-    ta, tb = block(ra, "completion_tokens"), block(rb, "completion_tokens")
+    report.update(_length_fields(sa, sb, _block(ra, "completion_tokens"), _block(rb, "completion_tokens")))
+    return report
+
+
+def _read_aligned(files_a: Sequence[str], files_b: Sequence[str], intersect: bool):
+    """``(pairs, runs_a, runs_b, alignment report)``: the outcome files paired by seed, read and aligned by
+    question (``runs_a[i]`` / ``runs_b[i]`` are seed pair ``i``)."""
+    pairs = pair_seed_files(files_a, files_b)
+    runs = []
+    for _, fa, fb in pairs:
+        runs += [read_outcomes(fa), read_outcomes(fb)]
+    aligned, align_report = align_runs(runs, intersect=intersect)
+    return pairs, aligned[0::2], aligned[1::2], align_report
+
+
+def _block(runs, attr: str) -> np.ndarray:
+    """``(n_seeds, n_questions)`` array of one outcome field of aligned runs."""
+    return np.stack([getattr(r, attr) for r in runs])
+
+
+def _length_fields(sa: np.ndarray, sb: np.ndarray, ta: np.ndarray, tb: np.ndarray) -> dict:
+    """The report's ``length_residualized`` and ``length_note`` (section 5 step 4) from the scores ``sa``/``sb``
+    and the completion lengths ``ta``/``tb``."""
+    out: dict = {}
     if np.any(np.isnan(ta)) or np.any(np.isnan(tb)):
-        report["length_residualized"] = None
-        report["length_note"] = "completion_tokens missing from some records: length residualization skipped"
-    elif n_q * n_s < 3:
-        report["length_residualized"] = None
-        report["length_note"] = "fewer than 3 question-seed pairs: length residualization skipped"
+        out["length_residualized"] = None
+        out["length_note"] = "completion_tokens missing from some records: length residualization skipped"
+    elif sa.size < 3:
+        out["length_residualized"] = None
+        out["length_note"] = "fewer than 3 question-seed pairs: length residualization skipped"
     else:
         lr = length_residualized_difference(sa, sb, ta, tb)
-        report["length_residualized"] = lr.to_dict()
+        out["length_residualized"] = lr.to_dict()
         if not lr.slope_identified:
-            report["length_note"] = "length differences are constant across pairs: slope not identifiable"
+            out["length_note"] = "length differences are constant across pairs: slope not identifiable"
         elif lr.slope > 0:
-            report["length_note"] = "positive length slope: the residualized difference is the primary reading"
+            out["length_note"] = "positive length slope: the residualized difference is the primary reading"
         else:
-            report["length_note"] = ("length slope <= 0: the paper residualizes only where the slope is positive "
-                                     "(section 5 step 4), so the raw margin stays the primary reading")
-    return report
+            out["length_note"] = ("length slope <= 0: the paper residualizes only where the slope is positive "
+                                  "(section 5 step 4), so the raw margin stays the primary reading")
+    return out
 
 
 def _pts(x: float | None) -> str:
