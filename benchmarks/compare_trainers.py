@@ -1749,11 +1749,9 @@ def verdicts_markdown(v: dict) -> str:
 
 def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> list[str]:
     """Mean held-out greedy accuracy vs tokens and vs training wall time; shaded band = min..max over seeds."""
-    import matplotlib
+    from trl_ext._plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("the plots of compare_trainers.py (--no_plots skips them)")
     paths = []
     for xkey, fname, xlabel in (("tokens", "accuracy_vs_tokens.png", "generated training tokens"),
                                 ("train_wall_s", "accuracy_vs_walltime.png", "training wall time (s, eval excluded)")):
@@ -1855,6 +1853,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     s = resolve_settings(args)
+    from trl_ext._plots import PLOTS_INSTALL_HINT, matplotlib_available
+
+    if not args.no_plots and not matplotlib_available():  # fail before hours of training, not after
+        raise SystemExit(f"compare_trainers.py draws its plots with matplotlib, which is not installed: "
+                         f"{PLOTS_INSTALL_HINT}, or pass --no_plots.")
     import torch
 
     torch.set_num_threads(args.num_threads)

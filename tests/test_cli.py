@@ -42,6 +42,25 @@ def test_help_does_not_import_trl_or_torch():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_matplotlib_is_optional(monkeypatch):
+    """matplotlib is the optional ``plots`` extra: no module imports it at load time, a missing matplotlib is a clear
+    ImportError naming the extra, and ``trl-ext advise --plot`` warns and skips as documented."""
+    code = ("import sys, trl_ext.advise.cli, trl_ext.stats.curves, trl_ext.stats.compare, trl_ext._plots; "
+            "sys.exit(1 if 'matplotlib' in sys.modules else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from trl_ext._plots import matplotlib_available, pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    assert not matplotlib_available()
+    with pytest.raises(ImportError, match=r"--plot needs matplotlib, which is not installed: pip install \"trl-ext\[plots\]\""):
+        pyplot("--plot")
+    from trl_ext.advise.cli import plot_advice
+
+    with pytest.warns(UserWarning, match=r"--plot skipped \(pip install \"trl-ext\[plots\]\""):
+        assert plot_advice(None, "never.png") is None
+
+
 def test_shared_argparse_types():
     import argparse
 

@@ -92,6 +92,11 @@ def main(argv=None) -> int:
     if delegated is not None:
         return delegated
     args = parse_args(argv)
+    from trl_ext._plots import PLOTS_INSTALL_HINT, matplotlib_available
+
+    if not matplotlib_available():  # it writes accuracy_vs_tokens.png: fail before training, not after
+        raise SystemExit(f"quickstart.py plots accuracy_vs_tokens.png with matplotlib, which is not installed: "
+                         f"{PLOTS_INSTALL_HINT}.")
     t_start = time.time()
     _common.setup_torch(args.num_threads)
 
@@ -227,11 +232,9 @@ def main(argv=None) -> int:
 
 def plot(points, path: str, label: str) -> None:
     """Held-out greedy and sampled accuracy against training completion tokens generated."""
-    import matplotlib
+    from trl_ext._plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("accuracy_vs_tokens.png")
     pts = sorted(points, key=lambda p: p[0])
     x = [p[1] for p in pts]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--output", default=None, help="Write the advice as JSON.")
     a("--save_samples", "--save-samples", dest="save_samples", action="store_true",
       help="Include every completion, reward and key in --output.")
-    a("--plot", default=None, help="Write a PNG plot (needs matplotlib; skipped with a warning otherwise).")
+    a("--plot", default=None, help="Write a PNG plot (needs matplotlib, the `plots` extra; skipped with a warning otherwise).")
 
 
 def _check(args) -> str | None:
@@ -199,7 +199,7 @@ def load_models(args, model_path: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from trl_ext.priors.value_table import _eos_ids
+    from trl_ext.priors.value_table_sampling import _eos_ids
 
     from .vllm_path import build_engine, require_vllm
 
@@ -300,13 +300,12 @@ def plot_advice(adv, path: str) -> str | None:
     """One PNG: pass-rate histogram, zero-variance share vs G (unbiased with its interval, plug-in, the disjoint
     check, token waste) and each method's useful-token share. Returns ``path``, or None (with a warning) when
     matplotlib is missing."""
-    try:
-        import matplotlib
+    from trl_ext._plots import PLOTS_INSTALL_HINT, pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:
+        plt = pyplot("--plot")
     except ImportError:
-        warnings.warn("matplotlib is not installed: --plot skipped (`pip install matplotlib`).", stacklevel=2)
+        warnings.warn(f"matplotlib is not installed: --plot skipped ({PLOTS_INSTALL_HINT}).", stacklevel=2)
         return None
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
     h = adv.pass_rates["histogram"]
