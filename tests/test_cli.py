@@ -53,7 +53,8 @@ def test_matplotlib_is_optional(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
     assert not matplotlib_available()
-    with pytest.raises(ImportError, match=r"--plot needs matplotlib, which is not installed: pip install \"trl-ext\[plots\]\""):
+    with pytest.raises(ImportError, match=r"--plot needs matplotlib, which is not installed: pip install "
+                                          r"\"trl-ext\[plots\]\""):
         pyplot("--plot")
     from trl_ext.advise.cli import plot_advice
 

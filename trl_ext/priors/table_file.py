@@ -1,4 +1,4 @@
-"""Reading and writing value-table files (the layout and the integrity record are in :mod:`trl_ext.priors.table_format`).
+"""Reading and writing value-table files (layout and integrity record: :mod:`trl_ext.priors.table_format`).
 
 :func:`load_value_table` (with its integrity checks), :func:`save_value_table` (a complete table at once) and
 :class:`ValueTableWriter` (appends rows one at a time: resumable builds). Every name is importable from

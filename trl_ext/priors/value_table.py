@@ -176,135 +176,113 @@ def _resolve_backend(model: Any, use_vllm: Any) -> tuple[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- builder
 def build_value_table(
-    model: Any,
-    tokenizer: Any,
-    dataset: Any,
-    reward_funcs: Callable | Sequence[Callable],
-    output_path: str | os.PathLike,
-    *,
-    num_samples: int = 32,
-    max_new_tokens: int = 256,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    batch_size: int = 64,
-    seed: int = 0,
-    prompt_column: str = "prompt",
-    resume: bool = True,
-    reward_weights: Sequence[float] | None = None,
-    reward_range: tuple[float, float] | None = None,
-    use_vllm: bool | str = "auto",
-    sampler: str = "keyed",
-    max_prompts: int | None = None,
-    model_id: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    device: str | None = None,
-    progress: bool = True,
+    model: Any, tokenizer: Any, dataset: Any, reward_funcs: Callable | Sequence[Callable],
+    output_path: str | os.PathLike, *, num_samples: int = 32, max_new_tokens: int = 256, temperature: float = 1.0,
+    top_p: float = 1.0, batch_size: int = 64, seed: int = 0, prompt_column: str = "prompt", resume: bool = True,
+    reward_weights: Sequence[float] | None = None, reward_range: tuple[float, float] | None = None,
+    use_vllm: bool | str = "auto", sampler: str = "keyed", max_prompts: int | None = None, model_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None, device: str | None = None, progress: bool = True,
 ) -> ValueTable:
     """Sample ``num_samples`` reference completions per prompt, score them and write a value table.
 
-    Implements the offline step of BASIS ("BASIS: Batchwise Advantage Estimation from Single-Rollout Information
-    Sharing for LLM Reasoning", May 2026, Section 4 "Offline value estimation", Proposition 2 / Eq. 2, and Appendix
-    10 "Offline value-table generation"): for every prompt :math:`x_i` draw
-    :math:`y_{i,1..n} \\sim \\pi_{\\mathrm{ref}}(\\cdot|x_i)` from the frozen model, score
-    :math:`r_{i,k} = \\sum_f w_f r_f(x_i, y_{i,k})` with the training reward functions and store ``n``,
-    :math:`\\hat p_i = \\frac1n\\sum_k r_{i,k}`, the rewards themselves (what the non-binary
-    :math:`\\widehat V_\\beta` of Eq. 2 needs) and the reward range. One row per distinct prompt, appended and
-    flushed as soon as its batch is scored, so the build is resumable.
+    The offline step of BASIS (module docstring): draw :math:`y_{i,1..n} \\sim \\pi_{\\mathrm{ref}}(\\cdot|x_i)`,
+    score them with the training reward functions, store ``n``, the mean, the rewards (the non-binary
+    :math:`\\widehat V_\\beta` of Eq. 2 needs them) and the reward range; one row per prompt, flushed per chunk.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel, vllm.LLM, or str
-        The frozen reference policy (the initial policy of training). A ``str``/path is loaded with
-        ``AutoModelForCausalLM.from_pretrained(local_files_only=True)``, or handed to ``vllm.LLM`` when vLLM
-        is used. The model is put in eval mode for the build and its mode restored afterwards.
+        The frozen reference policy (training's initial policy). A path is loaded with ``AutoModelForCausalLM.
+        from_pretrained(local_files_only=True)`` or handed to ``vllm.LLM``; eval mode during the build, then restored.
     tokenizer : PreTrainedTokenizerBase or None
-        Tokenizes prompts and decodes completions (``batch_decode(skip_special_tokens=True)``, as TRL). None:
-        loaded from ``model`` when it is a path, or taken from ``vllm.LLM.get_tokenizer()``.
+        Tokenizes prompts, decodes completions (``batch_decode(skip_special_tokens=True)``, as TRL). None: loaded
+        from a model path, or ``vllm.LLM.get_tokenizer()``.
     dataset : datasets.Dataset, list of dict, or dict of columns
-        Training prompts. ``prompt_column`` holds a str or a conversation (list of ``{"role", "content"}``);
-        every other column is passed to the reward functions as a keyword argument (repeated per sample),
-        exactly as TRL's ``GRPOTrainer._calculate_rewards`` does.
+        ``prompt_column`` holds a str or a conversation (list of ``{"role", "content"}``); every other column goes to
+        the reward functions as a keyword argument (repeated per sample), as TRL's ``_calculate_rewards`` does.
     reward_funcs : callable or list of callables
         TRL reward functions ``f(prompts, completions, completion_ids, trainer_state, log_extra, log_metric,
-        **columns) -> list[float | None]``; async functions are awaited. ``trainer_state`` is a fresh
-        ``transformers.TrainerState()`` (step 0), ``log_extra``/``log_metric`` are no-ops. ``None`` = NaN.
+        **columns) -> list[float | None]`` (async ones awaited; a fresh ``TrainerState()``, no-op loggers; None = NaN).
     output_path : str or PathLike
-        JSON Lines table (see :mod:`trl_ext.priors.table_format`).
-    num_samples : int, default 32
-        Reference samples per prompt ``n`` (paper: 32 or 64).
-    max_new_tokens : int, default 256
-        Completion length cap (use the training ``max_completion_length``).
-    temperature : float, default 1.0
-        Sampling temperature (> 0); the paper samples the reference at 1.0.
-    top_p : float, default 1.0
-        Nucleus filter in (0, 1]; top-k is off.
+        JSON Lines table (:mod:`trl_ext.priors.table_format`).
+    num_samples, max_new_tokens, temperature, top_p : int, int, float, float
+        Samples per prompt ``n`` (default 32; paper 32 or 64), completion cap (default 256: use training's
+        ``max_completion_length``), temperature > 0 (default 1.0, as the paper), nucleus filter in (0, 1] (top-k off).
     batch_size : int, default 64
-        Sequences (prompt x sample rows) per ``generate`` call with transformers; prompts are processed in chunks
-        of ``max(1, batch_size // num_samples)`` and each chunk is scored and written together. With vLLM the
-        chunk is ``batch_size`` prompts.
+        transformers: sequences per ``generate`` call, prompts in chunks of ``max(1, batch_size // num_samples)``,
+        each chunk scored and written together. vLLM: prompts per chunk.
     seed : int, default 0
-        Build seed; prompt ``x`` is sampled with key :func:`value_table_seed` ``(seed, prompt_key(x))``.
+        Prompt ``x`` is sampled with key :func:`value_table_seed` ``(seed, prompt_key(x))``.
     prompt_column : str, default "prompt"
     resume : bool, default True
-        Continue an existing ``output_path``: prompts already in it are skipped (a truncated last line from a
-        killed run is repaired). The existing header must agree on model, reward functions, seed, ``num_samples``,
-        sampling settings, reward range/weights, backend and sampler, else ``ValueError``. False: an existing
-        file raises ``FileExistsError``.
+        Continue ``output_path`` (skip its prompts, repair a truncated last line); its header must agree on model,
+        reward functions, seed, sampling settings, reward range/weights, backend and sampler (else ``ValueError``).
+        False: an existing file raises ``FileExistsError``.
     reward_weights : sequence of float, optional
-        One weight per reward function (TRL's ``reward_weights``); default all 1.
+        One per reward function (TRL's ``reward_weights``); default all 1.
     reward_range : (low, high), optional
-        Declared range of the weighted reward, stored in every row (:class:`TablePrior` maps the mean to
-        ``[0, 1]`` with it). Default ``(0.0, 1.0)``. A finite reward outside it raises ``ValueError``.
+        Declared range of the weighted reward, stored in every row (:class:`TablePrior` maps the mean to [0, 1] with
+        it); default ``(0.0, 1.0)``. A finite reward outside it raises ``ValueError``.
     use_vllm : {"auto", True, False}
-        ``"auto"``: vLLM when ``model`` is a ``vllm.LLM``, or a path while vLLM is installed and CUDA is
-        available; else transformers. True: vLLM or ``ImportError``. False: transformers.
+        "auto": vLLM for a ``vllm.LLM``, or for a path with vLLM installed and CUDA available; True: vLLM or
+        ``ImportError``; False: transformers.
     sampler : {"keyed", "multinomial"}
-        transformers sampler (see the module docstring); ignored with vLLM.
+        transformers sampler (module docstring); ignored with vLLM.
     max_prompts : int, optional
-        Stop after writing this many *new* rows (a partial build; call again to continue).
-    model_id : str, optional
-        Model identifier stored in the header (default: the path, or ``model.config._name_or_path``). Trainers
-        compare it with their model to detect a table built for another model.
-    metadata : mapping, optional
-        Extra header fields (e.g. ``{"dataset": "..."}``); a given ``"created"`` is kept, which makes two builds
-        byte-identical.
-    device : str, optional
-        Where to load a model given by path (default: CUDA if available, else CPU).
-    progress : bool, default True
-        tqdm bar if installed, else a line to stderr every ~10% of the prompts.
+        Stop after this many *new* rows (a partial build; call again to continue).
+    model_id, metadata, device, progress
+        Header model id (default: the path or ``model.config._name_or_path``; trainers compare it with theirs);
+        extra header fields (a given ``"created"`` is kept: two builds are then byte-identical); where to load a
+        model path (default CUDA if available); a tqdm bar, else a stderr line every ~10% (default True).
 
     Returns
     -------
     ValueTable
-        The whole table re-read from ``output_path`` (rows of earlier runs included). In-memory
-        ``metadata["build_stats"]`` (not written) counts ``n_written``, ``n_already_done``, ``n_duplicate_prompts``,
-        ``n_nan_samples``, ``stopped_early`` and ``complete``. Only a build that covered every prompt marks the file
-        complete (its header then records the row count and :attr:`~trl_ext.priors.table_format.ValueTable.content_hash`);
-        after an error, an interruption or ``max_prompts`` it stays ``in_progress``, which
-        :func:`~trl_ext.priors.table_format.load_value_table` refuses until the same call is run again.
+        The whole table re-read from ``output_path``, earlier runs' rows included; in-memory ``metadata
+        ["build_stats"]`` counts ``n_written``, ``n_already_done``, ``n_duplicate_prompts``, ``n_nan_samples``,
+        ``stopped_early``, ``complete``. Only a build that covered every prompt marks the file complete (row count and
+        ``ValueTable.content_hash`` in its header); otherwise it stays ``in_progress``, refused by ``load_value_table``
+        until the same call is run again.
 
     Raises
     ------
     ValueError
-        Bad settings (non-positive ``num_samples``/``max_new_tokens``/``batch_size``, ``temperature <= 0``,
-        ``top_p`` outside (0, 1], negative seed, unknown sampler), an empty dataset, a missing/empty/ill-typed
-        prompt, the same prompt twice with different reward columns, a reward function returning the wrong number
-        of values or non-numbers, a non-finite or out-of-range reward, a prompt whose every sample is NaN, or
-        resuming a table built with other settings.
+        Bad settings, an empty dataset, a missing/empty/ill-typed prompt, one prompt twice with different reward
+        columns, a reward function returning the wrong number of values or non-numbers, a non-finite or out-of-range
+        reward, a prompt whose every sample is NaN, or resuming a table built with other settings.
     TypeError
-        Uncallable reward functions, reward models (``nn.Module``; wrap them), or an unsupported dataset type.
-    ImportError
-        ``use_vllm=True`` without vLLM.
-    FileExistsError
-        ``resume=False`` and ``output_path`` exists.
-
+        Uncallable reward functions, reward models (``nn.Module``: wrap them), an unsupported dataset type.
+    ImportError, FileExistsError
+        ``use_vllm=True`` without vLLM; ``resume=False`` with an existing ``output_path``.
     Notes
     -----
-    NaN handling: a sample is NaN when every reward function returned None/NaN for it (TRL's "unscorable" rows).
-    Such samples are excluded from ``rewards``/``mean_reward``/``n`` and counted in the row's
-    ``extra["n_nan"]`` (and ``extra["n_generated"]``); a prompt with no scorable sample raises. Duplicate prompts
-    (same key) with identical other columns are sampled once; the repeats are counted and warned about.
+    A sample is NaN when every reward function returns None/NaN (TRL's "unscorable" rows): excluded from ``rewards``/
+    ``mean_reward``/``n``, counted in ``extra["n_nan"]``/``["n_generated"]``. Duplicate prompts (same key and other
+    columns) are sampled once; the repeats are counted and warned about.
     """
+    job, md, unique_idx, n_dup, was_training = _plan_build(
+        model, tokenizer, dataset, reward_funcs, num_samples=num_samples, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, batch_size=batch_size, seed=seed, prompt_column=prompt_column,
+        reward_weights=reward_weights, reward_range=reward_range, use_vllm=use_vllm, sampler=sampler,
+        max_prompts=max_prompts, model_id=model_id, metadata=metadata, device=device)
+    stats, finished = _write_rows(job, output_path, md, resume=resume, unique_idx=unique_idx, n_dup=n_dup,
+                                  max_prompts=max_prompts, progress=progress, was_training=was_training)
+    if stats["n_nan_samples"]:
+        warnings.warn(f"{stats['n_nan_samples']} samples got no reward (None/NaN from every reward function); they "
+                      "are excluded from the means and counted in the rows' extra['n_nan'].", UserWarning,
+                      stacklevel=2)
+    table = load_value_table(output_path, allow_incomplete=not finished)
+    stats["complete"] = finished
+    table.metadata["build_stats"] = stats
+    return table
+
+
+# ----------------------------------------------------------------------------------------- builder helpers
+def _plan_build(model, tokenizer, dataset, reward_funcs, *, num_samples, max_new_tokens, temperature, top_p,
+                batch_size, seed, prompt_column, reward_weights, reward_range, use_vllm, sampler, max_prompts,
+                model_id, metadata, device) -> tuple[_ChunkSampler, dict, list[int], int, bool | None]:
+    """Check everything :func:`build_value_table` was given, pick the backend, load the model: ``(sampler of the
+    chunks, header metadata, first row of each distinct prompt, repeated rows, the model's train mode before)``."""
     _check_build_settings(num_samples=num_samples, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           temperature=temperature, top_p=top_p, seed=seed, sampler=sampler, max_prompts=max_prompts)
     funcs, weights = _check_reward_funcs(reward_funcs, reward_weights)
@@ -314,7 +292,7 @@ def build_value_table(
     keys, unique_idx, n_dup = _distinct_prompts(rows, prompt_column)
     if n_dup:
         warnings.warn(f"{n_dup} dataset rows repeat an earlier prompt; each distinct prompt is sampled once.",
-                      UserWarning, stacklevel=2)
+                      UserWarning, stacklevel=3)
     model, tokenizer, llm, mid, was_training = _prepare_model(model, tokenizer, backend, vllm, model_id=model_id,
                                                              seed=seed, device=device)
     if tokenizer is None and any(not isinstance(rows[i][prompt_column], str) for i in unique_idx):
@@ -322,23 +300,30 @@ def build_value_table(
     md = _table_metadata(metadata, model_id=mid, seed=seed, funcs=funcs, weights=weights, reward_range=(low, high),
                          num_samples=num_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                          backend=backend, sampler=sampler, prompt_column=prompt_column)
+    job = _ChunkSampler(rows=rows, keys=keys, prompt_column=prompt_column, funcs=funcs, weights=weights, low=low,
+                        high=high, num_samples=num_samples, temperature=float(temperature), top_p=float(top_p),
+                        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, sampler=sampler,
+                        backend=backend, vllm=vllm, llm=llm, model=model, tokenizer=tokenizer)
+    return job, md, unique_idx, n_dup, was_training
 
+
+def _write_rows(job: _ChunkSampler, output_path: str | os.PathLike, md: dict, *, resume: bool, unique_idx: list[int],
+                n_dup: int, max_prompts: int | None, progress: bool, was_training: bool | None) -> tuple[dict, bool]:
+    """Open the table (resuming it), sample, score and append the prompts it lacks chunk by chunk, and close it:
+    complete only when every prompt is in it. Returns ``(build_stats, finished)``; restores the model's train mode."""
     writer = ValueTableWriter(output_path, md, resume=resume)
     stats = {"n_written": 0, "n_already_done": 0, "n_duplicate_prompts": n_dup, "n_nan_samples": 0,
              "stopped_early": False}
     finished = False  # every prompt of the dataset is in the table: only then is it marked complete
     try:
         _check_resume(writer, md, output_path)
-        todo = [i for i in unique_idx if keys[i] not in writer.done_keys]
+        todo = [i for i in unique_idx if job.keys[i] not in writer.done_keys]
         stats["n_already_done"] = len(unique_idx) - len(todo)
         if max_prompts is not None and len(todo) > max_prompts:
             todo = todo[:max_prompts]
             stats["stopped_early"] = True
-        chunk = batch_size if backend == "vllm" else max(1, batch_size // num_samples)
-        job = _ChunkSampler(rows=rows, keys=keys, prompt_column=prompt_column, funcs=funcs, weights=weights, low=low,
-                            high=high, num_samples=num_samples, temperature=float(temperature), top_p=float(top_p),
-                            max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, sampler=sampler,
-                            backend=backend, vllm=vllm, llm=llm, model=model, tokenizer=tokenizer)
+        chunk = job.batch_size if job.backend == "vllm" else max(1, job.batch_size // job.num_samples)
+        job.prepare()
         bar = _Progress(len(todo), progress)
         try:
             for start in range(0, len(todo), chunk):
@@ -356,18 +341,10 @@ def build_value_table(
         # a re-run finishes it); a finished build records its row count and content hash in the header.
         writer.close(complete=finished)
         if was_training:
-            model.train()
-    if stats["n_nan_samples"]:
-        warnings.warn(f"{stats['n_nan_samples']} samples got no reward (None/NaN from every reward function); they "
-                      "are excluded from the means and counted in the rows' extra['n_nan'].", UserWarning,
-                      stacklevel=2)
-    table = load_value_table(output_path, allow_incomplete=not finished)
-    stats["complete"] = finished
-    table.metadata["build_stats"] = stats
-    return table
+            job.model.train()
+    return stats, finished
 
 
-# ----------------------------------------------------------------------------------------- builder helpers
 def _table_metadata(metadata: Mapping[str, Any] | None, *, model_id: str, seed: int, funcs: Sequence[Callable],
                     weights: list[float], reward_range: tuple[float, float], num_samples: int, temperature: float,
                     top_p: float, max_new_tokens: int, backend: str, sampler: str, prompt_column: str) -> dict:
@@ -433,6 +410,10 @@ class _ChunkSampler:
 
     def __post_init__(self):
         self.pad = self.eos = self.settings = None
+
+    def prepare(self) -> None:
+        """transformers: the pad and eos ids (``ValueError`` without an eos token) and the keyed sampler's
+        settings."""
         if self.backend != "transformers":
             return
         tok = self.tokenizer
