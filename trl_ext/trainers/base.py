@@ -213,6 +213,9 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     config_class: ClassVar[type] = ExtGRPOConfig
     unique_prompt_sampler: ClassVar[bool] = False
     rollout_columns: ClassVar[tuple[str, ...]] = ()
+    train_estimator: ClassVar[str | None] = None
+    """Method presets: the registered estimator used on train batches (its side inputs come from the preset's rollout
+    strategy; evaluation batches keep ``advantage_estimator``). ``None``: ``advantage_estimator`` everywhere."""
     keyed_sampling_enabled: ClassVar[bool] = False  # True on the keyed variant (KeyedSamplingMixin's property)
 
     def __new__(cls, *args, **kwargs):
@@ -272,6 +275,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                              "signal_only_denominator=False.")
         if self.args.uses_advantage_estimator:  # a subclass's own strategy must serve the configured estimator
             check_side_inputs(self.args.advantage_estimator, type(self.rollout_strategy))
+        if self.train_estimator is not None:
+            check_side_inputs(self.train_estimator, type(self.rollout_strategy))
         if self.args.dynamic_sampling and self.rollout_strategy.name != "dynamic_sampling":
             raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
@@ -309,6 +314,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             confidence scaling, slices the local rows and fixes the logs.
         """
         name, kwargs = self.args.advantage_estimator, self.args.advantage_estimator_kwargs
+        if batch.mode == "train" and self.train_estimator is not None:
+            # a method preset: its registered estimator on train batches, fed by its strategy
+            name, kwargs = self.train_estimator, {}
+        if batch.mode == "train":
+            kwargs = {**self.rollout_strategy.estimator_kwargs(self), **kwargs}
         if name == "grpo" and not kwargs:
             gid = torch.where(batch.is_pad, torch.full_like(batch.group_ids, -1), batch.group_ids)
             adv, _ = trl_grpo_advantages(
@@ -348,6 +358,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         adv[valid] = torch.as_tensor(values, dtype=torch.float32)
         self.log_ext_metric("adv/degenerate_rows", float(getattr(res, "n_degenerate", 0)), batch.mode)
         self.last_estimator_result = res
+        if batch.mode == "train":
+            self.rollout_strategy.observe_advantages(self, batch, res, valid)
         return adv
 
     def ext_state_dict(self) -> dict:

@@ -120,6 +120,16 @@ class RolloutStrategy:
         """
         raise NotImplementedError
 
+    def estimator_kwargs(self, trainer: GRPOTrainer) -> dict:
+        """Keyword arguments this strategy adds to the estimator call on train batches (e.g. options a method config
+        holds); the config's ``advantage_estimator_kwargs`` take precedence."""
+        return {}
+
+    def observe_advantages(self, trainer: GRPOTrainer, batch: RolloutBatch, result: Any, valid: torch.Tensor) -> None:
+        """Called on train batches after the registered estimator ran on ``batch[valid]`` with ``result`` (its
+        :class:`~trl_ext.estimators.AdvantageResult`): update what the strategy learns (a support buffer, a
+        calibration history) and log the method's diagnostics. Identical on every rank (the batch is global)."""
+
     def fixed_policy_normalizer(self, trainer: GRPOTrainer, batch: RolloutBatch) -> float | None:
         """A normalizer of the policy loss that must not depend on the realized rollouts, or ``None`` (TRL's).
 
