@@ -349,10 +349,20 @@ def _first_float_diff(got: list, want: list, rtol: float, atol: float):
     return None
 
 
+ADDED_METRICS: dict[str, set[str]] = {
+    # scenario -> metric keys a documented change of the trainer layer added since the goldens were recorded (the
+    # golden's values are still compared for every key it has). Method presets now run their estimator through the
+    # base's valid-row adapter, which counts unscorable and degenerate rows for every estimator.
+    "v05_osla": {"adv/unscorable_rows", "adv/degenerate_rows"},
+    "v05_fixed": {"adv/unscorable_rows", "adv/degenerate_rows"},
+    "basis": {"adv/unscorable_rows", "adv/degenerate_rows"},
+}
+
+
 def compare(got: dict, want: dict) -> list[str]:
     """Every difference between a fresh record and its golden, one line each, naming scenario, step and field.
 
-    Token ids, rewards, metric keys, step numbers and counts: identical. Advantages, losses and every other logged
+    Token ids, rewards, metric keys (up to the documented :data:`ADDED_METRICS`), step numbers and counts: identical. Advantages, losses and every other logged
     value: ``rtol=1e-5, atol=1e-6``, except integer counts (``num_tokens``, ``*/rollouts``, ``*_tokens``,
     ``*/rows``), which must be identical. Parameter checksums: ``rtol=1e-5``; the trainable parameter count: identical.
     """
@@ -386,7 +396,8 @@ def compare(got: dict, want: dict) -> list[str]:
         tag = f"{where}, logged step {w['step']}"
         if g["step"] != w["step"]:
             errs.append(f"{tag}: step number {g['step']}")
-        if g["keys"] != w["keys"]:
+        added = ADDED_METRICS.get(want["scenario"], set())
+        if set(g["keys"]) - added != set(w["keys"]) - added or not set(w["keys"]) <= set(g["keys"]) | added:
             errs.append(f"{tag}: metric keys differ: missing {sorted(set(w['keys']) - set(g['keys']))}, "
                         f"new {sorted(set(g['keys']) - set(w['keys']))}")
         for k, wv in w["values"].items():
