@@ -348,6 +348,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         self.log_ext_metric("adv/unscorable_rows", float(n_unscorable), batch.mode)
         if not bool(valid.any()):
             self.last_estimator_result = None
+            if batch.mode == "train":
+                self.rollout_strategy.observe_advantages(self, batch, None, valid)
             return adv
         side = side_input_arrays(batch, name, valid, self.rollout_strategy)
         res = estimator(batch.rewards[valid].double().numpy(), batch.group_ids[valid].numpy(), **side, **kwargs)
@@ -476,8 +478,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------ internals
-    def _ext_warn_once(self, key: str, msg: str) -> None:
+    def warn_once(self, key: str, msg: str) -> None:
+        """Warn with ``msg`` the first time ``key`` is seen in this run (strategies and estimators' diagnostics)."""
         if key not in self._ext_warned:
             self._ext_warned.add(key)
             warnings.warn(msg, stacklevel=3)
+
+    _ext_warn_once = warn_once
 

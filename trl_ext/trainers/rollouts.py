@@ -127,7 +127,8 @@ class RolloutStrategy:
 
     def observe_advantages(self, trainer: GRPOTrainer, batch: RolloutBatch, result: Any, valid: torch.Tensor) -> None:
         """Called on train batches after the registered estimator ran on ``batch[valid]`` with ``result`` (its
-        :class:`~trl_ext.estimators.AdvantageResult`): update what the strategy learns (a support buffer, a
+        :class:`~trl_ext.estimators.AdvantageResult`; ``None`` when no row was valid and the estimator did not run):
+        update what the strategy learns (a support buffer, a
         calibration history) and log the method's diagnostics. Identical on every rank (the batch is global)."""
 
     def fixed_policy_normalizer(self, trainer: GRPOTrainer, batch: RolloutBatch) -> float | None:

@@ -4,7 +4,9 @@ Source: "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:
 Implementation Workflow" (Section 4.1.3, Steps 1-5), "Empirical Shrinkage Fusion" (Eq. 6-9), the surrogate objective
 (Eq. 10) and "Sequential OSLA Allocation" (Theorem 3.6, Appendix A.8). The math lives in
 :mod:`trl_ext.estimators.v05`; this module wires it into the base trainer as a rollout strategy
-(:class:`OSLARounds`) and an advantage hook (:meth:`V05GRPOTrainer.compute_advantages`).
+(:class:`OSLARounds`: prior, rounds, the ``priors`` side input, the support buffer and the ``v05/*`` diagnostics)
+that feeds the registered ``"v05"`` estimator (:func:`~trl_ext.estimators.v05.v05_advantages`, the preset's
+``train_estimator``) through the base trainer's valid-row adapter.
 
 Drop-in contract: a TRL user changes the import and the config class only. For the same TRL arguments every
 generation batch first generates exactly TRL's ``generation_batch_size`` rollouts -- TRL's sampler yields each of
@@ -58,11 +60,9 @@ from ..estimators.v05 import (
     DEFAULT_SIGMA_FLOOR,
     V05_K_INIT,
     V05_PAPER_COST,
-    equal_prompt_weights,
-    fused_advantages_batch,
     osla_cap,
     shrinkage_fusion_batch,
-    to_signed_reward,
+    v05_signed_rewards,
 )
 from ..priors import SupportBuffer, ValuePrior, build_prior
 from . import _trl_compat as compat
@@ -368,15 +368,37 @@ class OSLARounds(RolloutStrategy):
     generation_index : int
         Train generation batches produced so far (seeds the support-buffer context); saved in every checkpoint
         through :meth:`state_dict`.
-    pending : dict or None
-        The global record of the batch being finished, handed to :meth:`V05GRPOTrainer.compute_advantages`.
+    prior, support_buffer
+        The value prior and the global (prompt, success) FIFO (:meth:`bind`).
+    last_record : dict or None
+        The global record of the latest train generation batch (:attr:`V05GRPOTrainer.last_v05`).
+
+    The fused advantages are the registered ``"v05"`` estimator's (:func:`~trl_ext.estimators.v05.v05_advantages`),
+    run by the base trainer's valid-row adapter on the priors this strategy provides (side input ``priors``, one per
+    group); :meth:`observe_advantages` then fills the support buffer and logs the ``v05/*`` diagnostics.
     """
 
     name = "v05_osla"
+    provides = frozenset({"priors"})
 
     def __init__(self):
         self.generation_index = 0
-        self.pending: dict | None = None
+        self.prior: ValuePrior | None = None
+        self.support_buffer: SupportBuffer | None = None
+        self.last_record: dict | None = None
+        self._batch: dict | None = None  # the global record of the batch being finished, read by observe_advantages
+        self._warned: set[str] = set()
+
+    def bind(self, prior: ValuePrior, support_buffer: SupportBuffer) -> None:
+        """Give the strategy the value prior it queries and the support buffer it fills (the preset builds both after
+        TRL's constructor, which builds the strategy)."""
+        self.prior, self.support_buffer = prior, support_buffer
+
+    def estimator_kwargs(self, trainer) -> dict:
+        """The ``"v05"`` estimator's options from the config: sigma floor, reward range, Eq. 10 weighting."""
+        a = trainer.args
+        return {"floor": a.v05_sigma_floor, "reward_range": (a.v05_reward_low, a.v05_reward_high),
+                "prompt_weighting": a.v05_prompt_weighting}
 
     # ------------------------------------------------------------------------------------------------ compute bounds
     @staticmethod
@@ -454,10 +476,100 @@ class OSLARounds(RolloutStrategy):
     def load_state_dict(self, state: dict) -> None:
         self.generation_index = int(state.get("generation_index", 0))
 
-    def take_pending(self) -> dict | None:
-        """Return and clear the record of the batch being finished (``None`` outside a train generation)."""
-        pend, self.pending = self.pending, None
-        return pend
+
+    # ------------------------------------------------------------------------------------------------ after the estimator
+    def observe_advantages(self, trainer, batch: RolloutBatch, result, valid: torch.Tensor) -> None:
+        """After the ``"v05"`` estimator (Eq. 9 fused baseline ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2),
+        v05_sigma_floor)``, Workflow Step 5, times the Eq. 10 prompt weight): per-prompt record, support buffer
+        update, diagnostics.
+
+        Unscorable rollouts (every reward function returned ``None``) got advantage 0 from the base's adapter and are
+        counted in ``v05/unscorable_rollouts``; prompts without a scorable rollout got advantage 0, add nothing to the
+        support buffer and are counted in ``v05/unscorable_prompts`` (each warned about once). A group whose rewards
+        are all equal still gets ``(r - mu*) / sigma*``, nonzero unless ``mu* = r`` (the baseline is the fused one,
+        not the group mean; "All-tied groups" in ``docs/v05.md``).
+        """
+        pend = self._batch
+        if pend is None:
+            raise RuntimeError("internal: a V0.5 train batch reached the estimator without the OSLA record.")
+        g = len(pend["prior_p"])
+        if batch.num_groups != g:
+            raise RuntimeError(f"internal: batch has {batch.num_groups} groups but {g} priors were queried.")
+        gid = batch.group_ids.numpy()
+        real = ~batch.is_pad.numpy()
+        scorable = np.zeros(g, dtype=bool)
+        scorable[np.unique(gid[valid.numpy()])] = True
+        bias2, weight, baseline, vbar, prompt_weight = (np.full(g, np.nan) for _ in range(5))
+        if result is not None and scorable.any():
+            fr = result.extras["fusion"]
+            bias2[scorable], weight[scorable], baseline[scorable], vbar[scorable] = \
+                fr.bias2, fr.weight, fr.baseline, fr.mean
+            prompt_weight[scorable] = result.extras["prompt_weight"]
+        n_unscorable = int((~scorable).sum())
+        n_bad_rows = int((real & ~valid.numpy()).sum())
+        if n_bad_rows:
+            # the base trainer's key: one warning about unscorable rows per run, this (more specific) one first
+            trainer.warn_once(
+                "unscorable_rows",
+                f"V0.5: {n_bad_rows} of {int(real.sum())} rollouts were unscorable (every reward function returned "
+                "None or NaN); they get advantage 0, are left out of the fusion and of the prompt weights, and still "
+                "count as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
+            )
+        if n_unscorable:
+            trainer.warn_once(
+                "v05_unscorable",
+                f"V0.5: {n_unscorable} of {g} prompts had no scorable rollout (every reward function returned None "
+                "or NaN); they get advantage 0 and are not added to the support buffer (logged as "
+                "v05/unscorable_prompts).",
+            )
+        # support buffer: identical global update on every rank
+        prompts_ok = [pend["prompts"][j] for j in range(g) if scorable[j]]
+        if prompts_ok:
+            self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
+        fingerprint = self.support_buffer.fingerprint()
+        if trainer.args.v05_check_buffer_sync and trainer.accelerator.num_processes > 1:
+            prints = compat.gather_object([fingerprint])
+            if len(set(prints)) != 1:
+                raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
+                                   "contexts would diverge. Are the prompts JSON-serializable and deterministic?")
+        self.last_record = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
+                            "vbar": vbar, "prompt_weight": prompt_weight, "unscorable_rollouts": n_bad_rows,
+                            "buffer_fingerprint": fingerprint}
+        self._log(trainer, self.last_record, n_unscorable)
+
+    @staticmethod
+    def _log(trainer, rec: dict, n_unscorable: int) -> None:
+        k = rec["k"].astype(np.float64)
+        s = rec["scorable"]
+        log = trainer.log_ext_metric
+        log("v05/rollouts_per_prompt_mean", k.mean(), "train")
+        log("v05/rollouts_per_prompt_max", k.max(), "train")
+        for q in (50, 90):
+            log(f"v05/rollouts_per_prompt_p{q}", float(np.percentile(k, q)), "train")
+        log("v05/frac_prompts_at_k_init", float((rec["k"] == trainer.args.v05_k_init).mean()), "train")
+        log("v05/rounds", rec["rounds"], "train")
+        log("v05/early_stop", float(rec["early_stop"]), "train")
+        log("v05/rejection_rate", float(rec["rejected_at_init"].mean()), "train")
+        log("v05/context_size", rec["context_size"], "train")
+        log("v05/dispatched_rollouts", rec["dispatched"], "train")
+        log("v05/discarded_rollouts", rec["discarded"], "train")
+        log("v05/unscorable_prompts", n_unscorable, "train")
+        log("v05/unscorable_rollouts", rec["unscorable_rollouts"], "train")
+        log("v05/round1_rollouts", rec["round1_rollouts"], "train")
+        log("v05/extra_rollouts", rec["extra_rollouts"], "train")
+        log("v05/budget_exhausted", float(rec["budget_exhausted"]), "train")
+        log("v05/prior_mean", float(rec["prior_p"].mean()), "train")
+        if s.any():
+            bias2, weight, vbar = rec["bias2"], rec["weight"], rec["vbar"]
+            log("v05/rejection_rate_final", float((bias2[s] > 0).mean()), "train")
+            log("v05/mean_weight", float(weight[s].mean()), "train")
+            log("v05/prompt_weight_max", float(rec["prompt_weight"][s].max()), "train")
+            log("v05/prompt_weight_min", float(rec["prompt_weight"][s].min()), "train")
+            # Brier score of the prior against the realized group success rates (vbar + 1) / 2
+            log("v05/prior_brier", float(np.mean((rec["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2)), "train")
+            # plug-in MSE of mu*: (1 - w)^2 bias2 + w^2 / k = w / k; the plain mean's bound is 1 / k
+            log("v05/baseline_mse_proxy", float(np.mean(weight[s] / rec["k"][s])), "train")
+            log("v05/mean_only_mse_bound", float(np.mean(1.0 / rec["k"][s])), "train")
 
     # ------------------------------------------------------------------------------------------------ one round
     def dispatch(self, trainer: V05GRPOTrainer, states: list[_PromptState], requests: list[tuple[int, int]],
@@ -499,7 +611,8 @@ class OSLARounds(RolloutStrategy):
         kept = len(want)
         if kept:
             rpf = trainer.score_rollouts_local(rows[:kept], c_ids[:kept]).detach().float().cpu()
-            signed = trainer._v05_signed(rpf)
+            signed = v05_signed_rewards(weighted_reward(rpf, trainer.reward_weights.detach().cpu()).double().numpy(),
+                                        trainer.args.v05_reward_low, trainer.args.v05_reward_high)
             for j, i in enumerate(want):
                 st = states[i]
                 st.completion_ids.append(list(c_ids[j]))
@@ -550,8 +663,8 @@ class OSLARounds(RolloutStrategy):
         lo, hi = blocks[rank]
         # Step 1: context + prior, once per prompt, before any rollout; the whole batch on every rank (identical
         # inputs give identical numbers whatever the number of processes)
-        ctx_prompts, ctx_outcomes = trainer.support_buffer.sample_context(self.generation_index)
-        p_all = np.asarray(trainer.prior.predict([x["prompt"] for x in batch], ctx_prompts, ctx_outcomes),
+        ctx_prompts, ctx_outcomes = self.support_buffer.sample_context(self.generation_index)
+        p_all = np.asarray(self.prior.predict([x["prompt"] for x in batch], ctx_prompts, ctx_outcomes),
                            dtype=np.float64)
         states = [_PromptState(row=dict(batch[j]), prior_p=float(p_all[j])) for j in range(lo, hi)]
         # Step 2: v05_k_init rollouts per prompt = generation_batch_size rollouts in all (TRL's count)
@@ -584,13 +697,14 @@ class OSLARounds(RolloutStrategy):
                 counters[key] += c[key]
             rounds += 1
         # flatten (groups contiguous, in local prompt order)
-        rows, c_ids, lps, rpf, gids = [], [], [], [], []
+        rows, c_ids, lps, rpf, gids, priors = [], [], [], [], [], []
         for i, s in enumerate(states):
             rows += [s.row] * s.k
             c_ids += s.completion_ids
             lps += s.logprobs
             rpf += s.rpf
             gids += [i] * s.k
+            priors += [2.0 * s.prior_p - 1.0] * s.k  # the side input: V = 2p - 1 (Workflow Step 1)
         has_lps = any(lp is not None for lp in lps)
         if has_lps and any(lp is None for lp in lps):
             raise RuntimeError("internal: some rollouts have sampling log-probs and others do not.")
@@ -602,8 +716,9 @@ class OSLARounds(RolloutStrategy):
         if not rows:  # a rank without a prompt (fewer prompts than processes): one masked pad row
             eos = compat.tokenizer(trainer).eos_token_id
             rows, c_ids, lps, gids, is_pad = [fallback], [[eos]], [[0.0]], [0], [True]
+            priors = [2.0 * float(p_all[0]) - 1.0]
             rpf = [torch.full((len(trainer.reward_funcs),), float("nan"))]
-        self.pending = {
+        self._batch = {
             "row_idx": [int(x.get(compat.ROW_IDX_COLUMN, -1)) for x in batch],
             "prompts": [x["prompt"] for x in batch],
             "prior_p": p_all,
@@ -618,9 +733,10 @@ class OSLARounds(RolloutStrategy):
         }
         try:
             return trainer.finish_rollouts(rows, c_ids, group_ids=gids, logprobs=lps if use_lps else None,
-                                           rewards_per_func=torch.stack(rpf), is_pad=is_pad)
+                                           rewards_per_func=torch.stack(rpf), is_pad=is_pad,
+                                           side_inputs={"priors": priors})
         finally:
-            self.pending = None
+            self._batch = None
             self.generation_index += 1
 
 
@@ -678,6 +794,7 @@ class V05GRPOTrainer(GRPOTrainer):
     """
 
     config_class: ClassVar[type] = V05GRPOConfig
+    train_estimator: ClassVar[str] = "v05"
     # TRL's sampler with num_generations = v05_k_init (set in __init__): each prompt v05_k_init times, so round 1 is
     # exactly TRL's generation_batch_size rollouts
     unique_prompt_sampler: ClassVar[bool] = False
@@ -698,7 +815,7 @@ class V05GRPOTrainer(GRPOTrainer):
         self.prior = prior if prior is not None else self._build_default_prior()
         self.support_buffer = SupportBuffer(self.args.v05_buffer_capacity, self.args.v05_context_size,
                                             seed=int(self.args.seed))
-        self.last_v05: dict | None = None
+        self.rollout_strategy.bind(self.prior, self.support_buffer)
 
     def create_rollout_strategy(self) -> RolloutStrategy:
         """V0.5's :class:`OSLARounds`."""
@@ -790,138 +907,15 @@ class V05GRPOTrainer(GRPOTrainer):
                 len(prior._probs), "reference_model": md.get("model"), "metadata": md, **src}
 
     # ------------------------------------------------------------------------------------------------ rewards
-    def _v05_signed(self, rpf: torch.Tensor) -> np.ndarray:
-        """Weighted summed reward (TRL's ``nansum``; NaN when every function returned None) mapped to [-1, 1]."""
-        return self._v05_map_rewards(weighted_reward(rpf, self.reward_weights.detach().cpu()).double().numpy())
-
     def _v05_map_rewards(self, r: np.ndarray) -> np.ndarray:
-        """:func:`~trl_ext.estimators.to_signed_reward` from ``[v05_reward_low, v05_reward_high]`` (relative slack
-        1e-6), with the V0.5 config's names in the errors."""
-        lo, hi = self.args.v05_reward_low, self.args.v05_reward_high
-        if np.isinf(r).any():
-            raise ValueError("V0.5: a reward function returned an infinite reward; return None for unscorable ones.")
-        try:
-            return np.asarray(to_signed_reward(r, lo, hi, rel_tol=1e-6), dtype=np.float64)
-        except ValueError as e:
-            fin = r[np.isfinite(r)]
-            raise ValueError(
-                f"V0.5: rewards must lie in the declared range [v05_reward_low={lo}, v05_reward_high={hi}] (the "
-                f"fusion's noise bound 1/k needs rewards mapped to [-1, 1]); got min={fin.min():.6g}, "
-                f"max={fin.max():.6g}. Set v05_reward_low/v05_reward_high in V05GRPOConfig to the range your reward "
-                "functions (x weights) produce."
-            ) from e
+        """Rewards from ``[v05_reward_low, v05_reward_high]`` onto [-1, 1]
+        (:func:`~trl_ext.estimators.v05.v05_signed_rewards`)."""
+        return v05_signed_rewards(r, self.args.v05_reward_low, self.args.v05_reward_high)
 
-    # ------------------------------------------------------------------------------------------------ advantages
-    def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """Eq. 9 fused baseline, ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2), v05_sigma_floor)`` (Workflow Step 5), times
-        the Eq. 10 prompt weight ``c_j = kbar / k_j`` (``v05_prompt_weighting="equal"``).
-
-        Rewards are ``batch.rewards`` mapped from ``[v05_reward_low, v05_reward_high]`` to ``[-1, 1]``; the prior of
-        group ``j`` is the one queried for the ``j``-th prompt in global order. ``k_j`` counts prompt ``j``'s scorable
-        rollouts and ``kbar`` is their mean over the scorable prompts, so with equal completion lengths every prompt
-        gets the same total weight under the token-level losses and the batch's total advantage mass is unchanged
-        (:func:`~trl_ext.estimators.equal_prompt_weights`). Unscorable rollouts (every reward function returned
-        ``None``) get advantage 0 and are counted in ``v05/unscorable_rollouts``; groups whose rollouts all failed
-        to score get advantage 0, add nothing to the support buffer and are counted in ``v05/unscorable_prompts``
-        (each warned about once).
-
-        A group whose rewards are all equal (all correct, all wrong) still gets ``A_i = (r - mu*) / sigma*``, nonzero
-        unless ``mu* = r``: the baseline is the fused ``mu* = w vbar + (1 - w) V`` (Eq. 9), not the group mean, so a
-        tied group moves the policy whenever the prior disagrees with it (the paper's estimator; see "All-tied
-        groups" in ``docs/v05.md``). Evaluation batches (fixed groups of ``num_generations_eval``) use the base GRPO
-        advantages.
-        """
-        pend = self.rollout_strategy.take_pending()
-        if batch.mode != "train" or pend is None:
-            return super().compute_advantages(batch)
-        g = len(pend["prior_p"])
-        if batch.num_groups != g:
-            raise RuntimeError(f"internal: batch has {batch.num_groups} groups but {g} priors were queried.")
-        r = self._v05_map_rewards(batch.rewards.double().numpy())
-        gid = batch.group_ids.numpy()
-        real = ~batch.is_pad.numpy()
-        fin = real & np.isfinite(r)
-        scorable = np.zeros(g, dtype=bool)
-        scorable[np.unique(gid[fin])] = True
-        adv = np.zeros(batch.num_rows, dtype=np.float64)
-        v = 2.0 * pend["prior_p"] - 1.0
-        bias2, weight, baseline, vbar, prompt_weight = (np.full(g, np.nan) for _ in range(5))
-        if scorable.any():
-            rows = real & (gid >= 0) & scorable[np.where(gid >= 0, gid, 0)]
-            res = fused_advantages_batch(r[rows], gid[rows], v[scorable], floor=self.args.v05_sigma_floor)
-            fr = res.extras["fusion"]
-            bias2[scorable], weight[scorable], baseline[scorable], vbar[scorable] = \
-                fr.bias2, fr.weight, fr.baseline, fr.mean
-            # Eq. 10: equal total weight per prompt (fr.k = scorable rollouts, groups in order of first appearance)
-            c = equal_prompt_weights(fr.k) if self.args.v05_prompt_weighting == "equal" else np.ones(len(fr.k))
-            prompt_weight[scorable] = c
-            codes = np.cumsum(scorable) - 1  # group id -> index among the scorable groups
-            adv[rows] = res.advantages * c[codes[gid[rows]]]
-        n_unscorable = int((~scorable).sum())
-        n_bad_rows = int((real & ~np.isfinite(r)).sum())
-        if n_bad_rows:
-            # the base trainer's key: one warning about unscorable rows per run, this (more specific) one first
-            self._ext_warn_once(
-                "unscorable_rows",
-                f"V0.5: {n_bad_rows} of {int(real.sum())} rollouts were unscorable (every reward function returned "
-                "None or NaN); they get advantage 0, are left out of the fusion and of the prompt weights, and still "
-                "count as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
-            )
-        if n_unscorable:
-            self._ext_warn_once(
-                "v05_unscorable",
-                f"V0.5: {n_unscorable} of {g} prompts had no scorable rollout (every reward function returned None "
-                "or NaN); they get advantage 0 and are not added to the support buffer (logged as "
-                "v05/unscorable_prompts).",
-            )
-        # support buffer: identical global update on every rank
-        prompts_ok = [pend["prompts"][j] for j in range(g) if scorable[j]]
-        if prompts_ok:
-            self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
-        fingerprint = self.support_buffer.fingerprint()
-        if self.args.v05_check_buffer_sync and self.accelerator.num_processes > 1:
-            prints = compat.gather_object([fingerprint])
-            if len(set(prints)) != 1:
-                raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
-                                   "contexts would diverge. Are the prompts JSON-serializable and deterministic?")
-        self.last_v05 = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
-                         "vbar": vbar, "prompt_weight": prompt_weight, "unscorable_rollouts": n_bad_rows,
-                         "buffer_fingerprint": fingerprint}
-        self._v05_log(self.last_v05, n_unscorable)
-        return torch.as_tensor(adv, dtype=torch.float32)
-
-    def _v05_log(self, rec: dict, n_unscorable: int) -> None:
-        k = rec["k"].astype(np.float64)
-        s = rec["scorable"]
-        log = self.log_ext_metric
-        log("v05/rollouts_per_prompt_mean", k.mean(), "train")
-        log("v05/rollouts_per_prompt_max", k.max(), "train")
-        for q in (50, 90):
-            log(f"v05/rollouts_per_prompt_p{q}", float(np.percentile(k, q)), "train")
-        log("v05/frac_prompts_at_k_init", float((rec["k"] == self.args.v05_k_init).mean()), "train")
-        log("v05/rounds", rec["rounds"], "train")
-        log("v05/early_stop", float(rec["early_stop"]), "train")
-        log("v05/rejection_rate", float(rec["rejected_at_init"].mean()), "train")
-        log("v05/context_size", rec["context_size"], "train")
-        log("v05/dispatched_rollouts", rec["dispatched"], "train")
-        log("v05/discarded_rollouts", rec["discarded"], "train")
-        log("v05/unscorable_prompts", n_unscorable, "train")
-        log("v05/unscorable_rollouts", rec["unscorable_rollouts"], "train")
-        log("v05/round1_rollouts", rec["round1_rollouts"], "train")
-        log("v05/extra_rollouts", rec["extra_rollouts"], "train")
-        log("v05/budget_exhausted", float(rec["budget_exhausted"]), "train")
-        log("v05/prior_mean", float(rec["prior_p"].mean()), "train")
-        if s.any():
-            bias2, weight, vbar = rec["bias2"], rec["weight"], rec["vbar"]
-            log("v05/rejection_rate_final", float((bias2[s] > 0).mean()), "train")
-            log("v05/mean_weight", float(weight[s].mean()), "train")
-            log("v05/prompt_weight_max", float(rec["prompt_weight"][s].max()), "train")
-            log("v05/prompt_weight_min", float(rec["prompt_weight"][s].min()), "train")
-            # Brier score of the prior against the realized group success rates (vbar + 1) / 2
-            log("v05/prior_brier", float(np.mean((rec["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2)), "train")
-            # plug-in MSE of mu*: (1 - w)^2 bias2 + w^2 / k = w / k; the plain mean's bound is 1 / k
-            log("v05/baseline_mse_proxy", float(np.mean(weight[s] / rec["k"][s])), "train")
-            log("v05/mean_only_mse_bound", float(np.mean(1.0 / rec["k"][s])), "train")
+    @property
+    def last_v05(self) -> dict | None:
+        """The strategy's global record of the latest train generation batch (:attr:`OSLARounds.last_record`)."""
+        return self.rollout_strategy.last_record
 
     # ------------------------------------------------------------------------------------------------ state
     def ext_state_dict(self) -> dict:

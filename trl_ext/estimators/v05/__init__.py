@@ -41,6 +41,7 @@ from .._validation import (  # noqa: F401 - importable here before the split
     to_numpy,
 )
 from ..baselines import AdvantageResult, register_advantage_estimator  # noqa: F401 - importable here before the split
+from .estimator import v05_advantages, v05_signed_rewards
 from .fusion import (  # noqa: F401 - private helpers, importable here before the split
     _TIE_RTOL,
     DEFAULT_SIGMA_FLOOR,
@@ -91,6 +92,8 @@ __all__ = [
     "OslaAllocation",
     "equal_prompt_weights",
     "to_signed_reward",
+    "v05_advantages",
+    "v05_signed_rewards",
     "V05_PAPER_COST",
     "V05_K_INIT",
     "DEFAULT_SIGMA_FLOOR",

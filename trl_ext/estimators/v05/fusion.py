@@ -16,7 +16,7 @@ from .._validation import (
     check_range,
     factorize_groups,
 )
-from ..baselines import AdvantageResult, register_advantage_estimator
+from ..baselines import AdvantageResult
 
 DEFAULT_SIGMA_FLOOR = 0.2  #: sigma* floor; bounds |A_i| <= 2 / 0.2 = 10
 
@@ -191,11 +191,11 @@ def fused_advantages(rewards: Any, prior: float, floor: float = DEFAULT_SIGMA_FL
     )
 
 
-@register_advantage_estimator("v05", side_inputs={"priors": "group"}, used_by="trl_ext.V05GRPOTrainer")
 def fused_advantages_batch(
     rewards: Any, group_ids: Any, priors: Any = None, floor: float = DEFAULT_SIGMA_FLOOR
 ) -> AdvantageResult:
-    """Vectorised :func:`fused_advantages` over ragged groups (registered as estimator ``"v05"``).
+    """Vectorised :func:`fused_advantages` over ragged groups (the core of the ``"v05"`` estimator,
+    :func:`~trl_ext.estimators.v05.v05_advantages`).
 
     Parameters
     ----------
