@@ -1,0 +1,446 @@
+"""V0.5's rollout strategy: prior query, ``v05_k_init`` rollouts per prompt, then budgeted Sequential OSLA rounds.
+
+"V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848), Section 4.1.3 Steps 1-4
+(prior, rollouts, hypothesis test, OSLA rounds); the OSLA rule itself is :func:`trl_ext.estimators.osla_step`
+(Theorem 3.6). The strategy provides the ``priors`` side input of the registered ``"v05"`` estimator and, after it,
+fills the support buffer and logs the ``v05/*`` diagnostics (:meth:`OSLARounds.observe_advantages`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..estimators import v05 as v05_estimators
+from ..estimators.v05 import osla_cap, shrinkage_fusion_batch, v05_signed_rewards
+from ..priors import SupportBuffer, ValuePrior
+from . import _trl_compat as compat
+from .batch import RolloutBatch
+from .rollouts import RolloutStrategy, _block, unique_prompt_rows, weighted_reward
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .v05 import V05GRPOTrainer
+
+__all__ = ["OSLARounds"]
+
+
+@dataclass
+class _PromptState:
+    """One local prompt during the OSLA rounds."""
+
+    row: dict
+    prior_p: float
+    completion_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    rpf: list = field(default_factory=list)  # rows of (F,) raw rewards (NaN = None)
+    signed: list = field(default_factory=list)  # mapped scalar rewards in [-1, 1] (NaN = unscorable)
+
+    @property
+    def k(self) -> int:
+        return len(self.completion_ids)
+
+
+
+
+class OSLARounds(RolloutStrategy):
+    """V0.5's rollout allocation: prior query, ``v05_k_init`` rollouts per prompt, then budgeted Sequential OSLA rounds.
+
+    Workflow Steps 1-4 of "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848,
+    Section 4.1.3). Per generation batch:
+
+    * the rows TRL's sampler yielded on all ranks (each prompt ``v05_k_init`` times, see
+      :meth:`V05GRPOTrainer.__init__`) are gathered and deduplicated by ``trl_ext_row_idx``: ``generation_batch_size /
+      v05_k_init`` prompts in sampler order, assigned to ranks as **whole prompts in contiguous blocks**
+      (:func:`~trl_ext.trainers.rollouts._block`, as :class:`~trl_ext.trainers.rollouts.DynamicSampling` does), so
+      each prompt is generated and scored on one rank and nothing depends on the number of processes;
+    * the prior is queried once for the whole batch on every rank (identical inputs, identical outputs);
+    * round 1 generates ``v05_k_init`` rollouts per prompt -- ``generation_batch_size`` in all, TRL's count for the
+      same arguments;
+    * each OSLA round is decided by :func:`trl_ext.estimators.osla_step` (Theorem 3.6 plus the 25% global stop) on
+      the per-prompt drawn counts and Eq. 7 bias estimates gathered over ranks, then trimmed to the remaining
+      ``v05_extra_rollout_budget`` (:meth:`apply_budget`: prompts served by decreasing ``bias2``), identically on
+      every rank.
+
+    Every rank calls :meth:`dispatch` once per round (possibly with nothing to generate): generation goes through
+    :meth:`trl_ext.GRPOTrainer.generate_rollouts`, which joins the keyed-sampling collective, pads collective calls
+    across ranks and counts every generated token in ``ext/generated_tokens``.
+
+    Attributes
+    ----------
+    generation_index : int
+        Train generation batches produced so far (seeds the support-buffer context); saved in every checkpoint
+        through :meth:`state_dict`.
+    prior, support_buffer
+        The value prior and the global (prompt, success) FIFO (:meth:`bind`).
+    last_record : dict or None
+        The global record of the latest train generation batch (:attr:`V05GRPOTrainer.last_v05`).
+
+    The fused advantages are the registered ``"v05"`` estimator's (:func:`~trl_ext.estimators.v05.v05_advantages`),
+    run by the base trainer's valid-row adapter on the priors this strategy provides (side input ``priors``, one per
+    group); :meth:`observe_advantages` then fills the support buffer and logs the ``v05/*`` diagnostics.
+    """
+
+    name = "v05_osla"
+    provides = frozenset({"priors"})
+
+    def __init__(self):
+        self.generation_index = 0
+        self.prior: ValuePrior | None = None
+        self.support_buffer: SupportBuffer | None = None
+        self.last_record: dict | None = None
+        self._batch: dict | None = None  # the global record of the batch being finished, read by observe_advantages
+        self._warned: set[str] = set()
+
+    def bind(self, prior: ValuePrior, support_buffer: SupportBuffer) -> None:
+        """Give the strategy the value prior it queries and the support buffer it fills (the preset builds both after
+        TRL's constructor, which builds the strategy)."""
+        self.prior, self.support_buffer = prior, support_buffer
+
+    def estimator_kwargs(self, trainer) -> dict:
+        """The ``"v05"`` estimator's options from the config: sigma floor, reward range, Eq. 10 weighting."""
+        a = trainer.args
+        return {"floor": a.v05_sigma_floor, "reward_range": (a.v05_reward_low, a.v05_reward_high),
+                "prompt_weighting": a.v05_prompt_weighting}
+
+    # ------------------------------------------------------------------------------------------------ compute bounds
+    @staticmethod
+    def extra_budget(trainer) -> int | None:
+        """Rollouts the OSLA rounds of one generation batch may generate: ``floor(v05_extra_rollout_budget x
+        generation_batch_size)``, or ``None`` (unbounded) for an infinite budget."""
+        b = float(trainer.args.v05_extra_rollout_budget)
+        if math.isinf(b):
+            return None
+        return int(math.floor(b * int(trainer.args.generation_batch_size) + 1e-9))
+
+    @staticmethod
+    def round_cost(trainer, per_rank: list[int]) -> int:
+        """Rollouts one round charges to the budget when rank ``r`` requests ``per_rank[r]``: the requests, each
+        rank's dispatch padded to ``v05_dispatch_multiple`` (with the default 1: exactly the requested rollouts, so
+        the charge does not depend on how prompts are spread over ranks).
+
+        Not charged: the dummy rows that equalize a *collective* generation call across ranks (vLLM server, tensor
+        parallel, ZeRO-3/FSDP). They depend on the back-end and the layout, are discarded, and are counted in
+        ``v05/discarded_rollouts`` and ``ext/generated_tokens``; charging them would make the allocation depend on
+        the number of processes.
+        """
+        m = int(trainer.args.v05_dispatch_multiple)
+        return sum(math.ceil(int(n) / m) * m for n in per_rank)
+
+    def apply_budget(self, trainer, add: np.ndarray, bias2: np.ndarray, owner: np.ndarray,
+                     remaining: int | None) -> tuple[np.ndarray, bool]:
+        """Trim one round's global request ``add`` (from :func:`~trl_ext.estimators.osla_step`) to ``remaining``.
+
+        Prompts that need more are served in order of decreasing ``bias2`` (the prior's estimated squared bias:
+        Theorem 3.6's target grows with it), ties in batch order; each gets the largest part of its request whose
+        :meth:`round_cost` still fits. Deterministic and computed from global arrays, so identical on every rank.
+        Returns ``(served, short)``: the rollouts to draw per prompt and whether some request was not served in full.
+        """
+        add = np.asarray(add, dtype=np.int64)
+        if remaining is None:
+            return add, False
+        p = trainer.accelerator.num_processes
+        served = np.zeros_like(add)
+        per_rank = [0] * p
+        order = sorted(np.flatnonzero(add > 0).tolist(), key=lambda j: (-float(bias2[j]), j))
+        for j in order:
+            r = int(owner[j])
+            for n in range(int(add[j]), 0, -1):
+                per_rank[r] += n
+                if self.round_cost(trainer, per_rank) <= remaining:
+                    served[j] = n
+                    break
+                per_rank[r] -= n
+        return served, bool((served < add).any())
+
+    def describe(self, trainer) -> str:
+        """One line: what each generation batch generates compared with TRL for the same arguments."""
+        a = trainer.args
+        gbs, k, g = int(a.generation_batch_size), int(a.v05_k_init), int(a.num_generations)
+        cap = osla_cap(a.v05_rollout_cost)
+        natural = gbs // k * max(cap - k, 0)  # what the paper's unbounded rounds could add at most
+        budget = self.extra_budget(trainer)
+        most = natural if budget is None else min(budget, natural)
+        binds = budget is not None and budget < natural
+        stop = f"global stop below {a.v05_global_stop_fraction:.0%} of prompts" if a.v05_global_stop_fraction > 0 \
+            else "no global stop"
+        pad = (f"; dispatches padded to a multiple of {a.v05_dispatch_multiple} (charged to the budget)"
+               if a.v05_dispatch_multiple > 1 else "")
+        return (f"rollout strategy v05_osla (V0.5 Sequential OSLA): round 1: {gbs} rollouts per generation batch "
+                f"({gbs // k} prompts x {k}; = TRL's for these arguments: {gbs // g} prompts x {g}); OSLA: at most "
+                f"{most} more (+{a.v05_k_step} per round to prompts whose prior fails the test, cap {cap}, {stop}, "
+                f"v05_extra_rollout_budget={a.v05_extra_rollout_budget:g}"
+                f"{'' if binds else ': does not bind, the paper rounds'}), i.e. <= {(gbs + most) / gbs:.4g}x TRL's"
+                f"{pad}; prompt weighting {a.v05_prompt_weighting!r}")
+
+    def state_dict(self) -> dict:
+        return {"generation_index": int(self.generation_index)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generation_index = int(state.get("generation_index", 0))
+
+
+    # ------------------------------------------------------------------------------------------------ after the estimator
+    def observe_advantages(self, trainer, batch: RolloutBatch, result, valid: torch.Tensor) -> None:
+        """After the ``"v05"`` estimator (Eq. 9 fused baseline ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2),
+        v05_sigma_floor)``, Workflow Step 5, times the Eq. 10 prompt weight): per-prompt record, support buffer
+        update, diagnostics.
+
+        Unscorable rollouts (every reward function returned ``None``) got advantage 0 from the base's adapter and are
+        counted in ``v05/unscorable_rollouts``; prompts without a scorable rollout got advantage 0, add nothing to the
+        support buffer and are counted in ``v05/unscorable_prompts`` (each warned about once). A group whose rewards
+        are all equal still gets ``(r - mu*) / sigma*``, nonzero unless ``mu* = r`` (the baseline is the fused one,
+        not the group mean; "All-tied groups" in ``docs/v05.md``).
+        """
+        pend = self._batch
+        if pend is None:
+            raise RuntimeError("internal: a V0.5 train batch reached the estimator without the OSLA record.")
+        g = len(pend["prior_p"])
+        if batch.num_groups != g:
+            raise RuntimeError(f"internal: batch has {batch.num_groups} groups but {g} priors were queried.")
+        gid = batch.group_ids.numpy()
+        real = ~batch.is_pad.numpy()
+        scorable = np.zeros(g, dtype=bool)
+        scorable[np.unique(gid[valid.numpy()])] = True
+        bias2, weight, baseline, vbar, prompt_weight = (np.full(g, np.nan) for _ in range(5))
+        if result is not None and scorable.any():
+            fr = result.extras["fusion"]
+            bias2[scorable], weight[scorable], baseline[scorable], vbar[scorable] = \
+                fr.bias2, fr.weight, fr.baseline, fr.mean
+            prompt_weight[scorable] = result.extras["prompt_weight"]
+        n_unscorable = int((~scorable).sum())
+        n_bad_rows = int((real & ~valid.numpy()).sum())
+        if n_bad_rows:
+            # the base trainer's key: one warning about unscorable rows per run, this (more specific) one first
+            trainer.warn_once(
+                "unscorable_rows",
+                f"V0.5: {n_bad_rows} of {int(real.sum())} rollouts were unscorable (every reward function returned "
+                "None or NaN); they get advantage 0, are left out of the fusion and of the prompt weights, and still "
+                "count as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
+            )
+        if n_unscorable:
+            trainer.warn_once(
+                "v05_unscorable",
+                f"V0.5: {n_unscorable} of {g} prompts had no scorable rollout (every reward function returned None "
+                "or NaN); they get advantage 0 and are not added to the support buffer (logged as "
+                "v05/unscorable_prompts).",
+            )
+        # support buffer: identical global update on every rank
+        prompts_ok = [pend["prompts"][j] for j in range(g) if scorable[j]]
+        if prompts_ok:
+            self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
+        fingerprint = self.support_buffer.fingerprint()
+        if trainer.args.v05_check_buffer_sync and trainer.accelerator.num_processes > 1:
+            prints = compat.gather_object([fingerprint])
+            if len(set(prints)) != 1:
+                raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
+                                   "contexts would diverge. Are the prompts JSON-serializable and deterministic?")
+        self.last_record = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
+                            "vbar": vbar, "prompt_weight": prompt_weight, "unscorable_rollouts": n_bad_rows,
+                            "buffer_fingerprint": fingerprint}
+        self._log(trainer, self.last_record, n_unscorable)
+
+    @staticmethod
+    def _log(trainer, rec: dict, n_unscorable: int) -> None:
+        k = rec["k"].astype(np.float64)
+        s = rec["scorable"]
+        log = trainer.log_ext_metric
+        log("v05/rollouts_per_prompt_mean", k.mean(), "train")
+        log("v05/rollouts_per_prompt_max", k.max(), "train")
+        for q in (50, 90):
+            log(f"v05/rollouts_per_prompt_p{q}", float(np.percentile(k, q)), "train")
+        log("v05/frac_prompts_at_k_init", float((rec["k"] == trainer.args.v05_k_init).mean()), "train")
+        log("v05/rounds", rec["rounds"], "train")
+        log("v05/early_stop", float(rec["early_stop"]), "train")
+        log("v05/rejection_rate", float(rec["rejected_at_init"].mean()), "train")
+        log("v05/context_size", rec["context_size"], "train")
+        log("v05/dispatched_rollouts", rec["dispatched"], "train")
+        log("v05/discarded_rollouts", rec["discarded"], "train")
+        log("v05/unscorable_prompts", n_unscorable, "train")
+        log("v05/unscorable_rollouts", rec["unscorable_rollouts"], "train")
+        log("v05/round1_rollouts", rec["round1_rollouts"], "train")
+        log("v05/extra_rollouts", rec["extra_rollouts"], "train")
+        log("v05/budget_exhausted", float(rec["budget_exhausted"]), "train")
+        log("v05/prior_mean", float(rec["prior_p"].mean()), "train")
+        if s.any():
+            bias2, weight, vbar = rec["bias2"], rec["weight"], rec["vbar"]
+            log("v05/rejection_rate_final", float((bias2[s] > 0).mean()), "train")
+            log("v05/mean_weight", float(weight[s].mean()), "train")
+            log("v05/prompt_weight_max", float(rec["prompt_weight"][s].max()), "train")
+            log("v05/prompt_weight_min", float(rec["prompt_weight"][s].min()), "train")
+            # Brier score of the prior against the realized group success rates (vbar + 1) / 2
+            log("v05/prior_brier", float(np.mean((rec["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2)), "train")
+            # plug-in MSE of mu*: (1 - w)^2 bias2 + w^2 / k = w / k; the plain mean's bound is 1 / k
+            log("v05/baseline_mse_proxy", float(np.mean(weight[s] / rec["k"][s])), "train")
+            log("v05/mean_only_mse_bound", float(np.mean(1.0 / rec["k"][s])), "train")
+
+    # ------------------------------------------------------------------------------------------------ one round
+    def dispatch(self, trainer: V05GRPOTrainer, states: list[_PromptState], requests: list[tuple[int, int]],
+                 fallback: dict | None = None) -> dict:
+        """Generate ``requests`` = [(local prompt index, n rollouts)], padded to ``v05_dispatch_multiple``; score them.
+
+        Every rank must call this in every round (it may request nothing, and may hold no prompt: ``fallback`` is
+        the row of the dummy rollouts that equalize collective calls). Returns this rank's counters for the
+        diagnostics: ``rollouts`` generated in the call (collective equalizing rows included) and how many of them
+        were ``discarded``.
+        """
+        a = trainer.args
+        m, cap = a.v05_dispatch_multiple, osla_cap(a.v05_rollout_cost)
+        want = [i for i, n in requests for _ in range(n)]
+        # v05_dispatch_multiple padding: the extra slots go round-robin to this dispatch's prompts, never beyond the cap
+        extra = math.ceil(len(want) / m) * m - len(want)
+        planned = {i: states[i].k + n for i, n in requests}
+        while extra > 0:
+            takers = [i for i, _ in requests if planned[i] < cap][:extra]
+            if not takers:
+                break
+            for i in takers:
+                planned[i] += 1
+                want.append(i)
+            extra -= len(takers)
+        target = math.ceil(len(want) / m) * m if want else 0
+        if fallback is None:
+            fallback = states[0].row if states else None
+        rows = [states[i].row for i in want] + [fallback] * (target - len(want))
+        n_call = len(rows)
+        if compat.generation_is_collective(trainer):
+            # generate_rollouts pads the call to the longest rank with dummy rows (generated, counted, discarded)
+            n_call = int(compat.gather(torch.tensor([n_call], device=trainer.accelerator.device)).max().item())
+        c_ids, lps = trainer.generate_rollouts(rows, fallback_row=fallback)
+        if len(c_ids) != len(rows):
+            raise RuntimeError(f"generation returned {len(c_ids)} completions for {len(rows)} rows.")
+        if lps is not None and len(lps) != len(rows):
+            raise RuntimeError(f"generation returned {len(lps)} log-prob rows for {len(rows)} rows.")
+        kept = len(want)
+        if kept:
+            rpf = trainer.score_rollouts_local(rows[:kept], c_ids[:kept]).detach().float().cpu()
+            signed = v05_signed_rewards(weighted_reward(rpf, trainer.reward_weights.detach().cpu()).double().numpy(),
+                                        trainer.args.v05_reward_low, trainer.args.v05_reward_high)
+            for j, i in enumerate(want):
+                st = states[i]
+                st.completion_ids.append(list(c_ids[j]))
+                st.logprobs.append(None if lps is None else list(lps[j]))
+                st.rpf.append(rpf[j])
+                st.signed.append(float(signed[j]))
+        return {"rollouts": n_call, "discarded": n_call - kept}
+
+    def decide(self, trainer: V05GRPOTrainer, states: list[_PromptState]):
+        """One OSLA decision on the whole generation batch (all ranks).
+
+        Computes this rank's drawn counts and Eq. 7 bias estimates (NaN for a prompt without a scorable rollout),
+        gathers them over ranks and applies :func:`trl_ext.estimators.osla_step`. Returns ``(step, local, bias2)``:
+        the global :class:`~trl_ext.estimators.OslaStep` (identical on every rank), the slice of this rank's prompts
+        in it, and the gathered ``bias2``.
+        """
+        a = trainer.args
+        k = np.array([s.k for s in states], dtype=np.int64)
+        bias2 = np.full(len(states), np.nan)
+        scorable = [i for i, s in enumerate(states) if np.isfinite(s.signed).any()]
+        if scorable:
+            r = np.concatenate([np.asarray(states[i].signed) for i in scorable])
+            gid = np.concatenate([np.full(states[i].k, j) for j, i in enumerate(scorable)])
+            v = np.array([2.0 * states[i].prior_p - 1.0 for i in scorable])
+            bias2[scorable] = shrinkage_fusion_batch(r, gid, v).bias2
+        gathered = compat.gather_object([(k.tolist(), bias2.tolist())])
+        rank = trainer.accelerator.process_index
+        offset = sum(len(g[0]) for g in gathered[:rank])
+        k_all = np.array([x for g in gathered for x in g[0]], dtype=np.int64)
+        b2_all = np.array([x for g in gathered for x in g[1]], dtype=np.float64)
+        # module attribute lookup: the one OSLA rule, shared with osla_allocate and the audit
+        step = v05_estimators.osla_step(k_all, b2_all, a.v05_rollout_cost, step=a.v05_k_step,
+                                        cap=osla_cap(a.v05_rollout_cost),
+                                        min_active_frac=a.v05_global_stop_fraction or None)
+        return step, slice(offset, offset + len(states)), b2_all
+
+    # ------------------------------------------------------------------------------------------------ main
+    def generate_and_score(self, trainer: V05GRPOTrainer, inputs: list[dict]) -> dict:
+        a = trainer.args
+        n_proc, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        k_init = int(a.v05_k_init)
+        # the whole batch's prompts in sampler order (each was yielded v05_k_init times), whole prompts per rank
+        batch = unique_prompt_rows(compat.gather_object(list(inputs)), k_init)
+        n_prompts = len(batch)
+        fallback = dict(batch[0])
+        blocks = [_block(n_prompts, n_proc, r) for r in range(n_proc)]
+        owner = np.repeat(np.arange(n_proc), [hi - lo for lo, hi in blocks])
+        lo, hi = blocks[rank]
+        # Step 1: context + prior, once per prompt, before any rollout; the whole batch on every rank (identical
+        # inputs give identical numbers whatever the number of processes)
+        ctx_prompts, ctx_outcomes = self.support_buffer.sample_context(self.generation_index)
+        p_all = np.asarray(self.prior.predict([x["prompt"] for x in batch], ctx_prompts, ctx_outcomes),
+                           dtype=np.float64)
+        states = [_PromptState(row=dict(batch[j]), prior_p=float(p_all[j])) for j in range(lo, hi)]
+        # Step 2: v05_k_init rollouts per prompt = generation_batch_size rollouts in all (TRL's count)
+        counters = self.dispatch(trainer, states, [(i, k_init) for i in range(len(states))], fallback)
+        round1 = self.round_cost(trainer, [k_init * (h - low) for low, h in blocks])
+        budget = self.extra_budget(trainer)
+        # round-1 padding beyond TRL's count (v05_dispatch_multiple > 1) is paid from the budget
+        remaining = None if budget is None else max(budget - max(round1 - int(a.generation_batch_size), 0), 0)
+        # Steps 3-4: OSLA rounds, decided on the gathered batch so every rank runs the same rounds
+        rounds, early_stop, need_history, rejected_at_init = 0, False, [], None
+        exhausted, extra = False, 0
+        while True:
+            step, mine, bias2 = self.decide(trainer, states)
+            if rejected_at_init is None:
+                rejected_at_init = np.nan_to_num(bias2, nan=0.0) > 0
+            need_history.append(float(step.need.mean()) if step.need.size else 0.0)
+            if step.stop:
+                early_stop = bool(step.stopped_globally)
+                break
+            add, short = self.apply_budget(trainer, step.add, bias2, owner, remaining)
+            exhausted |= short
+            if not add.any():
+                break
+            cost = self.round_cost(trainer, np.bincount(owner, weights=add, minlength=n_proc).astype(int).tolist())
+            extra += cost
+            if remaining is not None:
+                remaining -= cost
+            c = self.dispatch(trainer, states, [(i, int(n)) for i, n in enumerate(add[mine]) if n > 0], fallback)
+            for key in counters:
+                counters[key] += c[key]
+            rounds += 1
+        # flatten (groups contiguous, in local prompt order)
+        rows, c_ids, lps, rpf, gids, priors = [], [], [], [], [], []
+        for i, s in enumerate(states):
+            rows += [s.row] * s.k
+            c_ids += s.completion_ids
+            lps += s.logprobs
+            rpf += s.rpf
+            gids += [i] * s.k
+            priors += [2.0 * s.prior_p - 1.0] * s.k  # the side input: V = 2p - 1 (Workflow Step 1)
+        has_lps = any(lp is not None for lp in lps)
+        if has_lps and any(lp is None for lp in lps):
+            raise RuntimeError("internal: some rollouts have sampling log-probs and others do not.")
+        local = {"k": [s.k for s in states], "dispatched": counters["rollouts"], "discarded": counters["discarded"],
+                 "has_lps": has_lps}
+        gathered = compat.gather_object([local])
+        use_lps = any(g["has_lps"] for g in gathered)
+        is_pad = None
+        if not rows:  # a rank without a prompt (fewer prompts than processes): one masked pad row
+            eos = compat.tokenizer(trainer).eos_token_id
+            rows, c_ids, lps, gids, is_pad = [fallback], [[eos]], [[0.0]], [0], [True]
+            priors = [2.0 * float(p_all[0]) - 1.0]
+            rpf = [torch.full((len(trainer.reward_funcs),), float("nan"))]
+        self._batch = {
+            "row_idx": [int(x.get(compat.ROW_IDX_COLUMN, -1)) for x in batch],
+            "prompts": [x["prompt"] for x in batch],
+            "prior_p": p_all,
+            "k": np.array([r for g in gathered for r in g["k"]], dtype=np.int64),
+            "rejected_at_init": rejected_at_init,
+            "dispatched": sum(g["dispatched"] for g in gathered),
+            "discarded": sum(g["discarded"] for g in gathered),
+            "rounds": rounds, "early_stop": early_stop, "need_history": need_history,
+            "context_size": len(ctx_prompts),
+            "round1_rollouts": round1, "extra_rollouts": extra, "extra_budget": budget,
+            "budget_exhausted": exhausted,
+        }
+        try:
+            return trainer.finish_rollouts(rows, c_ids, group_ids=gids, logprobs=lps if use_lps else None,
+                                           rewards_per_func=torch.stack(rpf), is_pad=is_pad,
+                                           side_inputs={"priors": priors})
+        finally:
+            self._batch = None
+            self.generation_index += 1
