@@ -195,6 +195,58 @@ def test_draw_selection_respects_certain_vertices_and_anchor():
     np.testing.assert_allclose(freq, pi, atol=0.03)
 
 
+# ------------------------------------------------------------------------------------------------ one group's draw
+def test_anchor_step_of_design_and_draw_is_anchor_pair_joint_inclusion_on_a_grid():
+    """The anchor step once written inline in the trainer (``pi[[k, l]] = 1`` on a copy) and
+    ``anchor_pair_joint_inclusion``, which ``design_and_draw`` now uses, give bitwise identical probabilities."""
+    levels = (0.05, 0.08, 0.3, 0.5, 0.99, 1.0)
+    n = 0
+    for G in (2, 3, 4, 6):
+        for pi in itertools.product(levels, repeat=G) if G <= 3 else np.random.default_rng(G).choice(levels, (200, G)):
+            pi = np.asarray(pi, dtype=np.float64)
+            for k, l_ in itertools.combinations(range(G), 2):
+                inline = pi.copy()
+                inline[[k, l_]] = 1.0
+                got, joint = P.anchor_pair_joint_inclusion(pi, (k, l_))
+                assert got.dtype == inline.dtype and np.array_equal(got, inline)
+                assert np.array_equal(joint, P.independent_joint_inclusion(inline))
+                n += 1
+    assert n > 2000
+
+
+@pytest.mark.parametrize("G", [2, 3, 5])
+def test_anchor_marginal_inclusion_is_the_enumerated_marginal(G):
+    """P(J_i = 1) under a uniform anchor pair and independent Bernoulli(pi) elsewhere = pi + (1 - pi) 2/G."""
+    pi = np.linspace(0.1, 0.9, G)
+    anchors = list(itertools.combinations(range(G), 2))
+    exact = np.zeros(G)
+    for anchor in anchors:
+        exact += P.anchor_pair_joint_inclusion(pi, anchor)[0] / len(anchors)
+    np.testing.assert_allclose(P.anchor_marginal_inclusion(pi, True), exact, rtol=0, atol=1e-15)
+    same = P.anchor_marginal_inclusion(pi, False)
+    assert np.array_equal(same, pi) and same is not pi
+
+
+def test_design_and_draw_budget_anchor_and_simulation():
+    rng = np.random.default_rng(0)
+    p, c, fin = rng.uniform(0.1, 0.9, 6), rng.uniform(1.0, 10.0, 6), np.array([0, 0, 1, 0, 0, 0], bool)
+    d = P.design_and_draw(p, c, fin, np.random.default_rng(1), budget_ratio=0.4, pi_min=0.1, anchor_pair=True)
+    assert d.reason in ("optimal", "iteration limit") and d.solution is not None
+    assert d.pi_design[2] == 1.0 and d.selected[2] and d.pi[list(d.anchor)].tolist() == [1.0, 1.0]
+    assert d.expected_cost <= d.budget * (1 + 1e-9) and d.budget == pytest.approx(0.4 * c[~fin].sum())
+    assert np.all(d.selected[list(d.anchor)])
+    warm = P.design_and_draw(p, c, fin, np.random.default_rng(1), budget_ratio=0.4, pi_min=0.1, warmup=True)
+    assert warm.reason == "warm-up (uniform)" and np.all(warm.pi[~fin] == 0.4)
+    r = rng.integers(0, 2, 6).astype(float)
+    adv, draw, res = P.simulate_draw(p, c, fin, r, np.random.default_rng(1), design={"budget_ratio": 0.4,
+                                     "pi_min": 0.1, "anchor_pair": True}, estimator={"standardize": True})
+    np.testing.assert_array_equal(draw.pi, d.pi)
+    np.testing.assert_array_equal(draw.selected, d.selected)
+    want, _ = P.draw_advantages(np.where(d.selected, r, np.nan), d, standardize=True)
+    np.testing.assert_array_equal(adv, want)
+    assert res.n_selected == int(d.selected.sum())
+
+
 # ------------------------------------------------------------------------------------------------ Appendix B variants
 def test_clipping_bias_matches_appendix_b_formula_and_is_nonzero():
     G = 5

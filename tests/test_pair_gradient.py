@@ -33,8 +33,8 @@ import numpy as np
 import pytest
 import torch
 
+from trl_ext.estimators.pair import group_draw as pair_draw  # where design_and_draw looks up draw_selection
 from trl_ext.trainers import _trl_compat as compat
-from trl_ext.trainers import pair as pair_mod
 from trl_ext.trainers._trl_compat import TRLGlue
 from trl_ext.trainers.pair import PAIRConfig, PAIRTrainer
 
@@ -182,13 +182,13 @@ def trainer_gradient(tr, patterns: list[np.ndarray]):
         seen_pi.append(np.asarray(pi, dtype=np.float64).copy())
         return np.asarray(queue.pop(0), dtype=bool).copy()
 
-    orig = pair_mod.draw_selection
-    pair_mod.draw_selection = forced
+    orig = pair_draw.draw_selection
+    pair_draw.draw_selection = forced
     try:
         tr.pair_needs_refresh = False
         out = tr._generate_and_score_completions(tr.rows)
     finally:
-        pair_mod.draw_selection = orig
+        pair_draw.draw_selection = orig
     assert not queue
     tr.model.zero_grad(set_to_none=True)
     loss = tr.compute_loss(tr.model, out)

@@ -31,8 +31,10 @@ from hypothesis import strategies as st
 
 from trl_ext.estimators import DesignWarmStart
 from trl_ext.estimators import pair as pair_est
+from trl_ext.estimators.pair import group_draw as pair_draw  # where design_and_draw looks up pair_design, draws
 from trl_ext.trainers import _trl_compat as compat
 from trl_ext.trainers import pair as pair_mod
+from trl_ext.trainers import pair_config, pair_rollouts
 from trl_ext.trainers.pair import PAIRConfig, PAIRTrainer, PrefixProbeRollouts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -335,7 +337,7 @@ def test_design_solver_is_warm_started_from_the_previous_step(tmp_path, monkeypa
     preload_labels(tr)  # heads ready from the first step: every step solves the program
     strat = tr.rollout_strategy
     calls, snapshots = [], []
-    orig_design, orig_gen = pair_mod.pair_design, strat.generate_and_score
+    orig_design, orig_gen = pair_draw.pair_design, strat.generate_and_score
 
     def spy_design(*a, **k):
         d = orig_design(*a, **k)
@@ -346,7 +348,7 @@ def test_design_solver_is_warm_started_from_the_previous_step(tmp_path, monkeypa
         snapshots.append(copy.deepcopy(strat.warm_start.state_dict()))
         return orig_gen(trainer, inputs)
 
-    monkeypatch.setattr(pair_mod, "pair_design", spy_design)
+    monkeypatch.setattr(pair_draw, "pair_design", spy_design)
     strat.generate_and_score = spy_generation
     tr.train()
     assert len(snapshots) == 3 and snapshots[0] == {"profiles": {}, "n_solutions": {}}
@@ -384,13 +386,13 @@ def test_warm_start_can_be_turned_off(tmp_path, monkeypatch):
     tr = make_trainer(tmp_path, max_steps=2, pair_solver_warm_start=False)
     preload_labels(tr)
     x0s = []
-    orig = pair_mod.pair_design
+    orig = pair_draw.pair_design
 
     def spy(*a, **k):
         x0s.append(k.get("x0"))
         return orig(*a, **k)
 
-    monkeypatch.setattr(pair_mod, "pair_design", spy)
+    monkeypatch.setattr(pair_draw, "pair_design", spy)
     tr.train()
     assert x0s and all(x is None for x in x0s)
     assert tr.rollout_strategy.warm_start.profiles  # still learned (cheap), just not used
@@ -676,7 +678,7 @@ def test_every_option_is_declared_once_with_help_and_documented():
     doc = open(os.path.join(ROOT, "docs", "pair.md")).read()
     missing = [f.name for f in own if f"`{f.name}`" not in doc]
     assert not missing, f"docs/pair.md does not document {missing}"
-    src = open(pair_mod.__file__).read()
+    src = "".join(open(m.__file__).read() for m in (pair_mod, pair_config, pair_rollouts))
     assert len(re.findall(r"^\s+pair_budget_ratio\b", src, flags=re.M)) == 1  # one declaration, no mirror class
 
 
@@ -763,11 +765,27 @@ def test_generated_tokens_with_trls_own_arguments_within_the_documented_factor(t
 
 
 def test_pair_module_uses_no_trl_private_names():
-    src = open(pair_mod.__file__).read()
+    src = "".join(open(m.__file__).read() for m in (pair_mod, pair_config, pair_rollouts))
     private = re.compile(r"(?<![A-Za-z0-9_])_(generate_and_score_completions|generate_single_turn|generate|"
                          r"tokenize_prompts|tokenizer|metrics|logs|compute_loss|dist|calculate_rewards|prepare_inputs|"
                          r"finish_rollouts|last_loaded_step|buffered_inputs)\b")
     assert not private.findall(src), private.findall(src)
+
+
+def test_the_strategy_calls_no_pair_trainer_method():
+    """One direction of calls: the strategy module reads PAIR options from ``trainer.args`` but never touches a
+    ``pair_*`` attribute of the trainer (heads, features and delimiters are handed to it at construction)."""
+    import ast
+
+    tree = ast.parse(open(pair_rollouts.__file__).read())
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith(("pair_", "_pair_")):
+            owner = node.value
+            if not ((isinstance(owner, ast.Attribute) and owner.attr == "args")
+                    or (isinstance(owner, ast.Name) and owner.id in ("a", "args"))):
+                bad.append(f"line {node.lineno}: .{node.attr}")
+    assert not bad, bad
 
 
 # --------------------------------------------------------------------------------------------- bad input
@@ -908,7 +926,7 @@ def test_zero_selected_vertices_are_counted_and_masked(tmp_path, monkeypatch):
     tr = make_trainer(tmp_path, cls=Scripted)
     digit = tr.processing_class.convert_tokens_to_ids("5")
     tr.script = lambda n: [digit] * n  # never finishes inside the prefix
-    monkeypatch.setattr(pair_mod, "draw_selection", lambda pi, rng, anchor=None: np.zeros(len(pi), bool))
+    monkeypatch.setattr(pair_draw, "draw_selection", lambda pi, rng, anchor=None: np.zeros(len(pi), bool))
     seen = {}
     orig = tr.rollout_strategy.generate_and_score
 

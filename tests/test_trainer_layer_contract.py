@@ -204,8 +204,9 @@ ESTIMATOR_FUNCTIONS = {
     "trl_grpo_advantages", "grpo_advantages", "osla_step", "shrinkage_fusion_batch", "fused_advantages_batch",
     "equal_prompt_weights", "std_scale_advantages", "calibrate_beta", "pair_design", "pair_advantages",
     "draw_selection", "scorable_selection", "nanstd", "fixed_normalizer", "standardize_pair_advantages",
+    "design_and_draw", "anchor_pair_joint_inclusion", "anchor_marginal_inclusion", "draw_advantages", "simulate_draw",
 }
-ESTIMATOR_CLASSES = {"PrefixHeads", "DesignWarmStart"}
+ESTIMATOR_CLASSES = {"PrefixHeads", "DesignWarmStart", "GroupDraw"}
 
 
 def test_each_equation_is_defined_once_in_estimators():

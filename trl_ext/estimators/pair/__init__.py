@@ -26,6 +26,8 @@ Layout (one module per part of the paper; every name, private helpers included, 
 - :mod:`.warm_start` -- Appendix C: warm start of the solver from the previous step.
 - :mod:`.inclusion` -- Section 4.5, Appendix B: joint inclusion probabilities, anchor pair, the continuation draw.
 - :mod:`.advantages` -- Eq. 12-13 advantages, the NaN rule, the fixed loss normalizer, the standardization option.
+- :mod:`.group_draw` -- Algorithm 1 for one candidate group: design and draw (warm-up, fallbacks, anchor pair),
+  the anchor's marginal inclusion, Eq. 13 advantages of a logged draw, a simulated draw.
 - :mod:`.variance` -- Proposition 1 design covariance and the effective sample size (Appendix D.3).
 - :mod:`.registry` -- the ``"pair"`` advantage-estimator registry entry (ragged groups).
 """
@@ -51,6 +53,13 @@ from .design import (  # noqa: F401 - `_run_slsqp` is the patch point of the sol
     uniform_design,
 )
 from .graph import _check_edge_matrix, edge_proxies, shared_vertex_term  # noqa: F401 - private, re-exported
+from .group_draw import (
+    GroupDraw,
+    anchor_marginal_inclusion,
+    design_and_draw,
+    draw_advantages,
+    simulate_draw,
+)
 from .inclusion import anchor_pair_joint_inclusion, draw_selection, independent_joint_inclusion
 from .kernel import complete_pair_average, loo_score_gradient, pair_kernel
 from .registry import pair_group_advantages
@@ -60,11 +69,15 @@ from .warm_start import DesignWarmStart, design_priority, fit_to_budget
 __all__ = [
     "PairAdvantages",
     "DesignWarmStart",
+    "GroupDraw",
     "PairDesign",
+    "anchor_marginal_inclusion",
     "anchor_pair_joint_inclusion",
     "complete_pair_average",
+    "design_and_draw",
     "design_covariance",
     "design_priority",
+    "draw_advantages",
     "draw_selection",
     "edge_proxies",
     "effective_sample_size",
@@ -78,6 +91,7 @@ __all__ = [
     "pair_kernel",
     "scorable_selection",
     "shared_vertex_term",
+    "simulate_draw",
     "standardize_pair_advantages",
     "uniform_design",
 ]

@@ -1,0 +1,360 @@
+"""PAIR's rollout strategy :class:`PrefixProbeRollouts` (probe, design, draw, continue) and :class:`DesignHeads`,
+the prefix heads it designs with and refreshes.
+
+The strategy calls only the pure PAIR functions (:func:`~trl_ext.estimators.pair.design_and_draw`, the heads of
+:mod:`trl_ext.estimators.pair_heads`) and the base trainer's public rollout API
+(:meth:`~trl_ext.GRPOTrainer.generate_token_ids`, :meth:`~trl_ext.GRPOTrainer.finish_rollouts`); what it needs from
+:class:`~trl_ext.trainers.pair.PAIRTrainer` -- the heads, the prefix feature extractor and the snap delimiters -- is
+handed to it at construction (:meth:`PAIRTrainer.create_rollout_strategy`). PAIR's options are read from
+``trainer.args`` (a :class:`~trl_ext.trainers.pair_config.PAIRConfig`) at call time. Section, equation and appendix
+numbers refer to "Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR" (arXiv:2608.11368).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..estimators.pair import DesignWarmStart, GroupDraw, design_and_draw, fixed_normalizer
+from ..estimators.pair_heads import PrefixHeads
+from . import _trl_compat as compat
+from .pair_config import pair_design_options
+from .rollouts import RolloutStrategy
+
+__all__ = ["DesignHeads", "PrefixProbeRollouts"]
+
+
+class DesignHeads:
+    """PAIR's prefix heads as the rollout strategy uses them (Sec. 4.2, Eq. 5-7, Appendix C).
+
+    Labels of completed candidates go into :attr:`heads` when their rewards arrive (:meth:`add_labels`); the heads
+    are **frozen within an RL update** and refit at the start of the next generation batch (:meth:`refresh`), i.e.
+    after the optimizer step(s) of the batch whose labels they learn from. With ``pair_lagged_heads`` the design
+    uses the copy taken before the latest refresh (:meth:`for_design`).
+
+    Parameters
+    ----------
+    heads : PrefixHeads
+    args : PAIRConfig
+        Read at call time: ``pair_lagged_heads``, ``pair_head_fit_steps``, ``pair_head_batch_size``.
+    num_processes : int
+        Processes of the run; with more than one (and ``torch.distributed`` initialized) every refresh broadcasts
+        rank 0's heads so they stay bitwise identical.
+    device : torch.device or str, optional
+        Device of the broadcast buffers (the accelerator's).
+
+    Attributes
+    ----------
+    heads : PrefixHeads
+    lagged : PrefixHeads or None
+    needs_refresh : bool
+        New labels arrived since the last refresh (checkpointed).
+    last_refresh : dict
+        Fit losses, temperature and diagnostics of the latest refresh (the ``pair/head_*`` metrics).
+    """
+
+    def __init__(self, heads: PrefixHeads, args, *, num_processes: int = 1, device=None):
+        self.heads = heads
+        self.args = args
+        self.num_processes = int(num_processes)
+        self.device = device
+        self.lagged: PrefixHeads | None = None
+        self.needs_refresh = False
+        self.last_refresh: dict = {}
+
+    @property
+    def ready(self) -> bool:
+        """The replay window holds ``pair_head_min_labels`` labels (before that: warm-up, uniform design)."""
+        return self.heads.ready
+
+    def for_design(self) -> PrefixHeads:
+        """The heads that drive the design: the lagged copy with ``pair_lagged_heads``, else the current ones."""
+        return self.lagged if (self.args.pair_lagged_heads and self.lagged is not None) else self.heads
+
+    def add_labels(self, features, rewards, costs, inclusion) -> None:
+        """Delayed labels of completed, scorable candidates (:meth:`PrefixHeads.add_labels`); the next
+        :meth:`refresh` fits on them."""
+        self.heads.add_labels(features, rewards, costs, inclusion)
+        self.needs_refresh = True
+
+    def refresh(self) -> None:
+        """Refresh after the RL update on the labels gathered so far (Eq. 6-7 fit + temperature, Appendix C).
+
+        A no-op unless new labels arrived since the last refresh (:attr:`needs_refresh`)."""
+        if not self.needs_refresh:
+            return
+        self.needs_refresh = False
+        if self.args.pair_lagged_heads:
+            self.lagged = self.heads.lagged_copy()
+        out = self.heads.refresh(steps=int(self.args.pair_head_fit_steps),
+                                 batch_size=int(self.args.pair_head_batch_size))
+        self.sync()
+        diag = self.heads.diagnostics()
+        self.last_refresh = {"loss_p": out.get("loss_p"), "loss_c": out.get("loss_c"),
+                             "temperature": out.get("temperature"), **diag}
+
+    def sync(self) -> None:
+        """Make the heads bitwise identical on every rank (they are fit on identical gathered labels; this removes
+        any floating-point drift between processes)."""
+        if self.num_processes <= 1 or not torch.distributed.is_initialized():
+            return
+        for head in (self.heads.success_head, self.heads.cost_head):
+            for p in head.parameters():
+                buf = p.data.to(self.device)
+                torch.distributed.broadcast(buf, src=0)
+                p.data.copy_(buf.cpu())
+        t = torch.tensor([self.heads.temperature], dtype=torch.float64, device=self.device)
+        torch.distributed.broadcast(t, src=0)
+        self.heads.temperature = float(t.item())
+
+    def state_dict(self) -> dict:
+        """``{"heads", "lagged_heads", "needs_refresh"}`` (the ``"pair"`` entry of ``trl_ext_state.pt``)."""
+        return {"heads": self.heads.state_dict(),
+                "lagged_heads": None if self.lagged is None else self.lagged.state_dict(),
+                "needs_refresh": bool(self.needs_refresh)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        self.heads.load_state_dict(state["heads"])
+        if state.get("lagged_heads") is not None:
+            self.lagged = self.heads.lagged_copy()
+            self.lagged.load_state_dict(state["lagged_heads"])
+        self.needs_refresh = bool(state["needs_refresh"])
+
+
+class PrefixProbeRollouts(RolloutStrategy):
+    """PAIR's rollout allocation: probe every candidate to a prefix, design, draw, continue the selected ones.
+
+    Train mode only (evaluation uses TRL's full groups). One call of :meth:`generate_and_score` per generation batch
+    on every rank: refresh the heads (labels of the previous batch, :meth:`DesignHeads.refresh`), probe (one
+    :meth:`~trl_ext.GRPOTrainer.generate_token_ids` call capped at ``tau + snap_window`` tokens), prefix features
+    and head predictions, per-prompt design and draw (:func:`~trl_ext.estimators.pair.design_and_draw`, logged in
+    :attr:`design_log` before anything else is generated), continuation (a second ``generate_token_ids`` call), and
+    :meth:`~trl_ext.GRPOTrainer.finish_rollouts` with the completed vertices. The base's one counter
+    ``ext/generated_tokens`` therefore holds every probe and continuation token (unselected prefixes and equalizing
+    dummy rows included); ``pair/prefix_tokens`` and ``pair/realized_suffix_tokens`` are its breakdown.
+
+    Parameters
+    ----------
+    delimiter_ids : set of int, optional
+        Token ids that end a snapped checkpoint (``pair_snap_window > 0``; Appendix C "Prefix checkpoint").
+    heads : DesignHeads
+        The prefix heads the design uses; the trainer's :meth:`~PAIRTrainer.compute_advantages` adds their labels.
+    features : callable
+        ``features(seqs: list[list[int]]) -> Tensor (B, H)``: stop-gradient prefix summaries of ``prompt + prefix``
+        token sequences (:meth:`PAIRTrainer.pair_features`); one call per generation batch on every rank.
+
+    Attributes
+    ----------
+    generation_index : int
+        Generation batches produced so far (keys the design randomness; checkpointed).
+    warm_start : DesignWarmStart
+        Profiles of the previous step's solutions (checkpointed).
+    design_log : list of dict
+        Per prompt of the latest generation batch on this rank (see :attr:`PAIRTrainer.pair_design_log`).
+    num_prompts : int
+        Global number of prompts ``K`` of the current generation batch (the fixed normalizer).
+    pending : dict or None
+        Per-prompt records of the draw, handed to :meth:`PAIRTrainer.compute_advantages` during
+        :meth:`~trl_ext.GRPOTrainer.finish_rollouts`.
+    totals : dict
+        Cumulative ``prefix_tokens``, ``suffix_tokens``, ``groups``, ``zero_edge_groups``, ``solver_fallbacks``
+        (train mode; checkpointed).
+    """
+
+    name = "pair_prefix_probe"
+
+    def __init__(self, delimiter_ids: set[int] | None = None, *, heads: DesignHeads | None = None,
+                 features: Callable[[list[list[int]]], torch.Tensor] | None = None):
+        self.delimiter_ids = set(delimiter_ids or ())
+        self.heads = heads
+        self.features = features
+        self.generation_index = 0
+        self.warm_start = DesignWarmStart()
+        self.design_log: list[dict] = []
+        self.num_prompts = 0
+        self.pending: dict | None = None
+        self.totals = {"prefix_tokens": 0, "suffix_tokens": 0, "zero_edge_groups": 0, "solver_fallbacks": 0,
+                       "groups": 0}
+
+    # ------------------------------------------------------------------------------------------------ interface
+    def describe(self, trainer) -> str:
+        """What each step generates, compared with TRL's GRPO on the same arguments (logged at construction)."""
+        a = trainer.args
+        G, L, n_probe = int(a.num_generations), int(a.max_completion_length), self.probe_len(trainer)
+        snap = f" (+ up to {a.pair_snap_window} to a delimiter)" if a.pair_snap_window else ""
+        anchor = "; the anchor pair adds up to 2 continuations per prompt" if a.pair_anchor_pair else ""
+        return (f"rollout strategy {self.name} (PAIR): {G} candidates per prompt probed to "
+                f"tau = {a.pair_tau} tokens{snap}, then a design-chosen subset continued (expected suffix budget "
+                f"{a.pair_budget_ratio} x predicted, floor pi_min = {a.pair_pi_min}). Compute vs TRL's GRPO with the "
+                f"same arguments ({G} completions of up to L = {L} tokens per prompt): each step generates {G} probes "
+                f"of <= {n_probe} tokens per prompt plus continuations with an expected suffix budget of "
+                f"{a.pair_budget_ratio} x the predicted remaining tokens, i.e. about {n_probe}/{L} + "
+                f"{a.pair_budget_ratio} x (1 - {n_probe}/{L}) = {self.expected_token_factor(trainer):.3g}x TRL's "
+                f"generated tokens (<= 1x; ~ tau/L + budget_ratio){anchor}")
+
+    @staticmethod
+    def expected_token_factor(trainer) -> float:
+        """Expected generated tokens per step relative to TRL's GRPO with the same arguments, for full-length
+        completions: ``p + pair_budget_ratio * (1 - p)`` with ``p = (tau + pair_snap_window) / max_completion_length``
+        (every candidate probed, a ``pair_budget_ratio`` share of the remaining tokens continued in expectation;
+        <= 1, and <= ``p + pair_budget_ratio``). Without the anchor pair and with the predicted costs on target."""
+        a = trainer.args
+        p = PrefixProbeRollouts.probe_len(trainer) / float(a.max_completion_length)
+        return float(min(1.0, p + float(a.pair_budget_ratio) * (1.0 - p)))
+
+    def fixed_policy_normalizer(self, trainer, batch) -> float | None:
+        """The global number of prompts ``K`` of the generation batch when ``pair_fixed_normalizer`` is on.
+
+        ``K`` counts every prompt whose candidates were probed, also those that completed no vertex: it is fixed
+        before the design draw, so the policy loss ``(1/K) sum ...`` is design-unbiased
+        (:func:`~trl_ext.estimators.fixed_normalizer`; the base trainer multiplies by ``max_completion_length`` for
+        token-level losses)."""
+        if not trainer.args.pair_fixed_normalizer:
+            return None
+        return fixed_normalizer(int(self.num_prompts))
+
+    def state_dict(self) -> dict:
+        return {"generation_index": int(self.generation_index), "totals": dict(self.totals),
+                "warm_start": self.warm_start.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generation_index = int(state.get("generation_index", 0))
+        self.totals.update({k: int(v) for k, v in state.get("totals", {}).items()})
+        self.warm_start.load_state_dict(state.get("warm_start", {}))
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def probe_len(trainer) -> int:
+        """Tokens generated by the probe: ``tau + pair_snap_window``."""
+        return int(trainer.args.pair_tau) + int(trainer.args.pair_snap_window)
+
+    @staticmethod
+    def is_finished(trainer, completion: list[int], probe_len: int) -> bool:
+        """Whether a probed candidate ended inside the probe (EOS, or fewer tokens than the cap)."""
+        return len(completion) < probe_len or (len(completion) > 0 and completion[-1] in trainer.eos_token_ids)
+
+    def checkpoint(self, trainer, completion: list[int], finished: bool) -> int:
+        """Checkpoint position inside the probe tokens (snapping, Appendix C)."""
+        if finished or not self.delimiter_ids:
+            return len(completion)
+        for pos in range(int(trainer.args.pair_tau) - 1, len(completion)):
+            if completion[pos] in self.delimiter_ids:
+                return pos + 1
+        return len(completion)
+
+    def design_rng(self, trainer, row_idx: int) -> np.random.Generator:
+        """Fresh design randomness keyed by (seed, generation index, dataset row): never by an outcome, identical
+        across process layouts."""
+        return np.random.default_rng([int(trainer.args.seed) & 0xFFFFFFFF, 0x9A1, self.generation_index,
+                                      int(row_idx) & 0xFFFFFFFF])
+
+    def probe(self, trainer, rows: list[dict]) -> dict:
+        """Steps 1-2 for local candidate rows: prompt ids, probe tokens (and vLLM log-probs), finished flags,
+        checkpoints and prefix features."""
+        prompt_ids = compat.tokenize_prompts(trainer, [x["prompt"] for x in rows])
+        n_probe = self.probe_len(trainer)
+        probe_ids, probe_lps = trainer.generate_token_ids(prompt_ids, max_new_tokens=n_probe)
+        finished = [self.is_finished(trainer, c, n_probe) for c in probe_ids]
+        ckpt = [self.checkpoint(trainer, c, f) for c, f in zip(probe_ids, finished)]
+        feats = self.features([list(p) + list(c[:t]) for p, c, t in zip(prompt_ids, probe_ids, ckpt)])
+        return {"prompt_ids": prompt_ids, "probe_ids": probe_ids, "probe_lps": probe_lps, "finished": finished,
+                "features": feats}
+
+    # ------------------------------------------------------------------------------------------------ main
+    def generate_and_score(self, trainer, inputs):
+        tr = trainer
+        self.heads.refresh()
+        G = int(tr.num_generations)
+        rows = list(inputs)
+        if len(rows) % G:
+            raise RuntimeError(f"PAIR: {len(rows)} local rows are not a multiple of G = {G}.")
+        K = len(rows) // G
+        col = compat.ROW_IDX_COLUMN
+        for k in range(K):
+            keys = {rows[k * G + i].get(col, None) for i in range(G)}
+            if len(keys) != 1:
+                raise RuntimeError("PAIR: a candidate group spans several dataset rows; rows of a prompt must be "
+                                   "contiguous in blocks of G (TRL's RepeatSampler with per-rank rows % G == 0).")
+        device = tr.accelerator.device
+        self.num_prompts = int(compat.gather(torch.tensor([K], device=device)).sum().item())
+        # 1-2. prefix probe, features, frozen heads
+        pr = self.probe(tr, rows)
+        prompt_ids, probe_ids, probe_lps, finished = pr["prompt_ids"], pr["probe_ids"], pr["probe_lps"], pr["finished"]
+        n_probe = self.probe_len(tr)
+        warmup = not self.heads.ready
+        pred = self.heads.for_design().predict(pr["features"])
+        p_hat = pred.p_hat.numpy()
+        c_hat = pred.cost_hat.numpy()
+        # 3. design + draw per prompt, logged before any continuation or reward
+        warm = self.warm_start if tr.args.pair_solver_warm_start else None
+        options = pair_design_options(tr.args)
+        draws: list[GroupDraw] = []
+        self.design_log = []
+        for k in range(K):
+            sl = slice(k * G, (k + 1) * G)
+            row_idx = int(rows[k * G].get(col, k))
+            draw = design_and_draw(p_hat[sl], c_hat[sl], finished[sl], self.design_rng(tr, row_idx),
+                                   warmup=warmup, warm_start=warm, **options)
+            draws.append(draw)
+            self.design_log.append({
+                "generation": self.generation_index, "row_idx": row_idx, "pi": draw.pi.tolist(),
+                "pi_design": draw.pi_design.tolist(), "selected": draw.selected.tolist(),
+                "finished": draw.finished.tolist(), "p_hat": p_hat[sl].tolist(), "cost_hat": c_hat[sl].tolist(),
+                "anchor": draw.anchor, "reason": draw.reason, "n_iter": draw.n_iter,
+                "warm_started": draw.warm_started, "expected_cost": draw.expected_cost, "budget": draw.budget,
+            })
+        # 4. continuation of selected unfinished prefixes from prompt + prefix
+        cont_idx = [k * G + i for k, d in enumerate(draws) for i in range(G) if d.selected[i] and not d.finished[i]]
+        max_new = int(tr.args.max_completion_length) - n_probe
+        cont_ids, cont_lps = tr.generate_token_ids([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
+                                                   max_new_tokens=max_new)
+        full_ids = [list(c) for c in probe_ids]
+        full_lps = None if probe_lps is None else [list(lp) for lp in probe_lps]
+        suffix_len = [0] * len(rows)
+        for n_c, (j, c) in enumerate(zip(cont_idx, cont_ids)):
+            full_ids[j] = full_ids[j] + list(c)
+            suffix_len[j] = len(c)
+            if full_lps is not None:  # vLLM: concatenate both phases' sampling log-probs (TRL's IS correction)
+                if cont_lps is None:
+                    raise RuntimeError("PAIR: the probe returned sampling log-probs but the continuation did not.")
+                full_lps[j] = full_lps[j] + list(cont_lps[n_c])
+        for k, entry in enumerate(self.design_log):  # realized costs, appended after the design was logged
+            entry["realized_suffix_tokens"] = suffix_len[k * G:(k + 1) * G]
+        # 5. completed vertices -> the base's tail (one finish_rollouts call per rank)
+        out_rows, out_ids, out_gids, out_lps, records = [], [], [], [], []
+        for k, d in enumerate(draws):
+            done = [i for i in range(G) if d.selected[i]]
+            for i in done:
+                out_rows.append(rows[k * G + i])
+                out_ids.append(full_ids[k * G + i])
+                out_gids.append(k)
+                if full_lps is not None:
+                    out_lps.append(full_lps[k * G + i])
+            records.append({
+                "G": G, "row_idx": self.design_log[k]["row_idx"], "pi": d.pi.tolist(),
+                "pi_design": d.pi_design.tolist(), "selected": d.selected.tolist(), "finished": d.finished.tolist(),
+                "anchor": d.anchor, "completed": done, "features": pr["features"][k * G:(k + 1) * G][done].clone(),
+                "suffix_len": [suffix_len[k * G + i] for i in done],
+                "probe_len": [len(probe_ids[k * G + i]) for i in range(G)],
+                "p_hat": p_hat[k * G:(k + 1) * G].tolist(), "c_hat": c_hat[k * G:(k + 1) * G].tolist(),
+                "expected_cost": d.expected_cost, "budget": d.budget, "full_cost": d.full_cost, "reason": d.reason,
+                "fell_back": d.fell_back, "degenerate": d.degenerate, "warmup": warmup, "n_iter": d.n_iter,
+                "warm_started": d.warm_started,
+                "solution": None if d.solution is None else [float(v) for v in d.solution],
+                "nonfinite": int(pred.n_nonfinite) if k == 0 else 0,
+            })
+        is_pad = None
+        if not out_rows:  # no completed vertex on this rank: one pad row keeps the collectives aligned
+            out_rows, out_ids, out_gids, is_pad = [rows[0]], [full_ids[0]], [0], [True]
+            out_lps = [full_lps[0]] if full_lps is not None else []
+        self.pending = {"records": records}
+        try:
+            out = tr.finish_rollouts(out_rows, out_ids, group_ids=out_gids,
+                                     logprobs=out_lps if full_lps is not None else None, is_pad=is_pad)
+        finally:
+            self.pending = None
+        self.generation_index += 1
+        return out
