@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 import zlib
 
 import numpy as np
@@ -29,6 +30,7 @@ from trl_ext.estimators.basis import (  # noqa: E402
     calibrate_beta,
     default_beta_grid,
     std_scale_advantages,
+    v_beta,
     v_beta_from_samples,
 )
 from trl_ext.priors.table_format import ValueTable, ValueTableRow, save_value_table  # noqa: E402
@@ -81,16 +83,19 @@ def make_basis(tmp_path, table=None, reward_funcs=None, n_rows: int = 16, datase
                         train_dataset=ds, processing_class=tok, value_table=table)
 
 
-def make_batch(prompts, rewards, is_pad=None, mode="train") -> RolloutBatch:
+def make_batch(trainer, prompts, rewards, is_pad=None, mode="train") -> RolloutBatch:
+    """A global batch as the base builds it: ``p_hat`` from the trainer's value-table strategy (``side_inputs``)."""
     n = len(prompts)
     r = torch.tensor(rewards, dtype=torch.float32)
     pad = torch.zeros(n, dtype=torch.bool) if is_pad is None else torch.tensor(is_pad)
     gid = torch.arange(n, dtype=torch.long)
     gid[pad] = -1
     r[pad] = float("nan")
+    side = trainer.rollout_strategy.side_inputs(trainer, [{"prompt": p} for p in prompts])
     return RolloutBatch(rewards=r, rewards_per_func=r.unsqueeze(1).clone(), group_ids=gid,
                         row_idx=torch.arange(n, dtype=torch.long), prompts=list(prompts),
-                        completion_lengths=torch.ones(n, dtype=torch.long), is_pad=pad, mode=mode)
+                        completion_lengths=torch.ones(n, dtype=torch.long), is_pad=pad, mode=mode,
+                        side_inputs={k: np.asarray(v, dtype=np.float64) for k, v in side.items()})
 
 
 def last_metric(trainer, name, mode="train"):
@@ -198,7 +203,7 @@ def test_g1_training_changes_weights_while_trl_g1_does_not(tmp_path):
 
 def test_trainer_advantages_equal_estimator_on_gathered_batch(tmp_path):
     trainer = make_basis(tmp_path, max_steps=1)
-    table = trainer._basis_table
+    table = trainer.value_table
     trainer.train()
     batch = trainer.last_rollout_batch
     r = batch.rewards.double().numpy()
@@ -227,15 +232,15 @@ def _unit_trainer(tmp_path, table_prompts=PROMPTS, **kw):
 def test_missing_prompts_error_above_limit(tmp_path):
     trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[3:], basis_max_missing_fraction=0.25)  # 3/8 missing
     with pytest.warns(UserWarning, match="missing from the value table"):
-        trainer._basis_check_coverage(trainer.train_dataset)
+        trainer.rollout_strategy.check_coverage(trainer.train_dataset, trainer.args.basis_max_missing_fraction)
     with pytest.raises(ValueError, match=r"3 of the 8 prompts .* missing from the value table"):
-        trainer.compute_advantages(make_batch(PROMPTS, REWARDS))
+        trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS))
 
 
 @pytest.mark.parametrize("fallback", ["zero", "batch_mean", "value"])
 def test_missing_prompts_fallback_counted(tmp_path, fallback):
     trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[2:], basis_max_missing_fraction=0.25, basis_fallback=fallback)
-    adv = trainer.compute_advantages(make_batch(PROMPTS, REWARDS)).double().numpy()
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS)).double().numpy()
     r = np.array(REWARDS)
     if fallback == "batch_mean":
         expected = [r[i] - np.delete(r, i).mean() for i in range(2)]
@@ -245,27 +250,27 @@ def test_missing_prompts_fallback_counted(tmp_path, fallback):
     assert last_metric(trainer, "basis/missing_count") == 2
     assert last_metric(trainer, "basis/missing_fraction") == 0.25
     assert last_metric(trainer, "basis/fallback_count") >= 2
-    assert trainer._basis_totals["basis_missing_total"] == 2
+    assert trainer.rollout_strategy.totals["missing_total"] == 2
     # the present prompts get the estimator's baseline with the missing ones as NaN values
-    p = np.array([np.nan, np.nan] + [trainer._basis_table.lookup(x).success_probability for x in PROMPTS[2:]])
+    p = np.array([np.nan, np.nan] + [trainer.value_table.lookup(x).success_probability for x in PROMPTS[2:]])
     cal = calibrate_beta(r, p, fallback=fallback)
     np.testing.assert_allclose(adv, r - cal.baseline, atol=1e-6)
 
 
 def test_pad_and_nan_rows(tmp_path):
     trainer = _unit_trainer(tmp_path)
-    ref = trainer.compute_advantages(make_batch(PROMPTS, REWARDS)).numpy()
+    ref = trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS)).numpy()
     # pad rows (copies of the last prompt, NaN reward) change nothing and are not counted
-    padded = trainer.compute_advantages(make_batch(PROMPTS + ["not in table"] * 2, REWARDS + [0.0, 0.0],
+    padded = trainer.compute_advantages(make_batch(trainer, PROMPTS + ["not in table"] * 2, REWARDS + [0.0, 0.0],
                                                    is_pad=[False] * 8 + [True] * 2)).numpy()
     np.testing.assert_array_equal(padded[:8], ref)
     assert (padded[8:] == 0).all() and last_metric(trainer, "basis/missing_count") == 0
     # a NaN (unscorable) reward: advantage 0, excluded as a source
     r = list(REWARDS)
     r[3] = float("nan")
-    adv = trainer.compute_advantages(make_batch(PROMPTS, r)).double().numpy()
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, r)).double().numpy()
     assert adv[3] == 0 and np.isfinite(adv).all()
-    p = np.array([trainer._basis_table.lookup(x).success_probability for x in PROMPTS])
+    p = np.array([trainer.value_table.lookup(x).success_probability for x in PROMPTS])
     cal = calibrate_beta(np.array(r), p)
     keep = np.arange(8) != 3
     np.testing.assert_allclose(adv[keep], np.array(r)[keep] - cal.baseline[keep], atol=1e-6)
@@ -274,7 +279,7 @@ def test_pad_and_nan_rows(tmp_path):
 def test_empty_active_set_uses_fallback(tmp_path):
     table = make_table(PROMPTS, rewards_fn=lambda p: [float(int(p.split("+")[0]) % 2)] * 8)  # p_hat in {0, 1}
     trainer = _unit_trainer(tmp_path, table=table)
-    adv = trainer.compute_advantages(make_batch(PROMPTS, REWARDS)).numpy()
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS)).numpy()
     np.testing.assert_allclose(adv, REWARDS)  # zero baseline everywhere
     assert last_metric(trainer, "basis/active_fraction") == 0
     assert last_metric(trainer, "basis/fallback_count") == 8
@@ -284,14 +289,14 @@ def test_empty_active_set_uses_fallback(tmp_path):
 def test_reward_outside_table_range_raises(tmp_path):
     trainer = _unit_trainer(tmp_path)
     with pytest.raises(ValueError, match="outside the value table's reward_range"):
-        trainer.compute_advantages(make_batch(PROMPTS, [2.0] + REWARDS[1:]))
+        trainer.compute_advantages(make_batch(trainer, PROMPTS, [2.0] + REWARDS[1:]))
 
 
 def test_signed_reward_range_maps_back(tmp_path):
     table = make_table(PROMPTS, rewards_fn=lambda p: [2 * x - 1 for x in ref_rewards(p)], reward_range=(-1.0, 1.0))
     trainer = _unit_trainer(tmp_path, table=table)
     r = np.array([2 * x - 1 for x in REWARDS])
-    adv = trainer.compute_advantages(make_batch(PROMPTS, r.tolist())).double().numpy()
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, r.tolist())).double().numpy()
     p = np.array([table.lookup(x).success_probability for x in PROMPTS])
     cal = calibrate_beta((r + 1) / 2, p)
     np.testing.assert_allclose(adv, r - (-1 + 2 * cal.baseline), atol=1e-6)
@@ -306,7 +311,7 @@ def test_non_binary_rewards(tmp_path):
     # samples stored: the (N, K) plug-in V_beta table (Proposition 2) is used
     table = make_table(PROMPTS, rewards_fn=graded)
     trainer = _unit_trainer(tmp_path, table=table)
-    adv = trainer.compute_advantages(make_batch(PROMPTS, r)).double().numpy()
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, r)).double().numpy()
     vt = v_beta_from_samples([graded(p) for p in PROMPTS], default_beta_grid())
     cal = calibrate_beta(np.array(r), vt)
     np.testing.assert_allclose(adv, np.array(r) - cal.baseline, atol=1e-6)
@@ -314,27 +319,27 @@ def test_non_binary_rewards(tmp_path):
     table = make_table(PROMPTS, rewards_fn=graded, store_rewards=False)
     trainer = _unit_trainer(tmp_path, table=table)
     with pytest.warns(UserWarning, match="only binary statistics"):
-        trainer.compute_advantages(make_batch(PROMPTS, r))
+        trainer.compute_advantages(make_batch(trainer, PROMPTS, r))
 
 
 def test_scale_advantages_and_eval_mode(tmp_path):
     trainer = _unit_trainer(tmp_path, basis_scale_advantages=True)
-    adv = trainer.compute_advantages(make_batch(PROMPTS, REWARDS)).double().numpy()
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS)).double().numpy()
     assert np.std(adv, ddof=1) == pytest.approx(1.0, abs=1e-2)
     assert len(trainer.beta_history) == 1
-    trainer.compute_advantages(make_batch(PROMPTS, REWARDS, mode="eval"))
+    trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS, mode="eval"))
     assert len(trainer.beta_history) == 1  # eval batches are calibrated and logged, not recorded
     assert "basis/beta" in trainer._metrics["eval"]
 
 
 def test_scaled_advantages_come_from_the_estimator_function(tmp_path, monkeypatch):
-    import trl_ext.trainers.basis as basis_trainer_module
+    import trl_ext.estimators.basis as basis_estimator_package
 
     table = make_table(PROMPTS, rewards_fn=lambda p: [2 * x - 1 for x in ref_rewards(p)], reward_range=(-1.0, 1.0))
     trainer = _unit_trainer(tmp_path, table=table, basis_scale_advantages=True)
     r = np.array([2 * x - 1 for x in REWARDS])
     r[3] = np.nan
-    batch = make_batch(PROMPTS + ["pad"], r.tolist() + [0.0], is_pad=[False] * 8 + [True])
+    batch = make_batch(trainer, PROMPTS + ["pad"], r.tolist() + [0.0], is_pad=[False] * 8 + [True])
     # expected: the estimator's std_scale_advantages on r - b, with b mapped back to the reward scale [-1, 1]
     fin = ~np.isnan(r)
     p = np.array([table.lookup(x).success_probability for x in PROMPTS])
@@ -345,7 +350,9 @@ def test_scaled_advantages_come_from_the_estimator_function(tmp_path, monkeypatc
     adv = trainer.compute_advantages(batch).double().numpy()
     np.testing.assert_allclose(adv[:8], expected, rtol=1e-6, atol=1e-6)
     assert adv[3] == 0.0 and adv[8] == 0.0
-    # the trainer must call the estimator function (one implementation): a marked output comes back unchanged
+    # the trainer must call the estimator function (one implementation): a marked output comes back unchanged. The
+    # registered "basis" estimator looks it up on its package; it sees the real rows (the pad row removed, the
+    # unscorable row kept: registered with sees_unscorable)
     calls = []
 
     def spy(advantages, valid=None, eps=1e-4):
@@ -353,7 +360,7 @@ def test_scaled_advantages_come_from_the_estimator_function(tmp_path, monkeypatc
         out, s = std_scale_advantages(advantages, valid, eps)
         return np.where(valid, out + 100.0, 0.0), s
 
-    monkeypatch.setattr(basis_trainer_module, "std_scale_advantages", spy)
+    monkeypatch.setattr(basis_estimator_package, "std_scale_advantages", spy)
     marked = trainer.compute_advantages(batch).double().numpy()
     assert len(calls) == 1 and calls[0][2] == 1e-4
     np.testing.assert_allclose(calls[0][0], raw, atol=1e-12)
@@ -363,10 +370,72 @@ def test_scaled_advantages_come_from_the_estimator_function(tmp_path, monkeypatc
     # a single finite reward: the std is undefined and r - b is returned unscaled (as before the refactor)
     lone = [float("nan")] * 8
     lone[2] = 1.0
-    adv = trainer.compute_advantages(make_batch(PROMPTS, lone)).double().numpy()
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, lone)).double().numpy()
     cal = calibrate_beta((np.array(lone) + 1) / 2, p)
     assert adv[2] == pytest.approx(1.0 - (-1 + 2 * cal.baseline[2]), abs=1e-6)
     assert np.count_nonzero(adv) <= 1
+
+
+def test_batch_without_a_scorable_row_is_recorded_like_any_other(tmp_path):
+    """Every reward NaN: the "basis" estimator (registered with sees_unscorable) still calibrates on the real rows
+    (the largest beta, every prompt on the fallback); beta_t is recorded and the missing prompts counted."""
+    trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[1:], basis_max_missing_fraction=0.25)
+    adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, [float("nan")] * 8)).numpy()
+    assert (adv == 0).all()
+    assert trainer.beta_history == [float(default_beta_grid().max())]
+    assert last_metric(trainer, "basis/missing_count") == 1 and last_metric(trainer, "basis/fallback_count") == 8
+    assert last_metric(trainer, "basis/calibration_loss") == math.inf
+    assert last_metric(trainer, "basis/mean_sq_advantage") == 0.0
+    assert trainer.rollout_strategy.totals == {"missing_total": 1, "fallback_total": 8, "rows_total": 8}
+    assert set(BASIS_METRICS) <= set(trainer._metrics["train"])
+
+
+def test_sample_based_values_only_when_the_batch_has_such_a_row(tmp_path):
+    """A table mixing binary rows (pass rates: the closed form) and non-binary per-sample rows (the plug-in V_beta on
+    the grid): p_hat is (N,) for a batch of binary rows only, (N, K) as soon as one row is sample-based -- the
+    estimator's input exactly as the trainer built it before the strategy."""
+    def mixed(p):  # the first four prompts graded, the others binary
+        return [0.5, 1.0, 0.0, 0.5, 0.0, 0.0] if PROMPTS.index(p) < 4 else ref_rewards(p)
+
+    table = make_table(PROMPTS, rewards_fn=mixed)
+    trainer = _unit_trainer(tmp_path, table=table)
+    grid = default_beta_grid()
+    binary = make_batch(trainer, PROMPTS[4:], REWARDS[4:])
+    assert binary.side_inputs["p_hat"].shape == (4,)
+    p = np.array([table.lookup(x).success_probability for x in PROMPTS[4:]])
+    expected = np.array(REWARDS[4:]) - calibrate_beta(np.array(REWARDS[4:]), p).baseline
+    np.testing.assert_array_equal(trainer.compute_advantages(binary).numpy(), expected.astype(np.float32))
+    r = [0.5, 0.0, 1.0, 0.5, 1.0, 0.0, 1.0, 1.0]
+    full = make_batch(trainer, PROMPTS, r)
+    assert full.side_inputs["p_hat"].shape == (8, grid.size)
+    vt = np.array([v_beta_from_samples([mixed(x)], grid)[0] if i < 4 else
+                   v_beta(table.lookup(x).success_probability, grid) for i, x in enumerate(PROMPTS)])
+    expected = np.array(r) - calibrate_beta(np.array(r), vt).baseline
+    np.testing.assert_allclose(trainer.compute_advantages(full).numpy(), expected, atol=1e-6)
+
+
+def test_value_table_strategy_is_registered_and_built_by_the_preset(tmp_path, caplog):
+    import logging
+
+    from trl_ext import ExtGRPOConfig
+    from trl_ext.trainers.rollouts import get_rollout_strategy
+    from trl_ext.trainers.value_table_lookup import ValueTableLookup
+
+    assert get_rollout_strategy("value_table") is ValueTableLookup
+    assert ValueTableLookup.provides == frozenset({"p_hat"})
+    # the basis estimator on the base trainer's fixed groups: refused, naming the strategy and the preset
+    with pytest.raises(ValueError, match=r"\['p_hat'\].*BASISTrainer.*value_table"):
+        ExtGRPOConfig("out", use_cpu=True, per_device_train_batch_size=8, report_to="none",
+                      advantage_estimator="basis", num_generations=1)
+    with pytest.raises(ValueError, match="built by trl_ext.BASISTrainer"):
+        ValueTableLookup.from_trainer(None)
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.base"):
+        trainer = _unit_trainer(tmp_path)
+    assert isinstance(trainer.rollout_strategy, ValueTableLookup) and trainer.train_estimator == "basis"
+    line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("BASISTrainer:")]
+    assert line == ["BASISTrainer: rollout strategy value_table: 8 rollouts per generation batch (1 per prompt), as "
+                    "TRL; each prompt's offline value p_hat from a value table of 8 rows (reward range [0, 1], "
+                    "230-point beta grid); advantage estimator basis."]
 
 
 # ------------------------------------------------------------------------------------------------------ table input
@@ -425,7 +494,7 @@ def test_table_bad_input(tmp_path):
     path = tmp_path / "table.jsonl"
     save_value_table(path, make_table(PROMPTS))
     trainer = build(args=basis_config(tmp_path, basis_value_table_path=str(path)))
-    assert len(trainer._basis_table) == 8
+    assert len(trainer.value_table) == 8
 
 
 # ------------------------------------------------------------------------------------------------------ resume
@@ -495,20 +564,35 @@ def test_resume_restores_beta_history(tmp_path):
     assert len(full) == 2
     ckpt = os.path.join(trainer.args.output_dir, "checkpoint-1")
     state = torch.load(os.path.join(ckpt, EXT_STATE_FILE), weights_only=True)
-    assert state["basis_beta_history"] == full[:1] and state["basis_beta_steps"] == [0]
-    assert state["basis_rows_total"] == 8
+    strategy_state = state["rollout_strategy"]  # the beta history is the value_table strategy's state
+    assert strategy_state["name"] == "value_table"
+    assert strategy_state["state"]["beta_history"] == full[:1] and strategy_state["state"]["beta_steps"] == [0]
+    assert strategy_state["state"]["rows_total"] == 8
 
     resumed = make_basis(tmp_path, save_strategy="no", max_steps=2)
     assert resumed.beta_history == []
     resumed.train(resume_from_checkpoint=ckpt)
     assert resumed.beta_history[0] == full[0]
     assert len(resumed.beta_history) == 2 and resumed.beta_history_steps == [0, 1]
-    assert resumed._basis_totals["basis_rows_total"] == 16
+    assert resumed.rollout_strategy.totals["rows_total"] == 16
 
+    corrupt = {**strategy_state, "state": {**strategy_state["state"], "beta_history": [1.0, float("nan")],
+                                             "beta_steps": [0, 1]}}
     with pytest.raises(ValueError, match="Corrupt BASIS state"):
-        resumed.load_ext_state_dict({**state, "basis_beta_history": [1.0, float("nan")], "basis_beta_steps": [0, 1]})
+        resumed.load_ext_state_dict({**state, "rollout_strategy": corrupt})
     with pytest.warns(UserWarning, match="no BASIS beta history"):
-        resumed.load_ext_state_dict({k: v for k, v in state.items() if not k.startswith("basis_beta")})
+        resumed.load_ext_state_dict({k: v for k, v in state.items() if k != "rollout_strategy"})
+    # a checkpoint of the trainer before the value_table strategy: the beta history as basis_* trainer keys
+    legacy = {k: v for k, v in state.items() if k != "rollout_strategy"}
+    legacy.update(basis_beta_history=[0.5, 0.25], basis_beta_steps=[0, 1], basis_missing_total=3,
+                  basis_fallback_total=4, basis_rows_total=16, rollout_strategy={"name": "fixed_groups", "state": {}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # translated: no "another strategy" / "no beta history" warning
+        resumed.load_ext_state_dict(legacy)
+    assert resumed.beta_history == [0.5, 0.25] and resumed.beta_history_steps == [0, 1]
+    assert resumed.rollout_strategy.totals == {"missing_total": 3, "fallback_total": 4, "rows_total": 16}
+    with pytest.raises(ValueError, match="Corrupt BASIS state"):
+        resumed.load_ext_state_dict({**legacy, "basis_beta_history": [1.0, float("nan")]})
 
 
 # ------------------------------------------------------------------------------------------------------ two ranks
@@ -584,4 +668,4 @@ def test_evaluate_on_held_out_prompts_uses_the_fallback(tmp_path):
     assert np.isfinite(metrics["eval_loss"])
     assert trainer.beta_history == []  # eval batches do not enter the training beta trajectory
     with pytest.raises(ValueError, match="missing from the value table"):
-        trainer.compute_advantages(make_batch(held_out["prompt"], [1.0, 0.0] * 4, mode="train"))
+        trainer.compute_advantages(make_batch(trainer, held_out["prompt"], [1.0, 0.0] * 4, mode="train"))

@@ -704,6 +704,48 @@ def test_registry_entry():
         fn(r)  # p_hat is required
 
 
+# ------------------------------------------------------------------------------------------ reward range
+def test_rewards_to_unit_maps_clips_round_off_and_refuses_other_scales():
+    from trl_ext.estimators.basis import RANGE_TOL, rewards_to_unit
+
+    r = np.array([-1.0, 0.0, 1.0, np.nan, 1.0 + RANGE_TOL, -1.0 - RANGE_TOL])
+    u = rewards_to_unit(r, (-1.0, 1.0))
+    np.testing.assert_array_equal(u[:3], [0.0, 0.5, 1.0])
+    assert np.isnan(u[3]) and u[4] == 1.0 and u[5] == 0.0  # NaN kept, round-off clipped
+    with pytest.raises(ValueError, match=r"1 training reward\(s\) lie outside the value table's reward_range"):
+        rewards_to_unit(np.array([0.0, 2.0]), (0.0, 1.0))
+    for bad in ((1.0, 0.0), (0.0, np.inf), (0.0,), "ab"):
+        with pytest.raises(ValueError, match="reward_range"):
+            rewards_to_unit(np.array([0.5]), bad)
+
+
+def test_registry_reward_range_calibrates_on_unit_scale_and_answers_on_the_reward_scale():
+    from trl_ext.estimators.baselines import get_advantage_estimator
+
+    fn = get_advantage_estimator("basis")
+    u = np.array([1.0, 0.0, np.nan, 1.0, 0.0, 1.0])
+    r = 2.0 * u - 1.0  # rewards on [-1, 1]
+    p = np.array([0.3, 0.5, 0.6, 0.7, 0.2, 0.9])
+    res = fn(r, p_hat=p, reward_range=(-1.0, 1.0))
+    cal = calibrate_beta(u, p)
+    ok = ~np.isnan(r)
+    np.testing.assert_array_equal(res.baselines, -1.0 + 2.0 * cal.baseline)  # the baseline on the reward scale
+    np.testing.assert_array_equal(res.advantages, np.where(ok, np.nan_to_num(r) - res.baselines, 0.0))
+    assert res.extras["beta"] == cal.beta and res.extras["n_no_source"] == cal.result.n_no_source
+    # std scaling on the reward scale
+    norm = fn(r, p_hat=p, reward_range=(-1.0, 1.0), normalize=True)
+    np.testing.assert_array_equal(norm.advantages, std_scale_advantages(res.advantages, ok)[0])
+    # [0, 1] is the identity map: same result as without reward_range
+    unit_res = fn(u, p_hat=p, reward_range=(0.0, 1.0))
+    plain = fn(u, p_hat=p)
+    np.testing.assert_array_equal(unit_res.advantages, plain.advantages)
+    np.testing.assert_array_equal(unit_res.baselines, plain.baselines)
+    with pytest.raises(ValueError, match=r"rewards must lie in \[0, 1\].*\(r - lo\) / \(hi - lo\)"):
+        fn(r, p_hat=p)  # rewards on [-1, 1] without their range
+    with pytest.raises(ValueError, match="outside the value table's reward_range"):
+        fn(np.array([3.0, 0.0]), p_hat=np.array([0.5, 0.5]), reward_range=(-1.0, 1.0))
+
+
 # ---------------------------------------------------------------------------------------- std scaling (opt-in)
 def test_std_scale_advantages_formula_and_invalid_rows():
     a = np.array([0.5, -0.25, np.nan, 1.0, 0.0, -0.75])

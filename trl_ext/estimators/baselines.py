@@ -47,6 +47,8 @@ __all__ = [
     "ESTIMATOR_MIN_GROUP_SIZE",
     "ESTIMATOR_SIDE_INPUTS",
     "estimator_side_inputs",
+    "ESTIMATORS_SEEING_UNSCORABLE",
+    "estimator_sees_unscorable",
     "nanstd",
 ]
 
@@ -102,6 +104,9 @@ ESTIMATOR_SIDE_INPUTS: dict[str, dict[str, str]] = {}
 ESTIMATOR_USED_BY: dict[str, str] = {}
 """Where an estimator with side inputs is available ready-made (e.g. ``"trl_ext.BASISTrainer"``), for error messages."""
 
+ESTIMATORS_SEEING_UNSCORABLE: set[str] = set()
+"""Estimators registered with ``sees_unscorable=True``: a trainer passes them its unscorable rows (NaN reward) too."""
+
 SIDE_INPUT_LEVELS = ("row", "group")
 
 
@@ -117,8 +122,14 @@ def estimator_side_inputs(name: str) -> dict[str, str]:
     return dict(ESTIMATOR_SIDE_INPUTS.get(name, {}))
 
 
+def estimator_sees_unscorable(name: str) -> bool:
+    """Whether ``name`` was registered with ``sees_unscorable=True``."""
+    get_advantage_estimator(name)
+    return name in ESTIMATORS_SEEING_UNSCORABLE
+
+
 def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inputs: dict[str, str] | None = None,
-                                 used_by: str | None = None,
+                                 used_by: str | None = None, sees_unscorable: bool = False,
                                  ) -> Callable[[Callable[..., AdvantageResult]], Callable[..., AdvantageResult]]:
     """Decorator registering ``fn(rewards, group_ids, **side_inputs, **kwargs) -> AdvantageResult`` under ``name``.
 
@@ -142,6 +153,10 @@ def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inp
         construction.
     used_by : str, optional
         The ready-made trainer that serves this estimator (named in the error a trainer gives when it cannot).
+    sees_unscorable : bool, default False
+        A trainer removes pad rows and unscorable rows (NaN reward) before calling an estimator; with True it keeps
+        the unscorable rows, whose NaN rewards the estimator must exclude from every baseline and give advantage 0
+        (BASIS: such prompts still count in its batch-level shares and fallback counts).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"estimator name must be a non-empty string, got {name!r}.")
@@ -165,6 +180,9 @@ def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inp
         ADVANTAGE_ESTIMATORS[name] = fn
         ESTIMATOR_MIN_GROUP_SIZE[name] = int(min_group_size)
         ESTIMATOR_SIDE_INPUTS[name] = side
+        ESTIMATORS_SEEING_UNSCORABLE.discard(name)
+        if sees_unscorable:
+            ESTIMATORS_SEEING_UNSCORABLE.add(name)
         if used_by is not None:
             ESTIMATOR_USED_BY[name] = str(used_by)
         return fn

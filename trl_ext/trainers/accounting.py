@@ -26,6 +26,13 @@ from .batch import RolloutBatch
 __all__ = ["BatchAccounting"]
 
 
+def _side_value(v):
+    """One row's side input: a float, or a list of floats (a row of a 2-D input, e.g. BASIS's ``V_beta`` grid)."""
+    if isinstance(v, list | tuple) or getattr(v, "ndim", 0) >= 1:
+        return [float(x) for x in v]
+    return float(v)
+
+
 class BatchAccounting:
     """Batch building, advantage finalization, loss denominators and metrics (mixin of :class:`trl_ext.GRPOTrainer`)."""
 
@@ -164,7 +171,7 @@ class BatchAccounting:
                 numeric = all(isinstance(v, int | float) and not isinstance(v, bool) or v is None for v in values)
                 extra[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
                                            dtype=torch.float64) if numeric else values
-        side = self._ext_gather_side_inputs(inputs, replay) if mode == "train" else {}
+        side = self._ext_gather_side_inputs(inputs, replay) if self._ext_strategy_feeds(mode) else {}
         return RolloutBatch(
             side_inputs=side,
             rewards=rewards.cpu(),
@@ -184,7 +191,8 @@ class BatchAccounting:
 
     def _ext_gather_side_inputs(self, inputs, replay) -> dict:
         """The strategy's side inputs for this rank's rows (``RolloutStrategy.side_inputs``, then what
-        ``finish_rollouts(side_inputs=...)`` was given), gathered over ranks: ``{name: float64 ndarray (N,)}``."""
+        ``finish_rollouts(side_inputs=...)`` was given), gathered over ranks: ``{name: float64 ndarray (N,)}``, or
+        ``(N, K)`` for an input given as one length-``K`` list of numbers per row."""
         import numpy as np
 
         provides = sorted(self.rollout_strategy.provides)
@@ -199,7 +207,7 @@ class BatchAccounting:
             if values is not None and len(values) != len(inputs):
                 raise ValueError(f"rollout strategy {self.rollout_strategy.name!r}: side input {key!r} has "
                                  f"{len(values)} values for {len(inputs)} rows.")
-            parts = compat.gather_object([None if values is None else [float(v) for v in values]])
+            parts = compat.gather_object([None if values is None else [_side_value(v) for v in values]])
             if any(p is None for p in parts):
                 continue  # not supplied this batch: an estimator that needs it raises, naming the strategy
             out[key] = np.asarray([v for p in parts for v in p], dtype=np.float64)

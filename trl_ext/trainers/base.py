@@ -10,7 +10,7 @@ and only *adds* metrics. On top it provides:
     :func:`trl_ext.estimators.register_advantage_estimator` (``grpo`` -- TRL's, bitwise --, ``dr_grpo``,
     ``rloo``, ``reinforce_pp``, or your own), selected by name; :meth:`GRPOTrainer.compute_advantages` dispatches
     through one valid-row adapter (pad rows, NaN rewards, ragged groups); override it for estimators that need
-    more than rewards and groups (BASIS, V0.5, PAIR);
+    more than rewards and groups (V0.5, PAIR);
   - :class:`~trl_ext.trainers.rollouts.RolloutStrategy` objects for the rollout allocation
     (:meth:`GRPOTrainer.create_rollout_strategy`): TRL's fixed groups, DAPO dynamic sampling
     (``dynamic_sampling=True``), V0.5's OSLA rounds, PAIR's probe-then-continue; they generate with
@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from ..estimators.baselines import (
+    estimator_sees_unscorable,
     get_advantage_estimator,
     trl_grpo_advantages,
 )
@@ -216,6 +217,10 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     train_estimator: ClassVar[str | None] = None
     """Method presets: the registered estimator used on train batches (its side inputs come from the preset's rollout
     strategy; evaluation batches keep ``advantage_estimator``). ``None``: ``advantage_estimator`` everywhere."""
+    train_estimator_in_eval: ClassVar[bool] = False
+    """Method presets whose ``train_estimator`` also scores evaluation batches (BASIS): the strategy's side inputs are
+    gathered, its ``estimator_kwargs`` added and its ``observe_advantages`` called on evaluation batches too
+    (``batch.mode`` tells them apart)."""
     keyed_sampling_enabled: ClassVar[bool] = False  # True on the keyed variant (KeyedSamplingMixin's property)
 
     def __new__(cls, *args, **kwargs):
@@ -281,8 +286,12 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
         if self.accelerator.is_main_process:
+            estimator = self.args.advantage_estimator
+            if self.train_estimator is not None:
+                estimator = (self.train_estimator if self.train_estimator_in_eval
+                             else f"{self.train_estimator} (evaluation: {estimator})")
             logger.info("%s: %s; advantage estimator %s.", type(self).__name__,
-                        self.rollout_strategy.describe(self), self.args.advantage_estimator)
+                        self.rollout_strategy.describe(self), estimator)
 
     def create_rollout_strategy(self) -> RolloutStrategy:
         """The train-mode rollout allocation: the strategy registered under the config's ``rollout_strategy``
@@ -298,8 +307,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         ``"grpo"`` without ``advantage_estimator_kwargs`` reproduces TRL 1.16 bitwise
         (:func:`~trl_ext.estimators.trl_grpo_advantages` with the trainer's ``scale_rewards`` and
         ``multi_objective_aggregation``), on ragged groups too. Any other registered name goes through
-        :meth:`registry_advantages`, the one valid-row adapter. Override this method for estimators that need
-        more than rewards and group labels (BASIS, V0.5, PAIR).
+        :meth:`registry_advantages`, the one valid-row adapter. Method presets name a registered
+        ``train_estimator`` fed by their strategy's side inputs instead of overriding this method (V0.5, BASIS).
 
         Parameters
         ----------
@@ -314,10 +323,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             confidence scaling, slices the local rows and fixes the logs.
         """
         name, kwargs = self.args.advantage_estimator, self.args.advantage_estimator_kwargs
-        if batch.mode == "train" and self.train_estimator is not None:
+        feeds = self._ext_strategy_feeds(batch.mode)
+        if feeds and self.train_estimator is not None:
             # a method preset: its registered estimator on train batches, fed by its strategy
             name, kwargs = self.train_estimator, {}
-        if batch.mode == "train":
+        if feeds:
             kwargs = {**self.rollout_strategy.estimator_kwargs(self), **kwargs}
         if name == "grpo" and not kwargs:
             gid = torch.where(batch.is_pad, torch.full_like(batch.group_ids, -1), batch.group_ids)
@@ -335,7 +345,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         the batch (so it gets flat ``rewards`` and ``group_ids`` of real, scorable rollouts, groups possibly
         ragged, plus the side inputs it was registered with, taken from ``batch.side_inputs`` on the same rows:
         per row, or per group in order of first appearance) and get advantage 0; they are counted in ``adv/unscorable_rows``. The estimator's own fallbacks
-        (e.g. RLOO singletons) are counted in ``adv/degenerate_rows``.
+        (e.g. RLOO singletons) are counted in ``adv/degenerate_rows``. An estimator registered with
+        ``sees_unscorable=True`` (BASIS) also gets the unscorable rows, with their NaN rewards.
 
         Returns
         -------
@@ -346,9 +357,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         adv = torch.zeros(batch.num_rows, dtype=torch.float32)
         n_unscorable = int((~batch.is_pad & ~valid).sum())
         self.log_ext_metric("adv/unscorable_rows", float(n_unscorable), batch.mode)
+        if estimator_sees_unscorable(name):  # it excludes NaN rewards itself and gives them 0: only pads removed
+            valid = ~batch.is_pad
         if not bool(valid.any()):
             self.last_estimator_result = None
-            if batch.mode == "train":
+            if self._ext_strategy_feeds(batch.mode):
                 self.rollout_strategy.observe_advantages(self, batch, None, valid)
             return adv
         side = side_input_arrays(batch, name, valid, self.rollout_strategy)
@@ -360,9 +373,14 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         adv[valid] = torch.as_tensor(values, dtype=torch.float32)
         self.log_ext_metric("adv/degenerate_rows", float(getattr(res, "n_degenerate", 0)), batch.mode)
         self.last_estimator_result = res
-        if batch.mode == "train":
+        if self._ext_strategy_feeds(batch.mode):
             self.rollout_strategy.observe_advantages(self, batch, res, valid)
         return adv
+
+    def _ext_strategy_feeds(self, mode: str) -> bool:
+        """Whether the rollout strategy feeds the estimator of a ``mode`` batch (side inputs, estimator kwargs,
+        ``observe_advantages``): train batches, and evaluation batches of presets with ``train_estimator_in_eval``."""
+        return mode == "train" or (self.train_estimator is not None and self.train_estimator_in_eval)
 
     def ext_state_dict(self) -> dict:
         """State saved as ``trl_ext_state.pt`` in each checkpoint (extend with ``state = super().ext_state_dict()``).

@@ -17,55 +17,33 @@ Reasoning", May 2026):
    collapse (see ``docs/estimators_basis.md``); ``"paper"`` is Eq. 3 as written.
 4. Advantage ``A_i = r_i - b_i`` (Section 4), optionally divided by the batch std (off by default, as in the paper).
 
-The math lives in :mod:`trl_ext.estimators.basis` (pure numpy); this module only wires it into TRL.
+The trainer is a preset of :class:`trl_ext.GRPOTrainer`: the registered ``"basis"`` estimator
+(:mod:`trl_ext.estimators.basis`, pure numpy: steps 1-4) fed by the registered ``"value_table"`` rollout strategy
+(:class:`~trl_ext.trainers.value_table_lookup.ValueTableLookup`: each row's offline value, the estimator options, the
+beta history and the ``basis/*`` metrics). This module holds the config, the preset and its model card.
 See ``docs/basis.md`` for usage and for the TRL settings that reproduce the paper's GRPO / GPG / GSPO combinations.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
-from ..estimators.basis import (
-    calibrate_beta,
-    default_beta_grid,
-    std_scale_advantages,
-    v_beta,
-    v_beta_from_samples,
-)
-from ..priors.table_format import ValueTable, load_value_table, prompt_key
+from ..priors.table_format import ValueTable
 from . import model_card
 from .base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
-from .batch import RolloutBatch
+from .value_table_lookup import BASIS_METRICS, ValueTableLookup, resolve_value_table
 
 __all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "file_sha256"]
 
 _VARIANTS = ("unb", "vop", "rvg")
 _OBJECTIVES = ("robust", "paper")
 _FALLBACKS = ("zero", "batch_mean", "value")
-_ADV_EPS = 1e-4  # TRL's guard constant for std scaling
-_RANGE_TOL = 1e-6  # rewards this far outside the table's reward_range are clipped, further ones raise
-
-BASIS_METRICS = (
-    "basis/beta",
-    "basis/calibration_loss",
-    "basis/active_fraction",
-    "basis/fallback_count",
-    "basis/no_source_count",
-    "basis/missing_count",
-    "basis/missing_fraction",
-    "basis/frac_baseline_0_or_1",
-    "basis/mean_baseline",
-    "basis/mean_sq_advantage",
-)
-"""Metric names :class:`BASISTrainer` logs every generation batch (train and eval)."""
 
 
 BASIS_PAPER = model_card.paper_info(
@@ -219,19 +197,6 @@ def _validate_basis_options(cfg) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- trainer
-@dataclass
-class _Lookup:
-    """Per-prompt offline value: ``p`` (closed form) or ``v`` (K-vector from samples); both None if missing."""
-
-    p: float | None = None
-    v: np.ndarray | None = None
-    binary_stats_only: bool = False
-
-    @property
-    def missing(self) -> bool:
-        return self.p is None and self.v is None
-
-
 def card_table_source(source: Any) -> str:
     """How a value table's source appears in a model card: a path by its file name only (the card is pushed to the
     Hub, the machine's directories are not; the file hash identifies the table), anything else as is."""
@@ -267,6 +232,9 @@ def basis_model_card_details(trainer) -> dict[str, Any]:
 class BASISTrainer(GRPOTrainer):
     """GRPO-family trainer with one rollout per prompt and the BASIS baseline (Section 4, Algorithm 1).
 
+    A preset of :class:`trl_ext.GRPOTrainer`: the registered ``"basis"`` estimator (``train_estimator``, on
+    evaluation batches too) fed by the registered ``"value_table"`` rollout strategy
+    (:class:`~trl_ext.trainers.value_table_lookup.ValueTableLookup`), which this class builds from the value table.
     Same constructor as :class:`trl.GRPOTrainer` plus ``value_table``; ``args`` must be a :class:`BASISConfig`.
 
     Parameters
@@ -312,6 +280,8 @@ class BASISTrainer(GRPOTrainer):
 
     config_class = BASISConfig
     unique_prompt_sampler = True
+    train_estimator = "basis"
+    train_estimator_in_eval = True
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *,
                  value_table: ValueTable | str | os.PathLike | None = None, **kwargs):
@@ -319,20 +289,12 @@ class BASISTrainer(GRPOTrainer):
             raise TypeError("BASISTrainer needs args=BASISConfig(...) (num_generations=1 and the value-table options).")
         args = as_config(args, BASISConfig, "BASISTrainer")
         spec = value_table if value_table is not None else args.basis_value_table_path
-        table = _resolve_table(spec)
-        self._basis_table = table
         is_path = isinstance(spec, str | os.PathLike)
+        # the strategy is built before TRL's setup so that a bad table fails first
+        self._basis_strategy = ValueTableLookup(resolve_value_table(spec), beta_grid=args.basis_beta_grid)
         self._basis_table_source = {"source": os.fspath(spec) if is_path else "in-memory ValueTable",
                                     "file_sha256": file_sha256(spec) if is_path else None}
         self._basis_table_rows_sha256: str | None = None
-        self._basis_range = _common_reward_range(table)
-        self._basis_grid = (np.asarray(args.basis_beta_grid, dtype=np.float64) if args.basis_beta_grid is not None
-                            else default_beta_grid())
-        self._basis_cache: dict[str, _Lookup] = {}
-        self.beta_history: list[float] = []
-        self.beta_history_steps: list[int] = []
-        self.last_calibration = None
-        self._basis_totals = {"basis_missing_total": 0, "basis_fallback_total": 0, "basis_rows_total": 0}
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         if args.scale_rewards not in ("group", "none", True, False):
             warnings.warn(f"BASISTrainer ignores scale_rewards={args.scale_rewards!r} (the advantage is r - b); use "
@@ -342,15 +304,36 @@ class BASISTrainer(GRPOTrainer):
                           "reward functions.", UserWarning, stacklevel=2)
         # table compatibility (header metadata vs. the training setup)
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        table.check_compatible(reward_funcs=list(self.reward_func_names), model=model_id or None,
-                               strict=bool(args.basis_strict_table_check))
-        self._basis_check_coverage(self.train_dataset)
+        self.value_table.check_compatible(reward_funcs=list(self.reward_func_names), model=model_id or None,
+                                          strict=bool(args.basis_strict_table_check))
+        self.rollout_strategy.check_coverage(self.train_dataset, args.basis_max_missing_fraction)
 
-    # ----------------------------------------------------------------------------------------------- table
+    def create_rollout_strategy(self) -> ValueTableLookup:
+        """The ``"value_table"`` strategy over this trainer's value table."""
+        return self._basis_strategy
+
+    # -------------------------------------------------------------------------------- the strategy's state
+    @property
+    def value_table(self) -> ValueTable:
+        """The value table in use."""
+        return self._basis_strategy.table
+
     @property
     def basis_beta_grid(self) -> np.ndarray:
         """The beta grid in use (``basis_beta_grid`` or the paper's 230 points)."""
-        return self._basis_grid
+        return self._basis_strategy.beta_grid
+
+    @property
+    def beta_history(self) -> list[float]:
+        return self._basis_strategy.beta_history
+
+    @property
+    def beta_history_steps(self) -> list[int]:
+        return self._basis_strategy.beta_history_steps
+
+    @property
+    def last_calibration(self):
+        return self._basis_strategy.last_calibration
 
     def value_table_info(self) -> dict[str, Any]:
         """What identifies the value table this run uses (recorded in the model card).
@@ -363,222 +346,25 @@ class BASISTrainer(GRPOTrainer):
             construction; ``None`` for an in-memory table), ``source`` (path or ``"in-memory ValueTable"``),
             ``rows``, ``reference_model`` (the header's ``model``, or ``None``) and ``metadata`` (the header).
         """
+        table = self.value_table
         if self._basis_table_rows_sha256 is None:
-            self._basis_table_rows_sha256 = self._basis_table.content_hash
-        md = dict(self._basis_table.metadata)
-        return {"rows_sha256": self._basis_table_rows_sha256, "rows": len(self._basis_table),
+            self._basis_table_rows_sha256 = table.content_hash
+        md = dict(table.metadata)
+        return {"rows_sha256": self._basis_table_rows_sha256, "rows": len(table),
                 "reference_model": md.get("model"), "metadata": md, **self._basis_table_source}
 
-    def _basis_check_coverage(self, dataset) -> None:
-        from datasets import Dataset
-
-        if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names or len(dataset) == 0:
-            return  # iterable / custom datasets: checked batch by batch
-        prompts = dataset["prompt"]
-        n_missing = sum(self._basis_table.lookup(p) is None for p in prompts)  # also detects key collisions
-        if n_missing == len(prompts):
-            raise ValueError(
-                f"The value table ({len(self._basis_table)} rows) covers none of the {len(prompts)} training prompts: "
-                "it was built for another dataset or prompt format. Rebuild it with `trl-ext build-value-table` on "
-                "this train_dataset."
-            )
-        frac = n_missing / len(prompts)
-        if frac > self.args.basis_max_missing_fraction:
-            warnings.warn(
-                f"{n_missing} of {len(prompts)} training prompts ({frac:.1%}) are missing from the value table, more "
-                f"than basis_max_missing_fraction={self.args.basis_max_missing_fraction}: training stops at the first batch "
-                "above the limit. Complete the table (`trl-ext build-value-table` resumes) or raise the limit.",
-                UserWarning, stacklevel=3,
-            )
-
-    def _basis_lookup(self, prompt: Any) -> _Lookup:
-        """Offline value of one prompt, cached by key. Raises on key collisions (``ValueTable.lookup``)."""
-        key = prompt_key(prompt)
-        hit = self._basis_cache.get(key)
-        if hit is not None:
-            return hit
-        row = self._basis_table.lookup(prompt)
-        if row is None:
-            out = _Lookup()
-        elif row.rewards is not None and not row.is_binary:
-            lo, hi = row.reward_range
-            u = (np.asarray(row.rewards, dtype=np.float64) - lo) / (hi - lo)
-            out = _Lookup(v=np.clip(v_beta_from_samples([u], self._basis_grid)[0], 0.0, 1.0))
-        else:
-            out = _Lookup(p=row.success_probability, binary_stats_only=row.rewards is None)
-        self._basis_cache[key] = out
-        return out
-
-    # ------------------------------------------------------------------------------------------- estimator
-    def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """BASIS advantages ``A_i = r_i - b_i`` for every row of the global batch (Section 4, Eq. 2-4).
-
-        Steps: map rewards to [0, 1] with the table's ``reward_range``; look every prompt up (missing -> NaN value,
-        error above ``basis_max_missing_fraction``); :func:`~trl_ext.estimators.basis.calibrate_beta` selects ``beta_t``
-        on the grid and returns the refined baseline (fallback for inactive / missing / source-less prompts); map
-        the baseline back to the reward scale; optionally (``basis_scale_advantages``) divide by the batch std
-        with :func:`~trl_ext.estimators.basis.std_scale_advantages` (the same function as the ``"basis"``
-        registry entry's ``normalize=True``; unscaled when fewer than 2 rewards are finite). Pad rows get 0 and are
-        not counted. The result depends only on ``batch`` (identical on every rank).
-
-        Parameters
-        ----------
-        batch : RolloutBatch
-            Global generation batch, one rollout per prompt.
-
-        Returns
-        -------
-        Tensor, shape (N,), float32
-            0 on pad rows and on rows with a NaN reward.
-
-        Raises
-        ------
-        ValueError
-            More than ``basis_max_missing_fraction`` of the (non-pad) rows of a **training** batch missing from the
-            table (evaluation batches, normally held-out prompts, get the fallback and a warning); a finite reward
-            outside the table's ``reward_range``.
-        """
-        mode = batch.mode
-        real = (~batch.is_pad).numpy()
-        out = np.zeros(batch.num_rows, dtype=np.float64)
-        n = int(real.sum())
-        if n == 0:
-            return torch.zeros(batch.num_rows, dtype=torch.float32)
-        lo, hi = self._basis_range
-        r = batch.rewards.double().numpy()[real]
-        u = (r - lo) / (hi - lo)
-        fin = np.isfinite(u)
-        outside = fin & ((u < -_RANGE_TOL) | (u > 1 + _RANGE_TOL))
-        if outside.any():
-            bad = r[outside][:5].tolist()
-            raise ValueError(
-                f"{int(outside.sum())} training reward(s) lie outside the value table's reward_range [{lo}, {hi}] "
-                f"(e.g. {bad}): the table was built with different reward functions or weights. Rebuild it with the "
-                "training reward_funcs and reward_weights."
-            )
-        u = np.where(fin, np.clip(u, 0.0, 1.0), np.nan)
-        prompts = [p for p, keep in zip(batch.prompts, real.tolist()) if keep]
-        looks = [self._basis_lookup(p) for p in prompts]
-        missing = np.array([x.missing for x in looks])
-        n_missing = int(missing.sum())
-        if n_missing / n > self.args.basis_max_missing_fraction and mode == "eval":
-            # held-out evaluation prompts are normally absent from the training table: fallback baseline, logged in
-            # eval_basis/missing_fraction (the limit guards training against a wrong table)
-            self._ext_warn_once(
-                "basis_eval_missing",
-                f"{n_missing} of the {n} prompts of an evaluation batch are missing from the value table; they get "
-                f"the '{self.args.basis_fallback}' fallback baseline (logged as eval_basis/missing_fraction).",
-            )
-        elif n_missing / n > self.args.basis_max_missing_fraction:
-            raise ValueError(
-                f"{n_missing} of the {n} prompts of this batch ({n_missing / n:.1%}) are missing from the value table "
-                f"(basis_max_missing_fraction={self.args.basis_max_missing_fraction}). The table was probably built for another "
-                "dataset or prompt format: rebuild it with `trl-ext build-value-table` on the training dataset, or "
-                "raise basis_max_missing_fraction to train with the fallback baseline on missing prompts."
-            )
-        non_binary = bool(np.any(fin & (u != 0.0) & (u != 1.0)))
-        if non_binary and any(x.p is not None for x in looks):
-            self._ext_warn_once(
-                "basis_non_binary",
-                "Training rewards are not binary but the value table holds only binary statistics for some prompts "
-                "(pass rates without per-sample non-binary rewards): V_beta uses the binary closed form, an "
-                "approximation here. Rebuild the table storing per-sample rewards.",
-            )
-        if any(x.v is not None for x in looks):  # (N, K) table path: non-binary rows from samples
-            k = self._basis_grid.size
-            p_hat = np.full((n, k), np.nan)
-            for i, x in enumerate(looks):
-                if x.v is not None:
-                    p_hat[i] = x.v
-                elif x.p is not None:
-                    p_hat[i] = v_beta(x.p, self._basis_grid)
-        else:
-            p_hat = np.array([np.nan if x.p is None else x.p for x in looks], dtype=np.float64)
-        cfg = self.args
-        cal = calibrate_beta(u, p_hat, self._basis_grid, variant=cfg.basis_variant, objective=cfg.basis_objective,
-                             eps=float(cfg.basis_eps), fallback=cfg.basis_fallback,
-                             min_active_fraction=float(cfg.basis_min_active_fraction))
-        res = cal.result
-        b_raw = lo + (hi - lo) * cal.baseline
-        adv = np.where(fin, r - b_raw, 0.0)
-        if cfg.basis_scale_advantages:  # the estimator's implementation, applied on the reward's own scale
-            adv, _ = std_scale_advantages(adv, fin, eps=_ADV_EPS)
-        out[real] = adv
-        self.last_calibration = cal
-        # diagnostics
-        msq = float(np.mean(adv[fin] ** 2)) if fin.any() else 0.0
-        metrics = {
-            "basis/beta": cal.beta,
-            "basis/calibration_loss": cal.loss,
-            "basis/active_fraction": cal.active_fraction,
-            "basis/fallback_count": res.n_fallback,
-            "basis/no_source_count": res.n_no_source,
-            "basis/missing_count": n_missing,
-            "basis/missing_fraction": n_missing / n,
-            "basis/frac_baseline_0_or_1": res.frac_extreme,
-            "basis/mean_baseline": float(np.mean(b_raw)),
-            "basis/mean_sq_advantage": msq,
-        }
-        for name, value in metrics.items():
-            self.log_ext_metric(name, value, mode)
-        if mode == "train":
-            self.beta_history.append(float(cal.beta))
-            self.beta_history_steps.append(int(self.state.global_step))
-            self._basis_totals["basis_missing_total"] += n_missing
-            self._basis_totals["basis_fallback_total"] += int(res.n_fallback)
-            self._basis_totals["basis_rows_total"] += n
-        return torch.as_tensor(out, dtype=torch.float32)
-
-    # ------------------------------------------------------------------------------------------- state
-    def ext_state_dict(self) -> dict:
-        """Base state plus the beta trajectory (``basis_beta_history``, ``basis_beta_steps``) and counters."""
-        state = super().ext_state_dict()
-        state["basis_beta_history"] = [float(b) for b in self.beta_history]
-        state["basis_beta_steps"] = [int(s) for s in self.beta_history_steps]
-        state.update({k: int(v) for k, v in self._basis_totals.items()})
-        return state
-
     def load_ext_state_dict(self, state: dict) -> None:
-        """Restore the beta trajectory and counters saved by :meth:`ext_state_dict`."""
-        super().load_ext_state_dict(state)
-        if "basis_beta_history" not in state:
+        """The base restore; a checkpoint written before the ``value_table`` strategy existed (the beta history as
+        ``basis_*`` keys of the trainer state) is translated to the strategy's state first."""
+        if isinstance(state, dict) and "basis_beta_history" in state:
+            state = dict(state)
+            old = {key: state.pop(key) for key in list(state) if key.startswith("basis_")}
+            legacy = {"beta_history": old["basis_beta_history"], **{
+                new: old[key] for key, new in (("basis_beta_steps", "beta_steps"), ("basis_missing_total",
+                "missing_total"), ("basis_fallback_total", "fallback_total"), ("basis_rows_total", "rows_total"))
+                if key in old}}
+            state["rollout_strategy"] = {"name": ValueTableLookup.name, "state": legacy}
+        elif isinstance(state, dict) and (state.get("rollout_strategy") or {}).get("name") != ValueTableLookup.name:
             warnings.warn("The checkpoint has no BASIS beta history (written by another trainer?); it starts empty.",
                           UserWarning, stacklevel=2)
-            return
-        hist, steps = list(state["basis_beta_history"]), list(state.get("basis_beta_steps", []))
-        if len(steps) != len(hist) or not all(isinstance(b, int | float) and math.isfinite(b) for b in hist):
-            raise ValueError(f"Corrupt BASIS state: {len(hist)} betas and {len(steps)} steps (or non-finite betas).")
-        self.beta_history = [float(b) for b in hist]
-        self.beta_history_steps = [int(s) for s in steps]
-        for k in self._basis_totals:
-            if k in state:
-                self._basis_totals[k] = int(state[k])
-
-
-def _resolve_table(spec) -> ValueTable:
-    if spec is None:
-        raise ValueError(
-            "BASISTrainer needs a value table: set BASISConfig(basis_value_table_path=...) or pass value_table=. Build one "
-            "with `trl-ext build-value-table` (reference-policy samples per training prompt, paper Appendix 10)."
-        )
-    if isinstance(spec, ValueTable):
-        table = spec
-    elif isinstance(spec, str | os.PathLike):
-        if not os.path.exists(spec):
-            raise FileNotFoundError(f"value table {os.fspath(spec)!r} does not exist; build it with "
-                                    "`trl-ext build-value-table`.")
-        table = load_value_table(spec)  # corrupt / partial files raise ValueError with the line number
-    else:
-        raise TypeError(f"value_table must be a ValueTable or a path, got {type(spec).__name__}.")
-    if len(table) == 0:
-        raise ValueError("The value table has no rows; build it on the training dataset first.")
-    return table
-
-
-def _common_reward_range(table: ValueTable) -> tuple[float, float]:
-    ranges = {tuple(row.reward_range) for row in table}
-    if len(ranges) != 1:
-        raise ValueError(f"The value table mixes reward ranges {sorted(ranges)[:4]}; BASIS maps rewards to [0, 1] "
-                         "with one range, so rebuild the table with a single reward_range.")
-    lo, hi = ranges.pop()
-    return float(lo), float(hi)
+        super().load_ext_state_dict(state)

@@ -13,8 +13,9 @@ Strategies shipped with the library:
   Scale", arXiv:2503.14476, Section 3.2 and Algorithm 1): groups whose rewards are all equal carry no GRPO signal and
   are dropped; more prompts are drawn and generated until the batch holds as many informative groups as TRL's batch
   has prompts, or a cap of extra rounds is reached.
-* V0.5's OSLA rounds (:class:`trl_ext.trainers.v05.OSLARounds`) and PAIR's probe-then-continue
-  (:class:`trl_ext.trainers.pair.PrefixProbeRollouts`).
+* V0.5's OSLA rounds (:class:`trl_ext.trainers.v05.OSLARounds`), PAIR's probe-then-continue
+  (:class:`trl_ext.trainers.pair.PrefixProbeRollouts`) and BASIS's value-table lookup
+  (:class:`trl_ext.trainers.value_table_lookup.ValueTableLookup`: fixed groups plus each row's offline value).
 
 Every token any strategy generates goes through :meth:`trl_ext.GRPOTrainer.generate_rollouts` or TRL's
 ``_generate``, both of which end in the one generated-token counter (``ext/generated_tokens``).
@@ -103,12 +104,15 @@ class RolloutStrategy:
         return cls(**kwargs)
 
     def side_inputs(self, trainer: GRPOTrainer, rows: list[dict]) -> dict[str, list]:
-        """Per-row side inputs for the estimator, for this rank's ``rows`` of a train generation batch.
+        """Per-row side inputs for the estimator, for this rank's ``rows`` of a train generation batch (and of
+        evaluation batches for presets with ``train_estimator_in_eval``).
 
         Called by the base trainer while it builds the :class:`~trl_ext.trainers.batch.RolloutBatch` (after
         generation and scoring), with the local dataset rows in batch order (pad rows included: give them any
         value). Return ``{name: list of len(rows)}`` for every name in :attr:`provides` that is not passed to
-        ``finish_rollouts(side_inputs=...)`` instead; the base gathers them into ``RolloutBatch.side_inputs``.
+        ``finish_rollouts(side_inputs=...)`` instead; the base gathers them into ``RolloutBatch.side_inputs``. A
+        value is a number, or -- for a row-level input -- a list of ``K`` numbers, the same ``K`` on every row of
+        every rank (the input is then an ``(N, K)`` array).
         """
         return {}
 
@@ -121,12 +125,14 @@ class RolloutStrategy:
         raise NotImplementedError
 
     def estimator_kwargs(self, trainer: GRPOTrainer) -> dict:
-        """Keyword arguments this strategy adds to the estimator call on train batches (e.g. options a method config
-        holds); the config's ``advantage_estimator_kwargs`` take precedence."""
+        """Keyword arguments this strategy adds to the estimator call on train batches (and evaluation batches of
+        presets with ``train_estimator_in_eval``), e.g. options a method config holds; the config's
+        ``advantage_estimator_kwargs`` take precedence."""
         return {}
 
     def observe_advantages(self, trainer: GRPOTrainer, batch: RolloutBatch, result: Any, valid: torch.Tensor) -> None:
-        """Called on train batches after the registered estimator ran on ``batch[valid]`` with ``result`` (its
+        """Called on train batches (and on evaluation batches of presets with ``train_estimator_in_eval``: check
+        ``batch.mode``) after the registered estimator ran on ``batch[valid]`` with ``result`` (its
         :class:`~trl_ext.estimators.AdvantageResult`; ``None`` when no row was valid and the estimator did not run):
         update what the strategy learns (a support buffer, a
         calibration history) and log the method's diagnostics. Identical on every rank (the batch is global)."""
@@ -171,8 +177,9 @@ class FixedGroups(RolloutStrategy):
 def side_input_arrays(batch: RolloutBatch, estimator: str, valid: torch.Tensor, strategy: RolloutStrategy) -> dict:
     """The registered side inputs of ``estimator``, cut to the ``valid`` rows of ``batch`` (keyword -> ndarray).
 
-    Row-level inputs keep one value per valid row; group-level inputs keep one value per group that has a valid
-    row, in order of first appearance, and must be equal on every row of a group (``ValueError`` otherwise).
+    Row-level inputs keep one value (or one row of a 2-D input) per valid row; group-level inputs keep one value per
+    group that has a valid row, in order of first appearance, and must be equal on every row of a group
+    (``ValueError`` otherwise).
     A declared input missing from ``batch.side_inputs`` is a ``RuntimeError`` naming the strategy that should have
     supplied it.
     """

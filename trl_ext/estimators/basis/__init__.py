@@ -13,8 +13,9 @@ Pipeline per training step (Section 4, Algorithm 3):
    (:func:`batchwise_baseline`).
 3. **Online calibration** (Eq. 3): choose ``beta_t`` on the grid (:func:`calibrate_beta`). The default objective
    is a robust variant of Eq. 3 (see :func:`calibrate_beta` and ``docs/estimators_basis.md``).
-4. **Advantage** ``A_i = r_i - b_i`` (Section 4, after Eq. 3; :func:`basis_advantages`). The opt-in batch std
-   scaling that the BASIS trainer and the registry entry offer is :func:`std_scale_advantages` (not in the paper).
+4. **Advantage** ``A_i = r_i - b_i`` (Section 4, after Eq. 3; :func:`basis_advantages`), on the reward's own scale
+   when the value table's ``reward_range`` is not [0, 1] (:func:`rewards_to_unit`). The opt-in batch std scaling
+   of the registry entry (which the BASIS trainer uses) is :func:`std_scale_advantages` (not in the paper).
 
 All functions are pure numpy/scipy and vectorized; nothing here imports TRL.
 
@@ -24,7 +25,7 @@ Layout (every name, private helpers included, is importable from here):
 - :mod:`.refinement` -- step 2: the batchwise leave-one-out baseline (Eq. 2, Eq. 4-6) and its fallbacks.
 - :mod:`.grid` -- the vectorized hot loop of step 3: both calibration objectives on the whole grid.
 - :mod:`.calibration` -- step 3: beta selection (Eq. 3).
-- :mod:`.advantages` -- step 4: ``A_i = r_i - b_i`` and the opt-in batch std scaling.
+- :mod:`.advantages` -- step 4: ``A_i = r_i - b_i``, the reward-range map and the opt-in batch std scaling.
 - :mod:`.registry` -- the ``"basis"`` advantage-estimator registry entry.
 - :mod:`._checks` -- input checks and the accepted option names.
 """
@@ -44,7 +45,14 @@ from ._checks import (  # noqa: F401 - private helpers, importable here before t
     _check_variant,
     _f64,
 )
-from .advantages import basis_advantages, std_scale_advantages
+from .advantages import (
+    RANGE_TOL,
+    baseline_on_reward_scale,
+    basis_advantages,
+    check_reward_range,
+    rewards_to_unit,
+    std_scale_advantages,
+)
 from .calibration import CalibrationResult, calibrate_beta
 from .grid import (  # noqa: F401 - private helpers, importable here before the split
     _CHUNK_CELLS,
@@ -76,12 +84,16 @@ from .values import (  # noqa: F401 - private helpers, importable here before th
 
 __all__ = [
     "BASIS_VARIANTS",
+    "RANGE_TOL",
     "BaselineResult",
     "CalibrationResult",
     "basis_advantages",
+    "baseline_on_reward_scale",
     "batchwise_baseline",
     "calibrate_beta",
+    "check_reward_range",
     "default_beta_grid",
+    "rewards_to_unit",
     "std_scale_advantages",
     "v_beta",
     "v_beta_from_samples",
