@@ -48,7 +48,6 @@ __all__ = [
     "ESTIMATOR_SIDE_INPUTS",
     "estimator_side_inputs",
     "ESTIMATORS_SEEING_UNSCORABLE",
-    "estimator_sees_unscorable",
     "nanstd",
 ]
 
@@ -122,12 +121,6 @@ def estimator_side_inputs(name: str) -> dict[str, str]:
     return dict(ESTIMATOR_SIDE_INPUTS.get(name, {}))
 
 
-def estimator_sees_unscorable(name: str) -> bool:
-    """Whether ``name`` was registered with ``sees_unscorable=True``."""
-    get_advantage_estimator(name)
-    return name in ESTIMATORS_SEEING_UNSCORABLE
-
-
 def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inputs: dict[str, str] | None = None,
                                  used_by: str | None = None, sees_unscorable: bool = False,
                                  ) -> Callable[[Callable[..., AdvantageResult]], Callable[..., AdvantageResult]]:
@@ -154,9 +147,8 @@ def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inp
     used_by : str, optional
         The ready-made trainer that serves this estimator (named in the error a trainer gives when it cannot).
     sees_unscorable : bool, default False
-        A trainer removes pad rows and unscorable rows (NaN reward) before calling an estimator; with True it keeps
-        the unscorable rows, whose NaN rewards the estimator must exclude from every baseline and give advantage 0
-        (BASIS: such prompts still count in its batch-level shares and fallback counts).
+        True: a trainer passes the unscorable rows (NaN reward) too, which the estimator must exclude from every
+        baseline and give advantage 0 (BASIS: they still count in its batch shares and fallback counts).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"estimator name must be a non-empty string, got {name!r}.")

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ..estimators.baselines import (
-    estimator_sees_unscorable,
+    ESTIMATORS_SEEING_UNSCORABLE,
     get_advantage_estimator,
     trl_grpo_advantages,
 )
@@ -357,7 +357,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         adv = torch.zeros(batch.num_rows, dtype=torch.float32)
         n_unscorable = int((~batch.is_pad & ~valid).sum())
         self.log_ext_metric("adv/unscorable_rows", float(n_unscorable), batch.mode)
-        if estimator_sees_unscorable(name):  # it excludes NaN rewards itself and gives them 0: only pads removed
+        if name in ESTIMATORS_SEEING_UNSCORABLE:  # it excludes NaN rewards itself and gives them 0: pads removed
             valid = ~batch.is_pad
         if not bool(valid.any()):
             self.last_estimator_result = None
