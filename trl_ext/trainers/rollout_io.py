@@ -207,6 +207,34 @@ class RolloutIO:
                 out[:, i] = torch.tensor([float("nan") if v is None else float(v) for v in values])
         return out
 
+    def _check_finish_args(self, inputs, completion_ids, group_ids, logprobs, rewards_per_func, is_pad):
+        """Validate :meth:`finish_rollouts`' arguments; returns ``(user_pad, group ids with -1 on pads,
+        rewards_per_func as a float32 tensor or None)``."""
+        n = len(inputs)
+        if n < 1:
+            raise ValueError("finish_rollouts needs at least one rollout on every rank (got 0); if a rank has nothing "
+                             "to score, pass one dummy rollout with is_pad=[True].")
+        if len(completion_ids) != n or len(group_ids) != n:
+            raise ValueError(f"finish_rollouts: inputs ({n}), completion_ids ({len(completion_ids)}) and group_ids "
+                             f"({len(group_ids)}) must have the same length.")
+        if logprobs is not None and len(logprobs) != n:
+            raise ValueError(f"finish_rollouts: logprobs has {len(logprobs)} rows, expected {n}.")
+        user_pad = [False] * n if is_pad is None else [bool(p) for p in is_pad]
+        if len(user_pad) != n:
+            raise ValueError(f"finish_rollouts: is_pad has {len(user_pad)} flags, expected {n}.")
+        gids = [-1 if p else int(g) for g, p in zip(group_ids, user_pad)]
+        real_g = [g for g, p in zip(gids, user_pad) if not p]
+        runs = [g for i, g in enumerate(real_g) if i == 0 or g != real_g[i - 1]]
+        if len(runs) != len(set(runs)):
+            raise ValueError("finish_rollouts: the rollouts of a group must be contiguous (group_ids "
+                             f"{gids[:20]}...). Sort the rollouts by group first.")
+        if rewards_per_func is not None:
+            rewards_per_func = torch.as_tensor(rewards_per_func, dtype=torch.float32)
+            if tuple(rewards_per_func.shape) != (n, len(self.reward_funcs)):
+                raise ValueError(f"finish_rollouts: rewards_per_func must have shape ({n}, {len(self.reward_funcs)}),"
+                                 f" got {tuple(rewards_per_func.shape)}.")
+        return user_pad, gids, rewards_per_func
+
     def finish_rollouts(
         self,
         inputs: Sequence[dict],
@@ -265,28 +293,8 @@ class RolloutIO:
         Tool calling, environments and multimodal prompts are not supported on this path.
         """
         n = len(inputs)
-        if n < 1:
-            raise ValueError("finish_rollouts needs at least one rollout on every rank (got 0); if a rank has nothing "
-                             "to score, pass one dummy rollout with is_pad=[True].")
-        if len(completion_ids) != n or len(group_ids) != n:
-            raise ValueError(f"finish_rollouts: inputs ({n}), completion_ids ({len(completion_ids)}) and group_ids "
-                             f"({len(group_ids)}) must have the same length.")
-        if logprobs is not None and len(logprobs) != n:
-            raise ValueError(f"finish_rollouts: logprobs has {len(logprobs)} rows, expected {n}.")
-        user_pad = [False] * n if is_pad is None else [bool(p) for p in is_pad]
-        if len(user_pad) != n:
-            raise ValueError(f"finish_rollouts: is_pad has {len(user_pad)} flags, expected {n}.")
-        gids = [-1 if p else int(g) for g, p in zip(group_ids, user_pad)]
-        real_g = [g for g, p in zip(gids, user_pad) if not p]
-        runs = [g for i, g in enumerate(real_g) if i == 0 or g != real_g[i - 1]]
-        if len(runs) != len(set(runs)):
-            raise ValueError("finish_rollouts: the rollouts of a group must be contiguous (group_ids "
-                             f"{gids[:20]}...). Sort the rollouts by group first.")
-        if rewards_per_func is not None:
-            rewards_per_func = torch.as_tensor(rewards_per_func, dtype=torch.float32)
-            if tuple(rewards_per_func.shape) != (n, len(self.reward_funcs)):
-                raise ValueError(f"finish_rollouts: rewards_per_func must have shape ({n}, {len(self.reward_funcs)}),"
-                                 f" got {tuple(rewards_per_func.shape)}.")
+        user_pad, gids, rewards_per_func = self._check_finish_args(inputs, completion_ids, group_ids, logprobs,
+                                                                   rewards_per_func, is_pad)
         mode = "train" if self.model.training else "eval"
         device = self.accelerator.device
         multiple = self.args.steps_per_generation if mode == "train" else 1
@@ -310,15 +318,8 @@ class RolloutIO:
                 raise ValueError(f"finish_rollouts: side_inputs[{key!r}] has {len(values)} values, expected {n}.")
             side[key] = values + values[-1:] * n_pad
         prompt_ids = compat.tokenize_prompts(self, [x["prompt"] for x in rows])
-        self._ext_replay = {
-            "side_inputs": side,
-            "prompt_ids": prompt_ids,
-            "completion_ids": c_ids,
-            "logprobs": lps,
-            "is_pad": is_pad,
-            "group_ids": gids + [-1] * n_pad,
-            "rewards_per_func": rewards_per_func,
-        }
+        self._ext_replay = {"side_inputs": side, "prompt_ids": prompt_ids, "completion_ids": c_ids, "logprobs": lps,
+                            "is_pad": is_pad, "group_ids": gids + [-1] * n_pad, "rewards_per_func": rewards_per_func}
         # TRL's completions-table deques hold generation_batch_size rows, i.e. exactly the latest generation batch;
         # this batch may hold more (all ranks, pads included). Start the table afresh with room for all of it, so
         # no rollout is evicted and every column TRL extends (log_extra ones too) holds exactly this batch's rows

@@ -160,21 +160,8 @@ def design_and_draw(p_hat, cost_hat, finished, rng: np.random.Generator, *, budg
             reason = "invalid head output (uniform)" if invalid else "warm-up (uniform)"
             fell_back = invalid
         else:
-            eps = _FINISHED_COST_FRACTION * float(c_unf[unf].max())
-            c_design = np.where(unf, c_unf, eps)
-            p_design = np.clip(p, 0.0, 1.0)
-            budget_design = budget + eps * float(fin.sum())
-            x0 = None
-            if warm_start is not None:
-                x0 = warm_start.initial_point(p_design, c_design, budget_design, pi_min, kind=kind)
-            design = pair_design(p_design, c_design, budget_design, pi_min, x0=x0, max_iter=int(max_iter),
-                                 tol=float(tol), kind=kind)
-            pi = np.where(unf, np.clip(design.pi, pi_min, 1.0), 1.0)
-            reason, fell_back, n_iter = design.reason, bool(design.fell_back), int(design.n_iter)
-            degenerate = design.reason.startswith("degenerate")
-            warm_started = bool(design.warm_started)
-            if design.reason in _SOLVED:
-                solution = np.asarray(design.x, dtype=np.float64).copy()
+            pi, reason, fell_back, n_iter, degenerate, warm_started, solution = _solved_design(
+                p, c_unf, unf, fin, budget, pi_min, warm_start, max_iter, tol, kind)
         expected = float((c_unf * pi)[unf].sum())
     pi_design = pi.copy()
     anchor = None
@@ -186,6 +173,25 @@ def design_and_draw(p_hat, cost_hat, finished, rng: np.random.Generator, *, budg
     return GroupDraw(pi=pi, pi_design=pi_design, selected=selected, finished=fin, anchor=anchor,
                      expected_cost=expected, budget=budget, full_cost=full, reason=reason, fell_back=fell_back,
                      degenerate=degenerate, n_iter=n_iter, warm_started=warm_started, solution=solution)
+
+
+def _solved_design(p, c_unf, unf, fin, budget, pi_min, warm_start, max_iter, tol, kind):
+    """The Eq. 10-11 design over the unfinished candidates (finished ones at the negligible cost
+    ``_FINISHED_COST_FRACTION * max(c_hat)``, then fixed at 1): ``(pi, reason, fell_back, n_iter, degenerate,
+    warm_started, solution)``, ``solution`` the solver's point when it solved (for the warm start)."""
+    eps = _FINISHED_COST_FRACTION * float(c_unf[unf].max())
+    c_design = np.where(unf, c_unf, eps)
+    p_design = np.clip(p, 0.0, 1.0)
+    budget_design = budget + eps * float(fin.sum())
+    x0 = None
+    if warm_start is not None:
+        x0 = warm_start.initial_point(p_design, c_design, budget_design, pi_min, kind=kind)
+    design = pair_design(p_design, c_design, budget_design, pi_min, x0=x0, max_iter=int(max_iter),
+                         tol=float(tol), kind=kind)
+    pi = np.where(unf, np.clip(design.pi, pi_min, 1.0), 1.0)
+    solution = np.asarray(design.x, dtype=np.float64).copy() if design.reason in _SOLVED else None
+    return (pi, design.reason, bool(design.fell_back), int(design.n_iter), design.reason.startswith("degenerate"),
+            bool(design.warm_started), solution)
 
 
 def anchor_marginal_inclusion(inclusion, anchor_pair: bool) -> np.ndarray:
