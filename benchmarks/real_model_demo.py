@@ -35,7 +35,7 @@ GRPO_SCRIPT = os.path.join(ROOT, "examples", "scripts", "grpo.py")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=20.0, help="training wall-clock budget (default 20)")
-    p.add_argument("--task", default="sum3", choices=("sum3", "largest"), help="real-model task (default sum3)")
+    p.add_argument("--task", default="sum3", choices=("sum3", "largest", "steps"), help="real-model task (default sum3)")
     p.add_argument("--n_eval", type=int, default=64, help="held-out questions (default 64, as docs/real_model.md)")
     p.add_argument("--k", type=int, default=4, help="samples per held-out question (default 4)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="completion cap, evaluation and training (128)")

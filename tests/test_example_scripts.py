@@ -281,7 +281,7 @@ def test_bad_names_list_the_valid_ones(monkeypatch):
     from trl_ext import scripts_support as ss
 
     tasks = ", ".join(ss.builtin_tasks())
-    assert {"addition", "substitution", "sum3", "largest"} <= set(ss.builtin_tasks())
+    assert {"addition", "substitution", "sum3", "largest", "steps"} <= set(ss.builtin_tasks())
     with pytest.raises(ValueError, match=r"unknown reward function 'acc'.*\['accuracy', 'accuracy_reward', 'format'"):
         ss.resolve_reward_funcs(["acc"], "sum3")
     with pytest.raises(ValueError, match=f"--reward_funcs is required.*{tasks}"):

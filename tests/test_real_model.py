@@ -56,7 +56,7 @@ def test_rewards_follow_trl_signature():
         get_real_reward_funcs("gsm8k")
 
 
-@pytest.mark.parametrize("task", ["sum3", "largest"])
+@pytest.mark.parametrize("task", ["sum3", "largest", "steps"])
 def test_tasks_are_conversational_with_disjoint_seeded_splits(task):
     from trl_ext.realmodel import REAL_TASKS, make_real_dataset, parse_answer
     from trl_ext.realmodel.tasks import TEST_FRACTION, split_items
@@ -65,7 +65,7 @@ def test_tasks_are_conversational_with_disjoint_seeded_splits(task):
     train, test = split_items(task, "train"), split_items(task, "test")
     shots = {ex for ex, _ in t.examples}
     assert not set(train) & set(test) and not (set(train) | set(test)) & shots
-    assert len(train) + len(test) == len(t.items()) - len(shots)
+    assert len(train) + len(test) == len(set(t.items()) - shots)
     assert len(test) == round((len(train) + len(test)) * TEST_FRACTION)
     assert split_items(task, "test") == test  # fixed order
     rows = make_real_dataset(task, 8, seed=3, split="test", as_list=True)

@@ -9,8 +9,8 @@ module to turn names into objects:
   testbed's warmed-up tiny model for the ``--dataset_name`` testbed task (:func:`trl_ext.testbed.get_warm_model`,
   built once);
 * **datasets** -- :func:`load_datasets`: a built-in task name (:func:`builtin_tasks`: the testbed's tasks --
-  ``addition``, ``substitution``, ``scratchpad`` -- with plain-text prompts; the real-model tasks ``sum3`` and
-  ``largest`` with conversational prompts), a local file or folder, or a Hub dataset id (``datasets.load_dataset``;
+  ``addition``, ``substitution``, ``scratchpad`` -- with plain-text prompts; the real-model tasks ``sum3``,
+  ``largest`` and ``steps`` with conversational prompts), a local file or folder, or a Hub dataset id (``datasets.load_dataset``;
   needs network);
 * **rewards** -- :func:`resolve_reward_funcs`: a built-in task's reward names (:func:`builtin_reward_funcs`, e.g.
   ``accuracy`` and ``format`` for the real-model tasks), ``package.module:function``, ``path/to/file.py:function``, or
@@ -78,8 +78,8 @@ class ExtScriptArguments(ScriptArguments):
 
     reward_funcs: list[str] | None = field(
         default=None,
-        metadata={"help": "Reward functions, by name: a built-in task's own ('accuracy'; the real-model tasks sum3 "
-                          "and largest also have 'format'), 'package.module:function', 'path/to/file.py:function' or "
+        metadata={"help": "Reward functions, by name: a built-in task's own ('accuracy'; the real-model tasks sum3, "
+                          "largest and steps also have 'format'), 'package.module:function', 'path/to/file.py:function' or "
                           "TRL's dotted 'package.module.function'. Default for a built-in task: its 'accuracy' "
                           "reward; required for any other dataset. Weights: --reward_weights."},
     )

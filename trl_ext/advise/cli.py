@@ -15,7 +15,7 @@ Examples::
 
 ``--model``: a local folder, ``testbed:TASK`` (the cached warm testbed model of TASK, built once), ``smollm2`` (the
 cached real model) or ``testbed-warm`` (the warm model of the built-in ``--dataset``). ``--dataset``: a built-in task
-(``addition``, ``substitution``, ``scratchpad``, ``sum3``, ``largest``) or a local ``.jsonl`` / ``.json`` / ``.csv`` /
+(``addition``, ``substitution``, ``scratchpad``, ``sum3``, ``largest``, ``steps``) or a local ``.jsonl`` / ``.json`` / ``.csv`` /
 ``.parquet`` file or ``save_to_disk`` folder. ``--reward``: ``package.module:function``, ``path/to/file.py:function``
 or a built-in task's reward name (default for a built-in task: its accuracy reward). Nothing is downloaded.
 Exit status: 0 on success, 2 on bad input (the message says what to change).
