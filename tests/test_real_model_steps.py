@@ -1,4 +1,4 @@
-"""The real-model task ``steps`` (word problems in two or three written-out arithmetic steps): fast, no model.
+"""The real-model task ``steps`` (word problems in one or two written-out arithmetic steps): fast, no model.
 
 Item generation is deterministic, every answer is recomputed from the question text, the split is disjoint and
 balanced over the difficulty levels, the worked examples parse to their answers under the strict reward, and the
@@ -27,30 +27,30 @@ def _solve(question: str) -> int:
     has = int(re.search(r"has (\d+) ", question).group(1))
     bags = re.search(r"buys (\d+) bags with (\d+) ", question)
     more = re.search(r"buys (\d+) more ", question)
-    finds = re.search(r"finds (\d+) more ", question)
     gives = re.search(r"gives (\d+) ", question)
     total = has + (int(bags.group(1)) * int(bags.group(2)) if bags else int(more.group(1)))
-    return total + (int(finds.group(1)) if finds else 0) - (int(gives.group(1)) if gives else 0)
+    return total - (int(gives.group(1)) if gives else 0)
 
 
 def test_items_are_deterministic_balanced_and_correct():
     items = STEPS.items()
-    assert items == STEPS.items() and len(items) == len(set(items)) == 480
-    assert Counter(it[0] for it in items) == {0: 160, 1: 160, 2: 160}
+    assert items == STEPS.items() and len(items) == len(set(items)) == 240
+    assert Counter(it[0] for it in items) == {0: 80, 1: 80, 2: 80}
     for it in items:
         q = STEPS.question(it)
         assert STEPS.answer(it) == _solve(q) > 0, (it, q)
         level = it[0]
-        assert ("bags" in q) == (level == 2) and ("gives" in q) == (level != 1) and ("finds" in q) == (level == 1)
-    # level 2 starts from a two-digit number and needs three operations
-    assert all(10 <= it[1] <= 19 for it in items if it[0] == 2)
+        assert ("bags" in q) == (level == 2) and ("gives" in q) == (level == 1) and ("more" in q) == (level != 2)
+    # small numbers: every given number is a digit; level 2 multiplies b in 2..4 by c in 2..5
+    assert all(1 <= n <= 9 for it in items for n in it[1:] if n) and max(STEPS.answer(it) for it in items) <= 29
+    assert all(2 <= it[2] <= 4 and 2 <= it[3] <= 5 for it in items if it[0] == 2)
 
 
 def test_split_is_disjoint_fixed_and_mixes_levels():
     train, test = split_items("steps", "train"), split_items("steps", "test")
     shots = {ex for ex, _ in STEPS.examples}
     assert not set(train) & set(test) and not (set(train) | set(test)) & shots
-    assert len(train) + len(test) == 480 and len(test) == 96
+    assert len(train) + len(test) == 240 and len(test) == 48
     assert split_items("steps", "test") == test
     assert set(Counter(it[0] for it in test)) == {0, 1, 2}  # every level in the test split
     rows = make_real_dataset("steps", 16, seed=0, split="test", as_list=True)
@@ -60,22 +60,22 @@ def test_split_is_disjoint_fixed_and_mixes_levels():
 
 
 def test_worked_examples_show_the_steps_and_parse():
-    assert {ex[0] for ex, _ in STEPS.examples} == {0, 2}  # an easy and a three-step example
+    assert {ex[0] for ex, _ in STEPS.examples} == {1, 2}  # the two two-operation levels; level 0 is their first step
     for item, reply in STEPS.examples:
         assert parse_answer(reply) == STEPS.answer(item) == _solve(STEPS.question(item))
         assert reply.splitlines()[-1] == f"Answer: {STEPS.answer(item)}"
-        assert len([ln for ln in reply.splitlines() if ln.startswith("Step ")]) == (3 if item[0] == 0 else 4)
+        assert len([ln for ln in reply.splitlines() if ln.startswith("Step ")]) == 3
         assert format_reward(completions=[reply]) == [1.0]
 
 
 def test_reward_parses_a_worked_completion():
-    q = "Ava has 13 marbles. She buys 4 bags with 6 marbles in each bag, then gives 8 marbles to a friend."
-    ans = str(_solve(q))  # 29
-    worked = ("Let's solve it step by step.\nStep 1: Ava starts with 13 marbles.\nStep 2: 4 bags with 6 marbles in "
-              "each bag are 4 x 6 = 24 marbles.\nStep 3: She buys them, so she has 13 + 24 = 37 marbles.\n"
-              "Step 4: She gives away 8, so she has 37 - 8 = 29 marbles.\nSo Ava has 29 marbles now.\nAnswer: 29")
-    wrong_step = worked.replace("= 29", "= 28").replace("Answer: 29", "Answer: 28")
-    no_line = worked.replace("\nAnswer: 29", "")  # "So Ava has 29 marbles now." alone does not count
+    q = "Ava has 5 marbles. She buys 4 bags with 5 marbles in each bag. How many marbles does Ava have now?"
+    ans = str(_solve(q))  # 25
+    worked = ("Let's solve it step by step.\nStep 1: Ava starts with 5 marbles.\nStep 2: 4 bags with 5 marbles in "
+              "each bag are 4 x 5 = 20 marbles.\nStep 3: She buys them, so she has 5 + 20 = 25 marbles.\n"
+              "So Ava has 25 marbles now.\nAnswer: 25")
+    wrong_step = worked.replace("= 25", "= 24").replace("has 25", "has 24").replace("Answer: 25", "Answer: 24")
+    no_line = worked.replace("\nAnswer: 25", "")  # "So Ava has 25 marbles now." alone does not count
     comps = [[{"role": "assistant", "content": c}] for c in (worked, wrong_step, no_line, worked + "user")]
     assert accuracy_reward(completions=comps, answer=[ans] * 4) == [1.0, 0.0, 0.0, 0.0]
     assert format_reward(completions=comps) == [1.0, 1.0, 0.0, 0.0]

@@ -15,14 +15,15 @@ Tasks
     "Which number is the largest: a, b or c?" with three distinct digits 1..9 (504 questions; the answer is one
     of the three numbers in the question: a short answer set).
 ``steps``
-    A short word problem ("Mia has 7 apples. She buys 4 more ...") whose worked answer writes out two or three
-    arithmetic steps before ``Answer: <n>``. Three difficulty levels mixed within the task (160 questions each,
-    480 in all; the level is the item's first field): level 0 ``a + b - c`` with a, b in 1..6 ("buys b more,
-    then gives c to a friend"), level 1 ``a + b + c`` with digits ("buys b more, then finds c more"), level 2
-    ``a + b x c - d`` with a in 10..19 ("buys b bags with c in each bag, then gives d": three steps). The worked
-    examples show one level-0 and one level-2 solution, one step per line, so completions are long (measured:
-    mean 126 tokens). Measured at T = 1 it is hard for this model (mean pass rate 0.06, 12 of 16 prompts never
-    right, only level 0 ever solved): see "Regime of the SmolLM2 tasks" in ``docs/real_model.md``.
+    A short word problem ("Mia has 7 apples. She buys 4 more apples. ...") whose worked answer writes out its
+    arithmetic one step per line before ``Answer: <n>``. Three difficulty levels mixed within the task (80
+    questions each, 240 in all; the level is the item's first field; every given number is a digit): level 0
+    ``a + b`` ("buys b more": one step), level 1 ``a + b - c`` ("buys b more, then gives c to a friend": two
+    steps), level 2 ``a + b x c`` with b in 2..4, c in 2..5 ("buys b bags with c in each bag": a product, then a
+    sum). The worked examples show one level-1 and one level-2 solution (level 0 is their first step), so
+    completions copy the working. The first design (levels ``a + b - c`` / ``a + b + c`` / ``a + b x c - d`` with
+    a in 10..19) was far too hard at T = 1 (mean pass rate 0.06 on 16 prompts, none above 0.25); this one was
+    measured on 32 prompts: see "Regime of the SmolLM2 tasks" in ``docs/real_model.md``.
 
 Each task's questions are split once by a seeded shuffle (:data:`SPLIT_SEED`): 20 % ``test``, the rest
 ``train``; the questions of the worked examples are in neither. :func:`make_real_dataset` draws ``n`` questions
@@ -113,70 +114,66 @@ _STEPS_NAMES = ("Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Ben")
 _STEPS_PRONOUN = {"Mia": "She", "Tom": "He", "Ava": "She", "Leo": "He", "Zoe": "She", "Sam": "He", "Ivy": "She",
                   "Ben": "He"}
 _STEPS_OBJECTS = ("apples", "pencils", "stickers", "marbles", "cookies", "stamps")
-_STEPS_PER_LEVEL = 160
+_STEPS_PER_LEVEL = 80
 _STEPS_SEED = 2026
-_STEPS_SHOTS = ((0, 6, 5, 3, 0), (2, 12, 3, 4, 5))  # the worked examples' items: never drawn as questions
+_STEPS_SHOTS = ((1, 6, 5, 3, 0), (2, 7, 3, 4, 0))  # the worked examples' items: never drawn as questions
 
 
 def _steps_answer(t: tuple[int, ...]) -> int:
-    level, a, b, c, d = t
-    return a + b - c if level == 0 else a + b + c if level == 1 else a + b * c - d
+    level, a, b, c, _ = t
+    return a + b if level == 0 else a + b - c if level == 1 else a + b * c
 
 
 def _steps_who(t: tuple[int, ...]) -> tuple[str, str, str]:
     """(name, pronoun, object) of an item: a fixed function of its numbers."""
-    _, a, b, c, d = t
-    name = _STEPS_NAMES[(a + 2 * b + 3 * c + 5 * d) % len(_STEPS_NAMES)]
-    return name, _STEPS_PRONOUN[name], _STEPS_OBJECTS[(3 * a + b + 2 * c + d) % len(_STEPS_OBJECTS)]
+    level, a, b, c, _ = t
+    name = _STEPS_NAMES[(a + 2 * b + 3 * c + 5 * level) % len(_STEPS_NAMES)]
+    return name, _STEPS_PRONOUN[name], _STEPS_OBJECTS[(3 * a + b + 2 * c + level) % len(_STEPS_OBJECTS)]
 
 
 def _steps_question(t: tuple[int, ...]) -> str:
-    level, a, b, c, d = t
+    level, a, b, c, _ = t
     name, pro, obj = _steps_who(t)
     if level == 0:
+        return f"{name} has {a} {obj}. {pro} buys {b} more {obj}. How many {obj} does {name} have now?"
+    if level == 1:
         return (f"{name} has {a} {obj}. {pro} buys {b} more {obj}, then gives {c} {obj} to a friend. "
                 f"How many {obj} does {name} have now?")
-    if level == 1:
-        return (f"{name} has {a} {obj}. {pro} buys {b} more {obj}, then finds {c} more {obj}. "
-                f"How many {obj} does {name} have now?")
-    return (f"{name} has {a} {obj}. {pro} buys {b} bags with {c} {obj} in each bag, then gives {d} {obj} to a friend. "
+    return (f"{name} has {a} {obj}. {pro} buys {b} bags with {c} {obj} in each bag. "
             f"How many {obj} does {name} have now?")
 
 
 def _steps_reply(t: tuple[int, ...]) -> str:
     """The worked solution of an item (used for the two worked examples): one step per line, then the answer."""
-    level, a, b, c, d = t
+    level, a, b, c, _ = t
     name, pro, obj = _steps_who(t)
     lines = ["Let's solve it step by step.", f"Step 1: {name} starts with {a} {obj}."]
-    if level == 0:
+    if level in (0, 1):
         s = a + b
-        lines += [f"Step 2: {pro} buys {b} more, so {pro.lower()} has {a} + {b} = {s} {obj}.",
-                  f"Step 3: {pro} gives away {c}, so {pro.lower()} has {s} - {c} = {s - c} {obj}."]
-    elif level == 1:
-        s = a + b
-        lines += [f"Step 2: {pro} buys {b} more, so {pro.lower()} has {a} + {b} = {s} {obj}.",
-                  f"Step 3: {pro} finds {c} more, so {pro.lower()} has {s} + {c} = {s + c} {obj}."]
+        lines.append(f"Step 2: {pro} buys {b} more, so {pro.lower()} has {a} + {b} = {s} {obj}.")
+        if level == 1:
+            lines.append(f"Step 3: {pro} gives away {c}, so {pro.lower()} has {s} - {c} = {s - c} {obj}.")
     else:
-        m, s = b * c, a + b * c
+        m = b * c
         lines += [f"Step 2: {b} bags with {c} {obj} in each bag are {b} x {c} = {m} {obj}.",
-                  f"Step 3: {pro} buys them, so {pro.lower()} has {a} + {m} = {s} {obj}."]
-        lines.append(f"Step 4: {pro} gives away {d}, so {pro.lower()} has {s} - {d} = {s - d} {obj}.")
+                  f"Step 3: {pro} buys them, so {pro.lower()} has {a} + {m} = {a + m} {obj}."]
     lines += [f"So {name} has {_steps_answer(t)} {obj} now.", f"Answer: {_steps_answer(t)}"]
     return "\n".join(lines)
 
 
 def _steps_items() -> list[tuple[int, ...]]:
-    """480 items ``(level, a, b, c, d)``, 160 per level, each level a seeded sample of its full enumeration (the
-    worked examples' items excluded)."""
+    """240 items ``(level, a, b, c, 0)``, 80 per level, each level a seeded sample of its full enumeration (the
+    worked examples' items excluded): level 0 is 80 of the 81 pairs of digits."""
     levels = [
-        [(0, a, b, c, 0) for a in range(1, 7) for b in range(1, 7) for c in range(1, a + b)],
-        [(1, a, b, c, 0) for a in range(1, 10) for b in range(1, 10) for c in range(1, 10)],
-        [(2, a, b, c, d) for a in range(10, 20) for b in range(2, 6) for c in range(2, 10) for d in range(1, 10)],
+        [(0, a, b, 0, 0) for a in range(1, 10) for b in range(1, 10)],
+        [(1, a, b, c, 0) for a in range(1, 10) for b in range(1, 10) for c in range(1, min(10, a + b))],
+        [(2, a, b, c, 0) for a in range(1, 10) for b in range(2, 5) for c in range(2, 6)],
     ]
     rng = random.Random(_STEPS_SEED)
     out: list[tuple[int, ...]] = []
     for full in levels:
-        out += sorted(rng.sample([it for it in full if it not in _STEPS_SHOTS], _STEPS_PER_LEVEL))
+        pool = [it for it in full if it not in _STEPS_SHOTS]
+        out += sorted(rng.sample(pool, min(_STEPS_PER_LEVEL, len(pool))))
     return out
 
 
@@ -207,13 +204,13 @@ REAL_TASKS: dict[str, RealTask] = {
     ),
     "steps": RealTask(
         name="steps",
-        description="A word problem in two or three arithmetic steps, written out (3 mixed difficulty levels)",
+        description="A word problem in one to two arithmetic steps, written out (3 mixed difficulty levels)",
         question=_steps_question,
         answer=_steps_answer,
         items=_steps_items,
         examples=tuple((it, _steps_reply(it)) for it in _STEPS_SHOTS),
-        notes={"levels": {0: "a + b - c (a, b in 1..6)", 1: "a + b + c (digits)",
-                          2: "a + b x c - d (a in 10..19, bags of c)"},
+        notes={"levels": {0: "a + b (digits)", 1: "a + b - c (digits, c < a + b)",
+                          2: "a + b x c (a a digit, b bags in 2..4 of c in 2..5)"},
                "per_level": _STEPS_PER_LEVEL},
     ),
 }
