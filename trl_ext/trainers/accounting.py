@@ -129,7 +129,7 @@ class BatchAccounting:
             key_list = row_idx.tolist()
         else:
             g = self.num_generations if mode == "train" else self.num_generations_eval
-            self._ext_warn_once(
+            self.warn_once(
                 "no_row_idx",
                 f"Dataset rows lack the '{col}' column (custom dataset or remove_unused_columns=True); grouping rows "
                 f"in contiguous blocks of {g} as TRL does.",
@@ -444,7 +444,7 @@ class BatchAccounting:
                 warnings.warn(f"Every one of the {n_real} rollouts of this generation batch is unscorable (all reward "
                               "functions returned None or NaN): the step trains on nothing.", stacklevel=2)
             else:
-                self._ext_warn_once("unscorable_rows", f"{n_unscorable} of {n_real} rollouts of a generation batch are "
+                self.warn_once("unscorable_rows", f"{n_unscorable} of {n_real} rollouts of a generation batch are "
                                     "unscorable (every reward function returned None or NaN, on any rank): they get "
                                     "advantage 0 and are counted in ext/unscorable_rows (and the checkpointed "
                                     "unscorable_rows_total).")

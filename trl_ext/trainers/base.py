@@ -502,5 +502,3 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             self._ext_warned.add(key)
             warnings.warn(msg, stacklevel=3)
 
-    _ext_warn_once = warn_once
-

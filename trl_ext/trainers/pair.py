@@ -449,7 +449,7 @@ class PAIRTrainer(GRPOTrainer):
         super().load_ext_state_dict(state)
         pair = state.get("pair")
         if pair is None:
-            self._ext_warn_once("pair_state", "Checkpoint has no PAIR state: the heads and replay window start fresh.")
+            self.warn_once("pair_state", "Checkpoint has no PAIR state: the heads and replay window start fresh.")
             return
         self.rollout_strategy.heads.load_state_dict(pair)
         if "rollout_strategy" not in state and "generation" in pair:  # written before the strategy refactor
