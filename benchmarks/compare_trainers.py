@@ -90,6 +90,15 @@ Presets (``--scale`` x ``--task``; explicit arguments override)::
                       73-token completions, the other core busy): GRPO G=8 1.21 s per step of 4,672 tokens, greedy
                       evaluation 2.8 s per 250 questions. At a warm model's ~47 tokens per completion a GRPO G=8 run
                       is ~130 steps (160 s) + 4 evaluations (45 s): about 3.5 minutes
+    smollm2, sum3     the real pretrained chat model (SmolLM2-135M-Instruct, offline; ``--task largest`` / ``steps``
+                      too) with a LoRA adapter (r 16, alpha 32, all linear layers; --use_peft/--lora_r/--lora_alpha):
+                      16 rollouts/step in 4 micro-batches (grad_accum 4), 6,000 tokens per run, checkpoints every
+                      2,000, 128 training prompts, 64 test and 48 validation questions, max_completion_length 128
+                      (192 for steps), **sampled** evaluation (eval_mode "sampled": T = 1, one sample per question,
+                      per-question outcomes kept at every checkpoint for the two-level curve bootstrap), BASIS
+                      tables of 4 samples per prompt, methods grpo_g8 grpo_g4 reinforce_pp dapo_dynamic basis
+                      v05_osla pair; under v2 the grid is 1e-4 3e-4 (no edge extension) and seeds 0 1 2. About 20
+                      minutes of one core per run (measured: 130-150 s per step of 16 rollouts)
     gpu, addition     256 rollouts/step, 400,000 tokens, checkpoints every 50,000, 8,000 training prompts, bf16
     gpu, scratchpad   256 rollouts/step, 4,000,000 tokens, checkpoints every 500,000, 16,000 training prompts, bf16
 
@@ -129,6 +138,11 @@ Usage::
     python benchmarks/compare_trainers.py --output_dir /tmp/smoke --smoke --model_name_or_path /tmp/tiny
     python benchmarks/compare_trainers.py --output_dir /tmp/smoke2 --smoke --protocol v2 --task scratchpad \\
         --model_name_or_path /tmp/tiny --tune_lr 1e-4 3e-4 --seeds 0 1
+    # the real-model benchmark (docs/results.md "SmolLM2"; resumable: run it again to continue)
+    python benchmarks/compare_trainers.py --scale smollm2 --protocol v2 --task sum3 --jobs 2 --output_dir benchmarks/results/compare/smollm2/sum3
+    # its GPU path: a 0.5B-1.5B chat model on the same chat tasks, bf16 (untested here: no GPU)
+    python benchmarks/compare_trainers.py --scale gpu --protocol v2 --task sum3 --use_peft --eval_mode sampled \
+        --eval_samples 4 --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --output_dir runs/sum3_gpu
     # larger runs
     python benchmarks/compare_trainers.py --scale gpu --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
         --dataset_fn mypkg.data:load --reward_fn mypkg.rewards:correct --use_vllm --vllm_mode colocate
@@ -277,6 +291,8 @@ METHODS: dict[str, MethodSpec] = {
                            config_kwargs={"tie_break_epsilon": 0.1}, setup="setup_tiebreak"),
 }
 
+#: The methods of the real-model benchmark (issue-independent: the baselines and the paper methods).
+REAL_METHODS = ["grpo_g8", "grpo_g4", "reinforce_pp", "dapo_dynamic", "basis", "v05_osla", "pair"]
 #: Scale presets (the ``addition`` values; the v1 CPU run used them). ``cpu``: the offline testbed on 2 cores;
 #: ``gpu``: a larger budget and GPU-friendly trainer defaults; everything else is the same code path.
 SCALES: dict[str, dict] = {
@@ -286,6 +302,23 @@ SCALES: dict[str, dict] = {
     "gpu": dict(task="addition", rollouts_per_step=256, token_budget=400_000, eval_every_tokens=50_000, n_eval=2000,
                 n_train=8000, n_val=1000, learning_rate=1e-4, eval_samples=0, value_table_samples=32, use_cpu=False,
                 bf16=True, eval_batch_size=250),
+    # the real pretrained chat model on CPU (docs/results.md "SmolLM2"): SmolLM2-135M-Instruct + LoRA r 16 on the
+    # sum3 chat task. Sized from a measurement (one thread, fp32, LoRA, the other core idle): a GRPO G=8 step of 16
+    # rollouts (965 generated tokens, prompts ~200 tokens) took 130 s, 40 s of it HF generation; bf16 autocast
+    # saved 6 %. Sampled evaluation of 64 questions x 2 samples: 236 s. So ~2 min of one core per 1,000 generated
+    # training tokens, and a 6,000-token run with 3 evaluations of 64 questions is ~20 min. One loss pass over
+    # the 16 rollouts (vocabulary 49,152, ~330 tokens a row) needed 12 GB, so two workers ran out of the 24 GB:
+    # grad_accum = 4 trains each generation batch in 4 micro-batches of 4 rollouts (one optimizer step, one
+    # generation, the same gradient), about 3 GB a worker.
+    "smollm2": dict(task="sum3", rollouts_per_step=16, token_budget=6_000, eval_every_tokens=2_000, n_eval=64,
+                    n_train=128, n_val=48, learning_rate=1e-4, eval_samples=1, eval_mode="sampled",
+                    checkpoint_outcomes=True, value_table_samples=4, use_cpu=True, bf16=False, eval_batch_size=64,
+                    use_peft=True, lora_r=16, lora_alpha=32, methods=REAL_METHODS, grad_accum=4),
+}
+#: Protocol values a scale replaces (applied after :data:`PROTOCOLS`): on the real model every run costs ~20 CPU
+#: minutes, so v2 tunes two learning rates on the 1-3-10 ladder (no edge extension) and runs 3 seeds.
+SCALE_PROTOCOL: dict[tuple[str, str], dict] = {
+    ("smollm2", "v2"): dict(tune_lr=[1e-4, 3e-4], seeds=[0, 1, 2], tune_extend=0),
 }
 #: Per-task overrides of a scale preset. ``scratchpad`` (completions of 18-71 tokens, max_completion_length 73 =
 #: the longest completion + 2): the CPU budget is sized from a measurement (untrained tiny model, 73-token
@@ -456,7 +489,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None,
                    help="accuracy for 'tokens to threshold' (default v1: grpo_g16's mean final accuracy; v2: the best "
                         "GRPO setting's; without them the start accuracy + 0.10)")
-    p.add_argument("--task", default=None, help="testbed task: addition (default), scratchpad, substitution")
+    p.add_argument("--task", default=None,
+                   help="testbed task: addition (default), scratchpad, substitution; or a real-model chat task: "
+                        "sum3, largest, steps (trl_ext.realmodel.tasks; the SmolLM2 model unless "
+                        "--model_name_or_path)")
+    p.add_argument("--eval_mode", choices=("greedy", "sampled"), default=None,
+                   help="primary held-out accuracy: greedy (default) or sampled at T = 1 with --eval_samples per "
+                        "question (default for --scale smollm2)")
     p.add_argument("--model_name_or_path", default=None,
                    help="start checkpoint (default: the cached warm testbed model for --task, seed 0)")
     p.add_argument("--warm_seed", type=_nonneg_int, default=0, help="warm-model seed (one checkpoint for all runs)")
@@ -472,6 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the task's longest answer + 2")
     p.add_argument("--value_table_samples", type=_pos_int, default=None,
                    help="BASIS reference samples per training prompt (default 32)")
+    p.add_argument("--use_peft", action=argparse.BooleanOptionalAction, default=None,
+                   help="train a LoRA adapter (peft.LoraConfig on all linear layers, dropout 0) instead of the full "
+                        "model (default: on for --scale smollm2, off otherwise)")
+    p.add_argument("--lora_r", type=_pos_int, default=None, help="LoRA rank (default 16)")
+    p.add_argument("--lora_alpha", type=_pos_int, default=None, help="LoRA alpha (default 32)")
     p.add_argument("--use_vllm", action="store_true", help="passed to the trainer config")
     p.add_argument("--vllm_mode", default=None, help="passed to the trainer config (colocate / server)")
     p.add_argument("--config_overrides", default=None,
@@ -503,12 +547,18 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     task = args.task or SCALES[args.scale]["task"]
     s = dict(SCALES[args.scale])
     s.update(TASK_PRESETS.get((task, args.scale), {}))
-    s.update(task=task, methods=list(METHODS), n_sim=400, n_boot=2000)
+    s.update(task=task, methods=list(s.get("methods", METHODS)), n_sim=400, n_boot=2000)
+    s.setdefault("eval_mode", "greedy")
+    s.setdefault("use_peft", False)
+    s.setdefault("lora_r", 16)
+    s.setdefault("lora_alpha", 32)
     s.update(PROTOCOLS[args.protocol])
+    s.update(SCALE_PROTOCOL.get((args.scale, args.protocol), {}))
     if args.smoke:
         s.update(SMOKE)
     for key in ("token_budget", "eval_every_tokens", "rollouts_per_step", "learning_rate", "n_eval", "n_val",
-                "n_train", "eval_samples", "n_sim", "n_boot", "value_table_samples"):
+                "n_train", "eval_samples", "n_sim", "n_boot", "value_table_samples", "use_peft", "lora_r",
+                "lora_alpha", "eval_mode"):
         if getattr(args, key, None) is not None:
             s[key] = getattr(args, key)
     if args.methods is not None:
@@ -537,6 +587,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     if s["rollouts_per_step"] % 16:
         raise SystemExit(f"--rollouts_per_step must be divisible by 16 (G = 16, 8, 4 and 1 share it); "
                          f"got {s['rollouts_per_step']}")
+    if s["eval_mode"] == "sampled" and not s["eval_samples"]:
+        raise SystemExit("--eval_mode sampled needs --eval_samples >= 1 (samples per question)")
     if s["eval_every_tokens"] > s["token_budget"]:
         raise SystemExit("--eval_every_tokens must not exceed --token_budget")
     if bool(args.dataset_fn) != bool(args.reward_fn):
@@ -658,6 +710,8 @@ class Context:
                 raise SystemExit("--model_name_or_path is required with --dataset_fn")
             self.model_path = s["model_name_or_path"]
             self.max_new = s["max_completion_length"] or 256
+        elif s["task"] in REAL_TASK_NAMES:
+            self._init_real_task(s)
         else:
             from trl_ext.testbed import TASKS, get_reward_funcs, get_warm_model, make_dataset, split_size
 
@@ -678,9 +732,29 @@ class Context:
         self.cache_dir = s["cache_dir"]
         s["start_checkpoint_sha"] = checkpoint_fingerprint(self.model_path)
 
+    def _init_real_task(self, s: dict) -> None:
+        """A real-model chat task (:data:`REAL_TASK_NAMES`, ``trl_ext.realmodel.tasks``): conversational two-shot
+        prompts, the strict ``accuracy_reward`` (binary; the format is not rewarded), the offline SmolLM2 model
+        unless ``--model_name_or_path`` names another chat model. Rows get a ``question_id`` (the question text,
+        unique per item) so outcomes pair across runs and the validation set can exclude the training prompts."""
+        from trl_ext.realmodel import get_real_model
+        from trl_ext.realmodel.tasks import get_real_reward_funcs, split_items
+
+        self.task = s["task"]
+        self.train_ds = real_task_dataset(self.task, min(s["n_train"], len(split_items(self.task, "train"))),
+                                          split="train", seed=0)
+        self.eval_ds = real_task_dataset(self.task, min(s["n_eval"], len(split_items(self.task, "test"))),
+                                         split="test", seed=0)
+        self.reward_funcs = get_real_reward_funcs(self.task)
+        self.model_path = s["model_name_or_path"] or get_real_model()
+        self.max_new = s["max_completion_length"] or REAL_TASK_MAX_NEW[self.task]
+
     @property
     def val_ds(self):
         """Validation set for learning-rate tuning (train split, disjoint from ``train_ds``)."""
+        if self._val_ds is None and self.task in REAL_TASK_NAMES:
+            pool = real_task_dataset(self.task, None, split="train", seed=1)
+            self._val_ds = validation_split(pool, self.train_ds, self.s["n_val"])
         if self._val_ds is None:
             if self.task is None:
                 raise SystemExit("learning-rate tuning with --dataset_fn needs a validation set: return (train, "
@@ -713,7 +787,7 @@ class Context:
 
         bs = self.s["eval_batch_size"]
         ds = self.dataset(split)
-        if self.task is not None:
+        if self.task is not None and self.task not in REAL_TASK_NAMES:
             return evaluate_model(model, self.tokenizer, ds, self.task, greedy=greedy,
                                   num_samples=num_samples, max_new_tokens=self.max_new, seed=seed, batch_size=bs)
         return _generic_evaluate(model, self.tokenizer, ds, self.reward_funcs[0], greedy, num_samples,
@@ -734,8 +808,41 @@ class Context:
         return {str(q): str(v) for q, v in zip(ds["question_id"], ds[DIFFICULTY_COLUMN])}
 
 
+#: Real-model chat tasks (``trl_ext.realmodel.tasks``) and their completion caps (the measured regime's, docs/real_model.md).
+REAL_TASK_MAX_NEW: dict[str, int] = {"sum3": 128, "largest": 128, "steps": 192}
+REAL_TASK_NAMES = tuple(REAL_TASK_MAX_NEW)
+
+
+def real_task_dataset(task: str, n: int | None, *, split: str, seed: int):
+    """``trl_ext.realmodel.tasks.make_real_dataset`` plus a ``question_id`` column: the question (the last user
+    turn), unique per item, so outcome files pair by question across runs."""
+    from datasets import Dataset
+
+    from trl_ext.realmodel.tasks import make_real_dataset
+
+    rows = make_real_dataset(task, n, seed=seed, split=split, as_list=True)
+    return Dataset.from_list([{**r, "question_id": f"{task}:{r['prompt'][-1]['content']}"} for r in rows])
+
+
+def _tokenize_prompts(tok, prompts: list, device):
+    """Left-padded input ids of plain-text prompts, or of conversations through the chat template (generation
+    prompt appended), as TRL's trainers render them."""
+    if prompts and isinstance(prompts[0], list):
+        enc = tok.apply_chat_template(prompts, add_generation_prompt=True, return_tensors="pt", return_dict=True,
+                                      padding=True)
+    else:
+        enc = tok(prompts, return_tensors="pt", padding=True)
+    return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+
+
+def _prompt_text(prompt) -> str:
+    """A prompt as recorded in outcome files: a conversation's last turn (the question), a plain prompt as is."""
+    return str(prompt[-1]["content"]) if isinstance(prompt, list) and prompt else str(prompt)
+
+
 def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_new, seed, batch_size, result_cls):
-    """Evaluation for ``--dataset_fn`` datasets (same record schema as ``trl_ext.testbed.evaluate_model``)."""
+    """Evaluation for ``--dataset_fn`` datasets and the real-model chat tasks (same record schema as
+    ``trl_ext.testbed.evaluate_model``); conversational prompts go through the tokenizer's chat template."""
     import torch
 
     rows = [dict(r) for r in dataset]
@@ -753,7 +860,7 @@ def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_n
             torch.manual_seed(seed)
             for start in range(0, len(rows), batch_size):
                 chunk = rows[start:start + batch_size]
-                enc = tok([r["prompt"] for r in chunk], return_tensors="pt", padding=True).to(device)
+                enc = _tokenize_prompts(tok, [r["prompt"] for r in chunk], device)
                 out = model.generate(**enc, num_return_sequences=num_samples, **kw)[:, enc["input_ids"].shape[1]:]
                 for i, row in enumerate(chunk):
                     comps, lens = [], []
@@ -766,7 +873,7 @@ def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_n
                     rate = float(sum(float(x or 0.0) for x in scores)) / num_samples
                     records.append({"question_id": str(row["question_id"]), "correct": int(rate > 0.5),
                                     "pass_rate": rate, "n_samples": num_samples,
-                                    "completion_tokens": sum(lens) / len(lens), "prompt": str(row["prompt"]),
+                                    "completion_tokens": sum(lens) / len(lens), "prompt": _prompt_text(row["prompt"]),
                                     "answer": str(row.get("answer", "")), "completions": comps})
                     total += sum(lens)
     finally:
@@ -919,6 +1026,12 @@ def _settings_key(s: dict, spec: MethodSpec, seed: int, lr: float | None = None,
         keep["graded_reward"] = s.get("graded_reward_fn") or GRADED_REWARDS.get(s["task"])
     if spec.setup == "setup_basis" and s["value_table_samples"] != 32:
         keep["value_table_samples"] = s["value_table_samples"]
+    if s.get("grad_accum", 1) != 1:
+        keep["grad_accum"] = s["grad_accum"]
+    if s.get("eval_mode", "greedy") != "greedy":
+        keep["eval_mode"] = s["eval_mode"]
+    if s.get("use_peft"):  # added with the real-model preset: keys of full-model runs are unchanged
+        keep["lora"] = (s["lora_r"], s["lora_alpha"])
     if s.get("protocol") == "v2":  # v2 keys also pin the start checkpoint's weights (a rebuilt warm model re-runs)
         keep["start_checkpoint_sha"] = s.get("start_checkpoint_sha")
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -938,11 +1051,14 @@ def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: 
     unique = spec.group_size == 1 or bool(getattr(trainer_cls, "unique_prompt_sampler", False))
     per_device = n_prompts if unique else n_prompts * spec.group_size
     budget_steps = int(math.ceil(s["token_budget"] / max(1, n_prompts))) + 2  # >= 1 token per rollout: upper bound
+    ga = int(s.get("grad_accum", 1))
+    if per_device % ga:
+        raise ValueError(f"grad_accum={ga} must divide the {per_device} rollouts of a generation batch")
     kw = dict(
         output_dir=run_dir, seed=seed, max_steps=budget_steps,
         learning_rate=s["learning_rate"] if lr is None else lr,
-        lr_scheduler_type="constant", warmup_steps=0, per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=1, num_generations=spec.group_size,
+        lr_scheduler_type="constant", warmup_steps=0, per_device_train_batch_size=per_device // ga,
+        gradient_accumulation_steps=ga, steps_per_generation=ga, num_generations=spec.group_size,
         max_completion_length=ctx.max_new, temperature=1.0, beta=0.0, use_cpu=s["use_cpu"], bf16=s["bf16"],
         gradient_checkpointing=False, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0,
@@ -1031,22 +1147,25 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         if last is not None and last[:2] == (step, tokens):  # several checkpoints crossed in one step: same model
             g, sampled = last[2:]
         else:
-            g = ctx.evaluate(model, greedy=True, split=split)
-            sampled = None
-            if s["eval_samples"]:
-                sampled = ctx.evaluate(model, greedy=False, num_samples=s["eval_samples"], seed=1000 + seed,
-                                       split=split)
+            g, sampled = evaluate_checkpoint(ctx, model, seed, split)
             model_holder["last_eval"] = (step, tokens, g, sampled)
+        sampled_primary = s.get("eval_mode") == "sampled"  # then g holds the sampled evaluation
         point = {"nominal_tokens": nominal, "tokens": tokens, "step": step, "train_wall_s": train_wall(),
-                 "greedy_accuracy": g.accuracy}
+                 "accuracy": g.accuracy, ("sampled_accuracy" if sampled_primary else "greedy_accuracy"): g.accuracy}
         if sampled is not None:
             point["sampled_accuracy"] = sampled.accuracy
+        from trl_ext.testbed import write_outcomes_jsonl
+
+        if s.get("checkpoint_outcomes") and not is_final:  # per-question outcomes of every checkpoint
+            path = os.path.join(run_dir, "checkpoints", f"outcomes_{int(nominal)}.jsonl.gz")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            point["outcomes"] = os.path.relpath(write_outcomes_jsonl(path, g.records), s["output_dir"])
         curve.append(point)
         if is_final:
-            from trl_ext.testbed import write_outcomes_jsonl
-
             # gzip-compressed (the results are committed); the readers also accept an older run's plain .jsonl
             final["outcomes"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes.jsonl.gz"), g.records)
+            if s.get("checkpoint_outcomes"):
+                point["outcomes"] = os.path.relpath(final["outcomes"], s["output_dir"])
             if sampled is not None:
                 final["outcomes_sampled"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes_sampled.jsonl.gz"),
                                                                  sampled.records)
@@ -1054,8 +1173,8 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
             final["by_level"] = accuracy_by_level(g.records, ctx.difficulty_levels(split))
         timer["eval_s"] += time.perf_counter() - t
         print(f"  [{spec.name} seed {seed} lr {lr:g}] {tokens:>9.0f} tokens (step {step}, train "
-              f"{point['train_wall_s']:.1f} s): {split} greedy {g.accuracy:.3f}"
-              + (f", sampled {sampled.accuracy:.3f}" if sampled else ""), flush=True)
+              f"{point['train_wall_s']:.1f} s): {split} {'sampled' if sampled_primary else 'greedy'} "
+              f"{g.accuracy:.3f}" + (f", sampled {sampled.accuracy:.3f}" if sampled else ""), flush=True)
 
     budget = float(s["token_budget"])
     every = float(s["eval_every_tokens"])
@@ -1073,8 +1192,10 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
     norms = UpdateNormCallback() if s.get("update_norms") else None
     torch.manual_seed(seed)
     model = ctx.load_model()
+    peft_kw = {"peft_config": lora_config(s)} if s.get("use_peft") else {}
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=config, train_dataset=ctx.train_ds,
-                          processing_class=ctx.tokenizer, callbacks=[_Clock(), cb] + ([norms] if norms else []))
+                          processing_class=ctx.tokenizer, callbacks=[_Clock(), cb] + ([norms] if norms else []),
+                          **peft_kw)
     trainer.remove_callback(PrinterCallback)
     model_holder["trainer"] = trainer
     trainer.train()
@@ -1086,7 +1207,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         curve=curve, tokens=cb.tokens, token_metric=TOKEN_METRIC if cb.seen else None,
         budget_reached=cb.reached,
         steps=trainer.state.global_step, train_wall_s=train_wall(), eval_wall_s=timer["eval_s"],
-        final_greedy_accuracy=final["point"]["greedy_accuracy"],
+        final_accuracy=final["point"]["accuracy"], final_greedy_accuracy=final["point"].get("greedy_accuracy"),
         final_sampled_accuracy=final["point"].get("sampled_accuracy"),
         final_accuracy_by_level=final["by_level"],
         outcomes=os.path.relpath(final["outcomes"], s["output_dir"]),
@@ -1101,6 +1222,63 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
     del trainer, model
     gc.collect()
     return rec
+
+
+def evaluate_checkpoint(ctx: Context, model, seed: int, split: str):
+    """``(primary, extra_sampled)`` evaluations of one checkpoint. ``eval_mode="greedy"`` (default): greedy
+    accuracy, plus sampled accuracy with ``eval_samples`` samples per question when that is > 0. ``"sampled"``:
+    only the sampled evaluation (T = 1, ``eval_samples`` per question, sampling seed ``1000 + seed``: the same
+    noise stream for every method at one seed), which is then the primary accuracy."""
+    s = ctx.s
+    if s.get("eval_mode") == "sampled":
+        return ctx.evaluate(model, greedy=False, num_samples=s["eval_samples"], seed=1000 + seed, split=split), None
+    g = ctx.evaluate(model, greedy=True, split=split)
+    sampled = None
+    if s["eval_samples"]:
+        sampled = ctx.evaluate(model, greedy=False, num_samples=s["eval_samples"], seed=1000 + seed, split=split)
+    return g, sampled
+
+
+START_EVAL_FILE = "start_eval.json"
+
+
+def start_evaluation(ctx: Context):
+    """The start checkpoint's primary evaluation on the test set (:func:`evaluate_checkpoint`, seed 0), cached in
+    ``<output_dir>/start_eval.json`` with the settings it depends on, so ``--jobs`` workers and resumed invocations
+    (minutes per evaluation on the real model) do not repeat it."""
+    from types import SimpleNamespace
+
+    s = ctx.s
+    key = {k: s.get(k) for k in ("task", "n_eval", "eval_mode", "eval_samples", "model_name_or_path",
+                                 "max_completion_length", "start_checkpoint_sha", "dataset_fn")}
+    path = os.path.join(s["output_dir"], START_EVAL_FILE)
+    if s["resume"] and os.path.exists(path):
+        doc = read_json(path)
+        if doc.get("key") == key:
+            return SimpleNamespace(accuracy=doc["accuracy"], records=doc["records"])
+    g = evaluate_checkpoint(ctx, ctx.load_model(), 0, "test")[0]
+    _write_json(path, {"key": key, "accuracy": g.accuracy,
+                       "records": [{k: r[k] for k in ("question_id", "correct", "pass_rate")} for r in g.records]})
+    return g
+
+
+def final_accuracy(run: dict) -> float:
+    """A run's primary accuracy at the budget (``final_greedy_accuracy`` in runs written before ``eval_mode``)."""
+    return float(run["final_accuracy"] if run.get("final_accuracy") is not None else run["final_greedy_accuracy"])
+
+
+def point_accuracy(point: dict) -> float:
+    """A curve point's primary accuracy (``greedy_accuracy`` in runs written before ``eval_mode``)."""
+    return float(point["accuracy"] if "accuracy" in point else point["greedy_accuracy"])
+
+
+def lora_config(s: dict):
+    """The LoRA adapter of ``--use_peft`` runs: rank ``lora_r``, ``lora_alpha``, every linear layer, no dropout
+    (dropout would make the policy's log-probabilities stochastic between generation and the loss)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=s["lora_r"], lora_alpha=s["lora_alpha"], lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
 
 
 #: A run's per-step trace, next to its result.json (deterministic gzip JSON); the record's ``trace`` names it.
@@ -1261,7 +1439,7 @@ def lr_scores(tune_runs: Sequence[dict]) -> dict[str, dict[str, dict]]:
         cell = out.setdefault(r["method"], {}).setdefault(lr_key(lr), {
             "lr": lr, "per_seed": [], "seeds": [], "n_ok": 0, "n_not_ok": 0, "reasons": []})
         if r["status"] == "ok":
-            cell["per_seed"].append(float(r["final_greedy_accuracy"]))
+            cell["per_seed"].append(final_accuracy(r))
             cell["seeds"].append(r["seed"])
             cell["n_ok"] += 1
         else:
@@ -1465,7 +1643,7 @@ def tokens_to_threshold(curve: Sequence[dict], threshold: float) -> float | None
     Coarse by construction (checkpoint resolution); the start point (0 tokens) counts when it already qualifies.
     """
     for p in sorted(curve, key=lambda q: q["tokens"]):
-        if p["greedy_accuracy"] >= threshold:
+        if point_accuracy(p) >= threshold:
             return float(p["tokens"])
     return None
 
@@ -1483,7 +1661,7 @@ def best_grpo_method(runs: Sequence[dict]) -> str | None:
     acc: dict[str, list[float]] = {}
     for r in runs:
         if r["status"] == "ok" and _family(r) == "grpo":
-            acc.setdefault(r["method"], []).append(float(r["final_greedy_accuracy"]))
+            acc.setdefault(r["method"], []).append(final_accuracy(r))
     if not acc:
         return None
     size = {m: METHODS[m].group_size if m in METHODS else 0 for m in acc}
@@ -1502,7 +1680,7 @@ def choose_threshold(runs: Sequence[dict], explicit: float | None, start_accurac
     if explicit is not None:
         return float(explicit), "--threshold"
     name = best_grpo_method(runs) if reference == "best_grpo" else reference
-    ref = [r["final_greedy_accuracy"] for r in runs if r["method"] == name and r["status"] == "ok"]
+    ref = [final_accuracy(r) for r in runs if r["method"] == name and r["status"] == "ok"]
     if ref:
         what = f"the best GRPO setting, {name}" if reference == "best_grpo" else name
         return sum(ref) / len(ref), f"mean final accuracy of {what} at the budget"
@@ -1569,16 +1747,16 @@ def summarize(runs: Sequence[dict], threshold: float, start_accuracy: float,
                "learning_rate": mine[0].get("learning_rate"), "lr_source": mine[0].get("lr_source"),
                "tuning_tokens": sum(float(r.get("tokens") or 0.0) for r in tune_runs if r["method"] == name)}
         if ok:
-            curves = [[{"tokens": 0.0, "greedy_accuracy": start_accuracy}, *r["curve"]] for r in ok]
+            curves = [[{"tokens": 0.0, "accuracy": start_accuracy}, *r["curve"]] for r in ok]
             ttt = [tokens_to_threshold(c, threshold) for c in curves]
             reached = [t for t in ttt if t is not None]
-            acc_m, acc_sd = _mean_sd([r["final_greedy_accuracy"] for r in ok])
+            acc_m, acc_sd = _mean_sd([final_accuracy(r) for r in ok])
             tokens_m = _mean_sd([r["tokens"] for r in ok])[0]
             table = next(((r.get("setup_info") or {}).get("table_tokens") for r in ok
                           if (r.get("setup_info") or {}).get("table_tokens") is not None), None)
             row.update(
                 final_accuracy_mean=acc_m, final_accuracy_sd=acc_sd,
-                final_accuracy_per_seed=[r["final_greedy_accuracy"] for r in ok],
+                final_accuracy_per_seed=[final_accuracy(r) for r in ok],
                 final_sampled_accuracy_mean=_mean_sd([r.get("final_sampled_accuracy") for r in ok])[0],
                 tokens_mean=tokens_m,
                 tokens_to_threshold_mean=_mean_sd(reached)[0], tokens_to_threshold_reached=len(reached),
@@ -1603,7 +1781,7 @@ def _fmt(x, spec=".3f", none="--"):
 def table_markdown(rows: Sequence[dict], threshold: float, s: dict, rule: str = "") -> str:
     over = [n for n in AMORTIZE_OVER if n != 1]
     head = (f"Token budget {s['token_budget']:.0f} generated training tokens per run; {s['n_eval']} held-out "
-            f"questions (greedy); threshold {threshold:.3f}{f' ({rule})' if rule else ''}. Online tokens: "
+            f"questions ({s.get('eval_mode', 'greedy')}); threshold {threshold:.3f}{f' ({rule})' if rule else ''}. Online tokens: "
             f"`{TOKEN_METRIC}`; table: tokens generated to build a value table (BASIS), once per warm model; total: "
             f"online + table (one run), and with the table shared by {', '.join(map(str, over))} runs.\n\n"
             "| method | lr | seeds | final acc (mean +- sd) | per seed | tokens to threshold (seeds reaching) "
@@ -1762,7 +1940,7 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
                 continue
             n = min(len(r["curve"]) for r in ok)
             xs = [0.0] + [sum(r["curve"][i][xkey] for r in ok) / len(ok) for i in range(n)]
-            accs = [[start_accuracy] + [r["curve"][i]["greedy_accuracy"] for i in range(n)] for r in ok]
+            accs = [[start_accuracy] + [point_accuracy(r["curve"][i]) for i in range(n)] for r in ok]
             mean = [sum(a[i] for a in accs) / len(accs) for i in range(n + 1)]
             lo = [min(a[i] for a in accs) for i in range(n + 1)]
             hi = [max(a[i] for a in accs) for i in range(n + 1)]
@@ -1866,7 +2044,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_all = time.time()
     ctx = Context(s)
     print(f"start checkpoint: {ctx.model_path}", flush=True)
-    start = ctx.evaluate(ctx.load_model(), greedy=True)
+    start = start_evaluation(ctx)
     start_by_level = accuracy_by_level(start.records, ctx.difficulty_levels("test"))
     print(f"start accuracy {start.accuracy:.3f} on {len(ctx.eval_ds)} held-out questions", flush=True)
     if args.jobs > 1 and len(s["methods"]) > 1:

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_ext.stats.curves import compare_curves, curve_auc, curve_on_grid, tokens_to_target, two_level_curve_bootstrap
+from trl_ext.stats.curves import (
+    compare_curves,
+    curve_auc,
+    curve_on_grid,
+    tokens_to_target,
+    two_level_auc_difference,
+    two_level_curve_bootstrap,
+)
 
 
 def test_auc_of_constant_and_linear_curves_is_exact():
@@ -134,3 +141,62 @@ def test_curves_command_on_a_runs_json(tmp_path, capsys):
         (per_run / f"{i}.json").write_text(json.dumps(r))
     assert cli.main(["curves", "--run", f"all={per_run}/*.json", "--baseline", "all", "--start_accuracy", "0.4",
                      "--n_resamples", "200"]) == 2  # ten runs, but five share each seed number: refused
+
+
+def test_two_level_difference_finds_a_planted_gap_and_is_zero_against_itself():
+    rng = np.random.default_rng(5)
+    q, tokens = 300, [100, 200, 300]
+    base_p = rng.uniform(0.2, 0.8, q)  # per-question difficulty shared by both methods (pairing removes it)
+    def method(shift):
+        return np.stack([(rng.random((3, q)) < np.clip(base_p + shift * np.array([1, 2, 3])[:, None], 0, 1))
+                         .astype(float) for _ in range(4)])
+    a, b = method(0.05), method(0.0)
+    start = (rng.random(q) < base_p).astype(float)
+    res = two_level_auc_difference(a, tokens, b, tokens, 300, start_outcomes=start, n_resamples=300)
+    direct = np.mean([curve_auc(tokens, a[s].mean(axis=1), 300, start_value=start.mean())
+                      - curve_auc(tokens, b[s].mean(axis=1), 300, start_value=start.mean()) for s in range(4)])
+    assert res["diff_mean"] == pytest.approx(direct, abs=1e-12)
+    lo, hi = res["ci"]
+    assert 0 < lo < res["diff_mean"] < hi  # the planted gap (AUC +0.067 on the linear ramp) is detected
+    same = two_level_auc_difference(a, tokens, a, tokens, 300, n_resamples=50, start_outcomes=np.zeros(q))
+    assert same["diff_mean"] == 0 and same["ci"] == (0.0, 0.0)
+    with pytest.raises(ValueError, match="same seeds and questions"):
+        two_level_auc_difference(a, tokens, b[:3], tokens, 300)
+
+
+def test_curves_command_two_level_from_checkpoint_outcomes(tmp_path, capsys):
+    from trl_ext import cli
+    from trl_ext.testbed import write_outcomes_jsonl
+
+    rng = np.random.default_rng(7)
+    q = 60
+    qids = [f"q{i}" for i in range(q)]
+    recs = []
+    for m, p in (("grpo", 0.4), ("x", 0.7)):
+        for s in range(3):
+            curve = []
+            for j, t in enumerate((100, 200)):
+                hits = (rng.random(q) < p).astype(int)
+                path = write_outcomes_jsonl(tmp_path / f"{m}_{s}_{j}.jsonl.gz",
+                                            [{"question_id": qq, "correct": int(h), "pass_rate": float(h), "n_samples": 1,
+                                              "completion_tokens": 5.0}
+                                             for qq, h in zip(qids, hits)])
+                curve.append({"tokens": t + s, "accuracy": float(hits.mean()), "outcomes": path.split("/")[-1]})
+            recs.append({"method": m, "seed": s, "status": "ok", "curve": curve})
+    (tmp_path / "runs.json").write_text(json.dumps({"runs": recs, "start_accuracy": 0.3}))
+    (tmp_path / "start_eval.json").write_text(json.dumps(
+        {"accuracy": 0.3, "records": [{"question_id": qq, "correct": 0, "pass_rate": 0.3} for qq in qids]}))
+    out = tmp_path / "curves.json"
+    assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",
+                     "accuracy", "--questions", "--n_resamples", "300", "--output", str(out)]) == 0
+    assert "Two-level bootstrap" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["n_questions_two_level"] == q
+    lo, hi = res["methods"]["x"]["auc_diff_ci_two_level"]
+    assert 0 < lo < res["methods"]["x"]["auc_diff"] < hi
+    assert res["methods"]["grpo"]["auc_diff_ci_two_level"] == [0.0, 0.0]
+    del recs[0]["curve"][0]["outcomes"]
+    (tmp_path / "runs.json").write_text(json.dumps({"runs": recs, "start_accuracy": 0.3}))
+    assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",
+                     "accuracy", "--questions", "--n_resamples", "100"]) == 2
+    assert "no per-question `outcomes` file" in capsys.readouterr().err

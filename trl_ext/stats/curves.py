@@ -28,7 +28,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-__all__ = ["curve_auc", "tokens_to_target", "curve_on_grid", "compare_curves", "two_level_curve_bootstrap"]
+__all__ = ["curve_auc", "tokens_to_target", "curve_on_grid", "compare_curves", "two_level_curve_bootstrap",
+           "two_level_auc_difference"]
 
 
 def _curve(tokens, values, start_value: float | None) -> tuple[np.ndarray, np.ndarray]:
@@ -228,3 +229,55 @@ def two_level_curve_bootstrap(outcomes, tokens, budget: float, *, start_outcomes
     alpha = 1 - confidence
     lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
     return {"auc_mean": point, "ci": (float(lo), float(hi)), "n_seeds": s_n, "n_questions": q_n}
+
+
+def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget: float, *, start_outcomes=None,
+                             n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+    """Mean AUC of method A minus method B with a two-level percentile interval, paired by seed and question.
+
+    Each replicate draws seed indices with replacement (the same indices for both methods: seed ``k`` of A is
+    paired with seed ``k`` of B, which share the training seed and, in the comparison harness, the evaluation's
+    sampling stream) and then question indices with replacement (the same questions for both methods and every
+    checkpoint), and recomputes :math:`\\overline{\\mathrm{AUC}}_A - \\overline{\\mathrm{AUC}}_B` (eq. C1 per run).
+
+    Parameters
+    ----------
+    outcomes_a, outcomes_b : array_like, shape (S, J_a, Q) and (S, J_b, Q)
+        Per seed, checkpoint and question (same seed order and question order in both), 1/0 or a score in [0, 1].
+    tokens_a, tokens_b : array_like, shape (S, J) or (J,)
+        Token count of every checkpoint.
+    budget : float
+    start_outcomes : array_like, shape (Q,), optional
+        The shared start checkpoint's per-question outcomes (``t = 0``).
+
+    Returns
+    -------
+    dict
+        ``diff_mean`` (on all seeds and questions), ``ci``, ``n_seeds``, ``n_questions``.
+
+    Raises
+    ------
+    ValueError
+        Not three-dimensional, or different numbers of seeds or questions.
+    """
+    a, b = np.asarray(outcomes_a, dtype=np.float64), np.asarray(outcomes_b, dtype=np.float64)
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
+        raise ValueError(f"outcomes must have shapes (seeds, checkpoints, questions) with the same seeds and "
+                         f"questions, got {a.shape} and {b.shape}.")
+    s_n, q_n = a.shape[0], a.shape[2]
+    ta = np.broadcast_to(np.asarray(tokens_a, dtype=np.float64), a.shape[:2])
+    tb = np.broadcast_to(np.asarray(tokens_b, dtype=np.float64), b.shape[:2])
+    start = None if start_outcomes is None else np.asarray(start_outcomes, dtype=np.float64)
+
+    def diff(seed_idx, q_idx):
+        sv = None if start is None else float(start[q_idx].mean())
+        da = [curve_auc(ta[s], a[s][:, q_idx].mean(axis=1), budget, start_value=sv) for s in seed_idx]
+        db = [curve_auc(tb[s], b[s][:, q_idx].mean(axis=1), budget, start_value=sv) for s in seed_idx]
+        return float(np.mean(da) - np.mean(db))
+
+    rng = np.random.default_rng(seed)
+    point = diff(range(s_n), np.arange(q_n))
+    draws = [diff(rng.integers(0, s_n, s_n), rng.integers(0, q_n, q_n)) for _ in range(n_resamples)]
+    alpha = 1 - confidence
+    lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return {"diff_mean": point, "ci": (float(lo), float(hi)), "n_seeds": s_n, "n_questions": q_n}

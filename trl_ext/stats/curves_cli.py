@@ -12,6 +12,7 @@ import argparse
 import glob
 import json
 import math
+import os
 import sys
 
 
@@ -32,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--n_resamples", type=int, default=9999)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--questions", action="store_true",
+                        help="Also bootstrap over questions (two-level: seeds, then questions) from the per-question "
+                             "outcome files every curve point names (`outcomes`, relative to runs.json; written by "
+                             "the harness with checkpoint_outcomes, e.g. --scale smollm2), with the start "
+                             "checkpoint's outcomes from start_eval.json next to runs.json.")
     parser.add_argument("--output", default=None, help="Write the result as JSON.")
 
 
@@ -77,6 +83,77 @@ def _runs_from(args) -> tuple[dict, float | None]:
     return runs, start
 
 
+def _score(rec: dict) -> float:
+    return float(rec["pass_rate"]) if rec.get("pass_rate") is not None else float(rec["correct"])
+
+
+def question_level_arrays(runs_json: str, methods) -> tuple[dict, list | None, list]:
+    """``({method: (outcomes (S, J, Q), tokens (S, J), seeds)}, start (Q,) or None, question ids)`` from a runs.json
+    whose curve points name per-question outcome files; questions are those every file has, in sorted order."""
+    import numpy as np
+
+    from ..testbed.evaluation import read_outcomes_jsonl as read_outcome_records
+
+    base = os.path.dirname(os.path.abspath(runs_json))
+    with open(runs_json) as f:
+        data = json.load(f)
+    per: dict[str, dict[int, list]] = {}
+    for rec in data["runs"]:
+        if rec.get("status", "ok") != "ok" or (methods and rec["method"] not in methods):
+            continue
+        pts = sorted(rec.get("curve") or [], key=lambda c: float(c["tokens"]))
+        if not pts or any("outcomes" not in c for c in pts):
+            raise ValueError(f"run {rec['method']} seed {rec['seed']}: a curve point has no per-question "
+                             "`outcomes` file (--questions needs checkpoint_outcomes runs)")
+        files = [{r["question_id"]: _score(r) for r in read_outcome_records(os.path.join(base, c["outcomes"]))}
+                 for c in pts]
+        per.setdefault(rec["method"], {})[int(rec["seed"])] = [[float(c["tokens"]) for c in pts], files]
+    start_path = os.path.join(base, "start_eval.json")
+    start_map = None
+    if os.path.exists(start_path):
+        with open(start_path) as f:
+            start_map = {r["question_id"]: _score(r) for r in json.load(f)["records"]}
+    qsets = [set(f) for m in per.values() for _, files in m.values() for f in files]
+    if start_map is not None:
+        qsets.append(set(start_map))
+    qids = sorted(set.intersection(*qsets)) if qsets else []
+    if not qids:
+        raise ValueError("no question is shared by every outcome file")
+    arrays = {}
+    for m, seeds in per.items():
+        order = sorted(seeds)
+        n_ck = {len(seeds[k][0]) for k in order}
+        if len(n_ck) != 1:
+            raise ValueError(f"method {m}: seeds have different numbers of checkpoints {sorted(n_ck)}")
+        o = np.array([[[f[q] for q in qids] for f in seeds[k][1]] for k in order])
+        arrays[m] = (o, np.array([seeds[k][0] for k in order]), order)
+    start = None if start_map is None else [start_map[q] for q in qids]
+    return arrays, start, qids
+
+
+def add_question_level(res: dict, args, budget: float) -> None:
+    """Adds ``auc_ci_two_level`` and ``auc_diff_ci_two_level`` (paired by seed and question) to every method."""
+    from .curves import two_level_auc_difference, two_level_curve_bootstrap
+
+    arrays, start, qids = question_level_arrays(args.runs_json, args.methods)
+    res["n_questions_two_level"] = len(qids)
+    b_o, b_t, b_seeds = arrays[args.baseline]
+    n_res = min(args.n_resamples, 2000)
+    for m, (o, t, seeds) in arrays.items():
+        rec = res["methods"][m]
+        r = two_level_curve_bootstrap(o, t, budget, start_outcomes=start, n_resamples=n_res,
+                                      confidence=args.confidence, seed=args.seed)
+        rec["auc_ci_two_level"] = r["ci"]
+        if m == args.baseline:
+            rec["auc_diff_ci_two_level"] = (0.0, 0.0)
+        elif seeds == b_seeds:
+            d = two_level_auc_difference(o, t, b_o, b_t, budget, start_outcomes=start, n_resamples=n_res,
+                                         confidence=args.confidence, seed=args.seed)
+            rec["auc_diff_ci_two_level"] = d["ci"]
+        else:
+            rec["auc_diff_ci_two_level"] = (math.nan, math.nan)
+
+
 def _fmt_t(x: float) -> str:
     return "not reached" if math.isinf(x) else f"{x:,.0f}"
 
@@ -91,6 +168,10 @@ def main(args: argparse.Namespace) -> int:
         budget = args.budget or min(t[-1] for per in runs.values() for t, _ in per.values())
         res = compare_curves(runs, budget=budget, baseline=args.baseline, target=args.target, start_value=start,
                              confidence=args.confidence, n_resamples=args.n_resamples, seed=args.seed)
+        if args.questions:
+            if not args.runs_json:
+                raise ValueError("--questions reads the outcome files named in --runs_json")
+            add_question_level(res, args, budget)
     except (ValueError, KeyError, OSError) as e:
         print(f"trl-ext curves: {e}", file=sys.stderr)
         return 2
@@ -109,6 +190,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"| {m} | {len(r['seeds'])} | {r['auc_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r['auc_diff']:+.2f} pts "
               f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}] | {'yes' if r['auc_diff_paired'] else 'no'} | "
               f"{_fmt_t(r['t2t_mean_curve'])} [{_fmt_t(tlo)}, {_fmt_t(thi)}] | {reach}/{len(r['seeds'])} |")
+    if args.questions:
+        print(f"\nTwo-level bootstrap (seeds, then questions; {res['n_questions_two_level']} questions, differences "
+              "paired by seed and question)\n")
+        print(f"| method | AUC [{pct}% CI, seeds x questions] | AUC - baseline [{pct}% CI, seeds x questions] |")
+        print("|---|---|---|")
+        for m, r in res["methods"].items():
+            lo, hi = r["auc_ci_two_level"]
+            dlo, dhi = r["auc_diff_ci_two_level"]
+            print(f"| {m} | {r['auc_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r['auc_diff']:+.2f} pts "
+                  f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}] |")
     if args.output:
         with open(args.output, "w") as f:
             json.dump(res, f, indent=1, default=lambda x: None if isinstance(x, float) and math.isinf(x) else x)

@@ -1,0 +1,163 @@
+"""The comparison harness's real-model path (``benchmarks/compare_trainers.py --scale smollm2``), without the model.
+
+What is checked (the real SmolLM2 runs themselves are the committed benchmark, docs/results.md):
+
+* the ``smollm2`` preset and its protocol values (methods, two tuned learning rates, three seeds, sampled
+  evaluation, LoRA, gradient accumulation) and their validation;
+* run keys: the new settings enter a key only when they differ from what earlier runs used, so the committed
+  testbed runs stay reusable, and each of them changes the key when set;
+* ``grad_accum`` splits one generation batch into micro-batches without changing what is generated per step;
+* the chat-task datasets get unique ``question_id`` values and a validation set disjoint from the training prompts;
+* conversational prompts go through the chat template, left-padded, in evaluation;
+* ``eval_mode="sampled"`` evaluates by sampling only, and the start evaluation is cached by its settings;
+* the primary-accuracy readers fall back to the greedy fields of runs written before ``eval_mode``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_bench():
+    if "compare_trainers" in sys.modules:
+        return sys.modules["compare_trainers"]
+    spec = importlib.util.spec_from_file_location("compare_trainers", os.path.join(ROOT, "benchmarks",
+                                                                                   "compare_trainers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["compare_trainers"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ct = _load_bench()
+
+
+def _settings(*argv):
+    return ct.resolve_settings(ct.build_parser().parse_args(["--output_dir", "unused", *argv]))
+
+
+def test_smollm2_preset_and_protocol():
+    s = _settings("--scale", "smollm2", "--protocol", "v2")
+    assert s["task"] == "sum3" and s["methods"] == ct.REAL_METHODS
+    assert set(ct.REAL_METHODS) <= set(ct.METHODS)
+    assert s["tune_lr"] == [1e-4, 3e-4] and s["seeds"] == [0, 1, 2] and s["tune_extend"] == 0
+    assert s["eval_mode"] == "sampled" and s["eval_samples"] >= 1 and s["checkpoint_outcomes"]
+    assert s["use_peft"] and (s["lora_r"], s["lora_alpha"]) == (16, 32) and s["grad_accum"] == 4
+    # v1 on the same scale keeps v1's protocol (one learning rate), explicit arguments still win
+    s1 = _settings("--scale", "smollm2", "--task", "steps", "--no-use_peft", "--eval_mode", "greedy")
+    assert s1["tune_lr"] is None and s1["task"] == "steps" and not s1["use_peft"] and s1["eval_mode"] == "greedy"
+    with pytest.raises(SystemExit, match="eval_samples"):
+        _settings("--eval_mode", "sampled")  # the cpu preset samples nothing
+    assert _settings()["eval_mode"] == "greedy" and not _settings()["use_peft"]
+
+
+def test_new_settings_enter_run_keys_only_when_not_default():
+    spec = ct.METHODS["grpo_g4"]
+    s = _settings("--protocol", "v2")
+    base = ct._settings_key(s, spec, 0, 1e-4)
+    legacy = {k: v for k, v in s.items() if k not in ("eval_mode", "use_peft", "lora_r", "lora_alpha", "grad_accum",
+                                                      "checkpoint_outcomes")}
+    assert ct._settings_key(legacy, spec, 0, 1e-4) == base  # committed testbed runs keep their keys
+    for change in ({"eval_mode": "sampled"}, {"use_peft": True}, {"grad_accum": 4}):
+        assert ct._settings_key({**s, **change}, spec, 0, 1e-4) != base, change
+    peft = {**s, "use_peft": True}
+    assert ct._settings_key({**peft, "lora_r": 8}, spec, 0, 1e-4) != ct._settings_key(peft, spec, 0, 1e-4)
+
+
+@pytest.mark.parametrize("name", ["grpo_g8", "reinforce_pp", "pair"])
+def test_grad_accum_keeps_the_generation_batch(tmp_path, name):
+    s = _settings("--scale", "smollm2", "--protocol", "v2")
+    ctx = SimpleNamespace(s=s, max_new=128)
+    spec = ct.METHODS[name]
+    config_cls, trainer_cls = ct._load_object(spec.config), ct._load_object(spec.trainer)
+    config, kw, n_prompts = ct.build_config(ctx, spec, config_cls, trainer_cls, 0, str(tmp_path), {}, lr=1e-4)
+    assert config.gradient_accumulation_steps == config.steps_per_generation == 4
+    assert config.per_device_train_batch_size * 4 == config.generation_batch_size
+    per_step = n_prompts if spec.group_size == 1 else n_prompts * spec.group_size
+    assert config.generation_batch_size == per_step == s["rollouts_per_step"]
+    with pytest.raises(ValueError, match="grad_accum=3"):
+        ct.build_config(SimpleNamespace(s={**s, "grad_accum": 3}, max_new=128), spec, config_cls, trainer_cls, 0,
+                        str(tmp_path), {})
+
+
+def test_real_task_datasets_have_unique_ids_and_a_disjoint_validation_set():
+    train = ct.real_task_dataset("sum3", 128, split="train", seed=0)
+    test = ct.real_task_dataset("sum3", 64, split="test", seed=0)
+    assert len(set(train["question_id"])) == 128 and len(set(test["question_id"])) == 64
+    assert all(q.startswith("sum3:What is") for q in train["question_id"])
+    assert not set(train["question_id"]) & set(test["question_id"])
+    pool = ct.real_task_dataset("sum3", None, split="train", seed=1)
+    val = ct.validation_split(pool, train, 48)
+    assert len(val) == 48 and not set(val["question_id"]) & set(train["question_id"])
+    assert ct._prompt_text(train[0]["prompt"]) == train[0]["prompt"][-1]["content"]
+    assert ct._prompt_text("plain") == "plain"
+
+
+def test_conversational_prompts_use_the_chat_template_left_padded():
+    from trl_ext.testbed import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    tok.padding_side = "left"
+    convs = [[{"role": "user", "content": "1+2"}], [{"role": "user", "content": "12+34+5"}]]
+    enc = ct._tokenize_prompts(tok, convs, "cpu")
+    for row, mask, conv in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist(), convs):
+        ids = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        kept = [t for t, m in zip(row, mask) if m]
+        assert kept == list(ids) and mask[-1] == 1  # left padding: the prompt ends at the last position
+    plain = ct._tokenize_prompts(tok, ["1+2=", "12+34="], "cpu")
+    assert plain["input_ids"].shape[0] == 2
+
+
+class _FakeCtx:
+    def __init__(self, s):
+        self.s = s
+        self.calls = []
+
+    def evaluate(self, model, *, greedy=True, num_samples=1, seed=0, split="test"):
+        self.calls.append((greedy, num_samples, seed, split))
+        recs = [{"question_id": "q1", "correct": 1, "pass_rate": 1.0}, {"question_id": "q2", "correct": 0,
+                                                                        "pass_rate": 0.0}]
+        return SimpleNamespace(accuracy=0.5, records=recs)
+
+    def load_model(self):
+        return object()
+
+
+def test_sampled_eval_mode_and_cached_start_evaluation(tmp_path):
+    s = {**_settings("--scale", "smollm2"), "output_dir": str(tmp_path), "start_checkpoint_sha": "abc"}
+    ctx = _FakeCtx(s)
+    primary, extra = ct.evaluate_checkpoint(ctx, None, 2, "validation")
+    assert extra is None and ctx.calls == [(False, s["eval_samples"], 1002, "validation")]
+    greedy_ctx = _FakeCtx({**s, "eval_mode": "greedy", "eval_samples": 0})
+    ct.evaluate_checkpoint(greedy_ctx, None, 0, "test")
+    assert greedy_ctx.calls == [(True, 1, 0, "test")]
+
+    ctx.calls.clear()
+    first = ct.start_evaluation(ctx)
+    again = ct.start_evaluation(ctx)
+    assert len(ctx.calls) == 1 and again.accuracy == first.accuracy == 0.5
+    assert [r["question_id"] for r in again.records] == ["q1", "q2"]
+    ctx.s["n_eval"] = 7  # another evaluation set: evaluated again
+    ct.start_evaluation(ctx)
+    assert len(ctx.calls) == 2
+    ctx.s["resume"] = False
+    ct.start_evaluation(ctx)
+    assert len(ctx.calls) == 3
+
+
+def test_primary_accuracy_readers_fall_back_to_greedy_fields():
+    assert ct.final_accuracy({"final_accuracy": 0.25, "final_greedy_accuracy": 0.9}) == 0.25
+    assert ct.final_accuracy({"final_accuracy": None, "final_greedy_accuracy": 0.9}) == 0.9
+    assert ct.final_accuracy({"final_greedy_accuracy": 0.9}) == 0.9
+    assert ct.point_accuracy({"accuracy": 0.1, "greedy_accuracy": 0.7}) == 0.1
+    assert ct.point_accuracy({"greedy_accuracy": 0.7}) == 0.7
