@@ -16,12 +16,10 @@ _spec = importlib.util.spec_from_file_location("code_size", ROOT / "benchmarks" 
 code_size = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(code_size)
 
-TRAINER_LAYER_CEILING = 6670
+TRAINER_LAYER_CEILING = 6630
 """Trainer-layer lines today (target 3,500); lower it as the layer shrinks."""
 
-MODULES_OVER = {
-    "trl_ext/trainers/keyed_sampling_mixin.py": 686,
-}
+MODULES_OVER: dict[str, int] = {}
 
 FUNCTIONS_OVER: dict[str, int] = {}
 

@@ -196,13 +196,13 @@ def test_binary_reward_default_grpo_unchanged_by_strategy_layer(tmp_path):
 
 
 def test_keyed_sampling_installed_only_when_enabled(tmp_path):
-    from trl_ext.trainers.keyed_sampling_mixin import KeyedSamplingMixin
+    from trl_ext.trainers.keyed_sampling import KeyedSampler
 
     off = make_trainer(tmp_path / "off", max_steps=1)
-    assert not isinstance(off, KeyedSamplingMixin) and not off.keyed_sampling_enabled
+    assert off.keyed_sampler is None
     on = make_trainer(tmp_path / "on", max_steps=1, keyed_sampling=True)
-    assert isinstance(on, KeyedSamplingMixin) and on.keyed_sampling_enabled
-    assert isinstance(on, GRPOTrainer) and type(on).__name__ == "GRPOTrainer"
+    assert isinstance(on.keyed_sampler, KeyedSampler) and on.keyed_sampler.trainer is on
+    assert type(on) is GRPOTrainer  # a back-end object, not a subclass spliced into the MRO
 
 
 def test_dynamic_sampling_with_keyed_sampling_replays_every_rollout(tmp_path):

@@ -336,76 +336,74 @@ def test_continuation_with_position_offset_equals_single_pass(tiny):
     assert keyed_generate(model, [ids + head], [9], [2], five)[0] != tail
 
 
-# ----------------------------------------------------------------------------- mixin guards (stand-in trainer)
-class _Base:
-    def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        return "base", None
-
-
+# ----------------------------------------------------------------------------- sampler guards (stand-in trainer)
 def _standin(**args):
-    from trl_ext.trainers.keyed_sampling_mixin import KeyedSamplingMixin
+    """A ``KeyedSampler`` over a stand-in trainer (the attributes TRL's __init__ would set)."""
+    from transformers import GenerationConfig
 
-    cls = type("Standin", (KeyedSamplingMixin, _Base), {})
-    obj = cls.__new__(cls)  # attributes are set by hand below, as TRL's __init__ would
-    obj.args = types.SimpleNamespace(seed=0, generation_kwargs=None, **args)
-    obj.use_vllm = False
-    obj.use_transformers_continuous_batching = False
-    return obj
+    from trl_ext.trainers.keyed_sampling import KeyedSampler
+
+    base = dict(seed=0, generation_kwargs=None, keyed_sampling=True, keyed_sampling_seed=None,
+                keyed_sampling_key_column=None, keyed_sampling_log=True, shared_prefix_rollouts=False)
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(**{**base, **args}), use_vllm=False,
+                                    use_transformers_continuous_batching=False,
+                                    generation_config=GenerationConfig(max_new_tokens=4, pad_token_id=0,
+                                                                       eos_token_id=1, do_sample=True))
+    return KeyedSampler(trainer)
 
 
-def test_mixin_inert_when_off_and_guards_when_on():
-    off = _standin()
-    assert off.ext_generate_single_turn([[1]], None, {}, 2) == ("base", None)
-    on = _standin(keyed_sampling=True)
-    with pytest.raises(RuntimeError, match="set_keyed_requests"):
-        on.ext_generate_single_turn([[1]], None, {}, 2)
-    on.use_vllm, on.vllm_mode = True, "server"  # vLLM: colocate with TP 1 only (tests/test_keyed_vllm.py)
+def test_sampler_guards():
+    on = _standin()
+    with pytest.raises(RuntimeError, match="set_requests"):
+        on.generate([[1]], None, {}, 2)
+    on.trainer.use_vllm, on.trainer.vllm_mode = True, "server"  # vLLM: colocate with TP 1 only (test_keyed_vllm.py)
     with pytest.raises(NotImplementedError, match="vllm_mode='colocate' only"):
-        on.ext_generate_single_turn([[1]], None, {}, 2)
-    on.use_vllm = False
+        on.generate([[1]], None, {}, 2)
+    on.trainer.use_vllm = False
     with pytest.raises(NotImplementedError, match="multimodal"):
-        on.ext_generate_single_turn([[1]], [["img"]], {}, 2)
+        on.generate([[1]], [["img"]], {}, 2)
     with pytest.raises(TypeError, match="KeyedRequest"):
-        on.set_keyed_requests([1, 2])
+        on.set_requests([1, 2])
+    on.trainer.tools = [print]
+    with pytest.raises(NotImplementedError, match="tool-calling"):
+        on.check_supported()
 
 
-def test_mixin_rejects_generation_kwargs_it_cannot_honour():
+def test_sampler_rejects_generation_kwargs_it_cannot_honour():
     from transformers import GenerationConfig
 
     for gk, msg in (({"do_sample": False}, "do_sample"), ({"typical_p": 0.9}, "typical_p"),
                     ({"num_return_sequences": 2}, "num_return_sequences")):  # fmt: skip
-        obj = _standin(keyed_sampling=True)
-        obj.args.generation_kwargs = gk
-        obj.generation_config = GenerationConfig(max_new_tokens=4, pad_token_id=0, eos_token_id=1)
-        with pytest.raises(ValueError, match=msg):
-            obj.keyed_sampler_settings()
-    obj = _standin(keyed_sampling=True)
-    obj.args.generation_kwargs = {"no_repeat_ngram_size": 2, "top_k": 5}
-    obj.generation_config = GenerationConfig(max_new_tokens=4, pad_token_id=0, eos_token_id=1, top_k=5,
-                                             temperature=0.9, do_sample=True)  # fmt: skip
-    s = obj.keyed_sampler_settings()
+        with pytest.raises(ValueError, match=msg):  # at construction, not at the first generation
+            _standin(generation_kwargs=gk)
+    obj = _standin()
+    obj.trainer.args.generation_kwargs = {"no_repeat_ngram_size": 2, "top_k": 5}
+    obj.trainer.generation_config = GenerationConfig(max_new_tokens=4, pad_token_id=0, eos_token_id=1, top_k=5,
+                                                     temperature=0.9, do_sample=True)  # fmt: skip
+    s = obj.settings()
     assert s.extra_generation_kwargs == {"no_repeat_ngram_size": 2} and s.top_k == 5 and s.temperature == 0.9
 
 
-def test_mixin_sample_indices_count_occurrences_and_continue_rounds():
+def test_sampler_sample_indices_count_occurrences_and_continue_rounds():
     from trl_ext.measurement.keyed_sampling import prompt_key_of as pko
 
-    obj = _standin(keyed_sampling=True, keyed_sampling_seed=5)
-    obj.model = types.SimpleNamespace(training=True)
-    obj.state = types.SimpleNamespace(global_step=3)
-    obj.accelerator = types.SimpleNamespace(num_processes=1, process_index=0)
+    obj = _standin(keyed_sampling_seed=5)
+    t = obj.trainer
+    t.model = types.SimpleNamespace(training=True)
+    t.state = types.SimpleNamespace(global_step=3)
+    t.accelerator = types.SimpleNamespace(num_processes=1, process_index=0)
     rows = [{"prompt": "a"}, {"prompt": "a"}, {"prompt": "b"}, {"prompt": "a"}, {"prompt": "b"}]
-    reqs = obj.keyed_requests_for_rows(rows)
+    reqs = obj.requests_for_rows(rows)
     assert [r.sample_index for r in reqs] == [0, 1, 0, 2, 1]
     assert [r.key for r in reqs] == [request_key(5, 3, pko(x["prompt"])) for x in rows]
     # a second round at the same step continues the count instead of reusing round one's noise
-    more = obj.keyed_requests_for_rows(rows[:3])
+    more = obj.requests_for_rows(rows[:3])
     assert [r.sample_index for r in more] == [3, 4, 2]
     # an explicit count overrides the internal one and leaves it untouched
-    assert [r.sample_index for r in obj.keyed_requests_for_rows(rows[:2], already_drawn={pko("a"): 10})] == [10, 11]
-    assert [r.sample_index for r in obj.keyed_requests_for_rows(rows[:1])] == [5]
-    obj.state.global_step = 4  # a new step starts from 0 again
-    assert [r.sample_index for r in obj.keyed_requests_for_rows(rows[:2])] == [0, 1]
-    obj.model.training = False  # eval keys differ from train keys at the same step, and count separately
-    ev = obj.keyed_requests_for_rows(rows[:1])[0]
+    assert [r.sample_index for r in obj.requests_for_rows(rows[:2], already_drawn={pko("a"): 10})] == [10, 11]
+    assert [r.sample_index for r in obj.requests_for_rows(rows[:1])] == [5]
+    t.state.global_step = 4  # a new step starts from 0 again
+    assert [r.sample_index for r in obj.requests_for_rows(rows[:2])] == [0, 1]
+    t.model.training = False  # eval keys differ from train keys at the same step, and count separately
+    ev = obj.requests_for_rows(rows[:1])[0]
     assert ev.sample_index == 0 and ev.key == request_key(5, 4, pko("a"), mode="eval") != reqs[0].key

@@ -21,13 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_ext.measurement.keyed_sampling import per_request_seed, prompt_key_of, request_key
-from trl_ext.trainers.keyed_sampling_mixin import (
-    VLLM_SEED_SCHEME,
-    KeyedRequest,
-    KeyedSamplingMixin,
-    PerRequestSeedLLM,
-    check_vllm_keyed_config,
-)
+from trl_ext.trainers.keyed_sampling import KeyedRequest, KeyedSampler
+from trl_ext.trainers.keyed_vllm import VLLM_SEED_SCHEME, PerRequestSeedLLM, check_vllm_keyed_config
 
 torch.set_num_threads(1)
 
@@ -142,10 +137,11 @@ def colocate():
     mp.undo()
 
 
-class _TRLLike:
-    """TRL's vLLM branch of ``_generate_single_turn`` (the part the mixin relies on)."""
+class _TRLLike(types.SimpleNamespace):
+    """A trainer whose unkeyed generation is TRL's vLLM branch of ``_generate_single_turn`` (what the keyed vLLM
+    path runs with the per-request-seed engine swapped in)."""
 
-    def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def generate_unkeyed(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         _, completion_ids, logprobs, _ = self.vllm_generation.generate(
             prompts=prompt_ids, images=images, num_generations=num_generations
         )
@@ -153,20 +149,18 @@ class _TRLLike:
 
 
 def _standin(vg, **args):
-    cls = type("Standin", (KeyedSamplingMixin, _TRLLike), {})
-    obj = cls.__new__(cls)
-    obj.args = types.SimpleNamespace(seed=0, generation_kwargs=None, keyed_sampling=True, keyed_sampling_log=False,
-                                     vllm_tensor_parallel_size=1, **args)  # fmt: skip
-    obj.use_vllm, obj.vllm_mode, obj.vllm_tensor_parallel_size = True, "colocate", 1
-    obj.use_transformers_continuous_batching = False
-    obj.vllm_generation = vg
-    return obj
+    base = dict(seed=0, generation_kwargs=None, keyed_sampling=True, keyed_sampling_log=False,
+                keyed_sampling_seed=None, keyed_sampling_key_column=None, shared_prefix_rollouts=False,
+                vllm_tensor_parallel_size=1)
+    trainer = _TRLLike(args=types.SimpleNamespace(**{**base, **args}), use_vllm=True, vllm_mode="colocate",
+                       vllm_tensor_parallel_size=1, use_transformers_continuous_batching=False, vllm_generation=vg)
+    return KeyedSampler(trainer)
 
 
 def _run(obj, rows):
     """rows: list of (prompt_ids, key, sample_index) -> completions (one keyed call)."""
-    obj.set_keyed_requests([KeyedRequest(key=k, sample_index=j) for _, k, j in rows])
-    comps, _ = obj.ext_generate_single_turn([list(p) for p, _, _ in rows], None, {}, 1)
+    obj.set_requests([KeyedRequest(key=k, sample_index=j) for _, k, j in rows])
+    comps, _ = obj.generate([list(p) for p, _, _ in rows], None, {}, 1)
     return comps
 
 
@@ -208,21 +202,21 @@ def test_seeds_differ_across_sample_indices_and_keys(key, j):
 
 
 def test_sample_indices_are_the_shared_count_of_the_transformers_path(colocate):
-    """No explicit requests: keys and sample indices come from keyed_requests_for_rows, as with transformers."""
+    """No explicit requests: keys and sample indices come from requests_for_rows, as with transformers."""
     llm = FakeLLM()
     obj = _standin(colocate(llm), keyed_sampling_seed=3)
-    obj.model = types.SimpleNamespace(training=True)
-    obj.state = types.SimpleNamespace(global_step=2)
-    obj.accelerator = types.SimpleNamespace(num_processes=1, process_index=0)
+    obj.trainer.model = types.SimpleNamespace(training=True)
+    obj.trainer.state = types.SimpleNamespace(global_step=2)
+    obj.trainer.accelerator = types.SimpleNamespace(num_processes=1, process_index=0)
     rows = [{"prompt": "a"}, {"prompt": "a"}, {"prompt": "b"}, {"prompt": "a"}]
     ids = [[5, 6], [5, 6], [7], [5, 6]]
-    obj._keyed_rows = rows
-    obj.ext_generate_single_turn(ids, None, {}, 1)
+    with obj.batch_rows(rows):
+        obj.generate(ids, None, {}, 1)
     keys = [request_key(3, 2, prompt_key_of(r["prompt"])) for r in rows]
     expect = [per_request_seed(k, j) for k, j in zip(keys, [0, 1, 0, 2])]
     assert [sp.seed for sp in llm.received[-1]] == expect
-    obj._keyed_rows = rows[:2]  # a second call at the same step continues the count
-    obj.ext_generate_single_turn(ids[:2], None, {}, 1)
+    with obj.batch_rows(rows[:2]):  # a second call at the same step continues the count
+        obj.generate(ids[:2], None, {}, 1)
     assert [sp.seed for sp in llm.received[-1]] == [per_request_seed(keys[0], 3), per_request_seed(keys[0], 4)]
 
 
@@ -287,9 +281,9 @@ def test_config_guards():
 def test_continuations_are_refused_on_vllm(colocate):
     llm = FakeLLM()
     obj = _standin(colocate(llm))
-    obj.set_keyed_requests([KeyedRequest(key=1, sample_index=0, position_offset=3)])
+    obj.set_requests([KeyedRequest(key=1, sample_index=0, position_offset=3)])
     with pytest.raises(NotImplementedError, match="position_offset"):
-        obj.ext_generate_single_turn([[3, 4]], None, {}, 1)
+        obj.generate([[3, 4]], None, {}, 1)
     assert llm.received == []
 
 
@@ -348,7 +342,7 @@ def _train_vllm(out_dir, colocate, *, batch=8, steps=2):
     vg = colocate(llm, model=tr.model, max_tokens=5, temperature=1.0)
     tr.use_vllm, tr.vllm_mode, tr.vllm_tensor_parallel_size = True, "colocate", 1
     tr.vllm_generation, tr._last_loaded_step = vg, -1
-    tr._check_keyed_supported()  # colocate + TP 1 passes the construction-time check
+    tr.keyed_sampler.check_supported()  # colocate + TP 1 passes the construction-time check
     tr.train()
     recs = [json.loads(x) for x in open(out_dir / "rollouts" / "rank0.jsonl")]
     return tr, llm, vg, recs, tok
@@ -414,13 +408,15 @@ def test_record_backends_and_what_replay_accepts(tmp_path):
     from trl_ext.measurement.keyed_sampling import HASH_VERSION, SamplerSettings
     from trl_ext.measurement.replay import load_rollout_log
 
-    obj = _standin(None)
-    obj.args.output_dir = str(tmp_path)
-    obj.state = types.SimpleNamespace(global_step=0)
-    obj.accelerator = types.SimpleNamespace(process_index=0)
-    obj.model = torch.nn.Linear(1, 1)
+    obj = _standin(None, keyed_sampling_log=True)
+    t = obj.trainer
+    t.args.output_dir = str(tmp_path)
+    t.state = types.SimpleNamespace(global_step=0)
+    t.accelerator = types.SimpleNamespace(process_index=0)
+    t.model = torch.nn.Linear(1, 1)
     settings_ = SamplerSettings(temperature=1.0, max_new_tokens=3, eos_token_ids=[1], pad_token_id=0)
-    obj._log_keyed_rollouts([[4, 5]], [[6, 1]], [KeyedRequest(key=9, sample_index=2)], settings_, 2)
+    obj._write_transformers_records([[4, 5]], [[6, 1]], [KeyedRequest(key=9, sample_index=2)], settings_,
+                                    {"padded_prompt_length": 2})
     (rec,) = load_rollout_log(tmp_path / "rollouts" / "rank0.jsonl")
     assert rec["backend"] == "transformers" and rec["hash_version"] == HASH_VERSION
     assert SamplerSettings.from_dict(rec["sampler"]) == settings_ and rec["call"]["padded_prompt_length"] == 2

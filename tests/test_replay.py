@@ -1,4 +1,5 @@
-"""End-to-end tests: KeyedSamplingMixin inside a real trl.GRPOTrainer, replay, checkpoint diffs, the CLI."""
+"""End-to-end tests: the keyed sampler inside a real trainer (trl_ext.GRPOTrainer over TRL), replay, checkpoint diffs, the
+CLI."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _reward_sevens(completions, **kw):
 
 def _train(out_dir, *, reward=_reward_len, steps=2, keyed=True, seed=0, keyed_seed=None, key_column=None,
            save=True):  # fmt: skip
-    """Train trl_ext.GRPOTrainer (the base trainer, KeyedSamplingMixin in its MRO) with the keyed config fields."""
+    """Train trl_ext.GRPOTrainer (the base trainer, its keyed_sampler back-end) with the keyed config fields."""
     from datasets import Dataset
 
     from trl_ext import ExtGRPOConfig, GRPOTrainer
@@ -164,18 +165,15 @@ def test_keyed_off_writes_no_log(tmp_path):
 
 
 def test_unsupported_generation_kwargs_fail_at_construction(tmp_path):
-    import trl
     from datasets import Dataset
 
-    from trl_ext.trainers.keyed_sampling_mixin import KeyedSamplingMixin
-
-    class KeyedGRPO(KeyedSamplingMixin, trl.GRPOTrainer):
-        pass
+    from trl_ext import ExtGRPOConfig
+    from trl_ext import GRPOTrainer as KeyedGRPO
 
     tok, model = _tiny()
-    args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", num_generations=2,
-                          per_device_train_batch_size=2, max_completion_length=3, generation_kwargs={"typical_p": 0.9})  # fmt: skip
-    args.keyed_sampling = True
+    args = ExtGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", num_generations=2,
+                         per_device_train_batch_size=2, max_completion_length=3, generation_kwargs={"typical_p": 0.9},
+                         keyed_sampling=True)  # fmt: skip
     with pytest.raises(ValueError, match="typical_p"):
         KeyedGRPO(model=model, reward_funcs=_reward_len, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
                   processing_class=tok)  # fmt: skip
@@ -306,21 +304,17 @@ from datasets import Dataset
 torch.set_num_threads(1)
 from trl_ext.testbed.model import build_tiny_model
 from trl_ext.testbed.tokenizer import build_tokenizer
-from trl_ext.trainers._trl_compat import TRLGlue
-from trl_ext.trainers.keyed_sampling_mixin import KeyedSamplingMixin
-
-class KeyedGRPO(KeyedSamplingMixin, TRLGlue):
-    pass
+from trl_ext import ExtGRPOConfig
+from trl_ext import GRPOTrainer as KeyedGRPO
 
 tok = build_tokenizer()
 model = build_tiny_model(tok, seed=0)
 if int(__import__("os").environ["RANK"]) == 0:
     model.save_pretrained(sys.argv[1] + "/init")
 ds = Dataset.from_dict({"prompt": ["1+2=", "12+34=", "5+67=", "9+9="]})
-args = trl.GRPOConfig(output_dir=sys.argv[1] + "/out", use_cpu=True, bf16=False, report_to="none",
+args = ExtGRPOConfig(output_dir=sys.argv[1] + "/out", use_cpu=True, bf16=False, report_to="none",
     max_completion_length=4, per_device_train_batch_size=2, num_generations=4, max_steps=2,
-    learning_rate=1e-3, save_strategy="no", seed=0, disable_tqdm=True)
-args.keyed_sampling = True
+    learning_rate=1e-3, save_strategy="no", seed=0, disable_tqdm=True, keyed_sampling=True)
 KeyedGRPO(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,
           train_dataset=ds, processing_class=tok).train()
 import os, torch.distributed as dist  # clean gloo shutdown (see tests/scripts/_dist_exit.py)
@@ -365,18 +359,18 @@ def test_generate_token_ids_keys_the_dummy_rows_of_a_collective_call(tmp_path, m
     dummy rows. With keyed sampling those rows get (marked) requests too, instead of the call refusing to run; the
     real rows keep their tokens and the dummies are discarded."""
     from trl_ext.trainers import _trl_compat as compat
-    from trl_ext.trainers.keyed_sampling_mixin import KeyedRequest
+    from trl_ext.trainers.keyed_sampling import KeyedRequest
 
     trainer, tok = _train(tmp_path, steps=1, save=False)
     prompts = [tok("1+2=")["input_ids"], tok("12+34=")["input_ids"]]
     requests = [KeyedRequest(key=11, sample_index=0), KeyedRequest(key=12, sample_index=1)]
-    trainer.set_keyed_requests(list(requests))
+    trainer.keyed_sampler.set_requests(list(requests))
     alone, _ = trainer.generate_token_ids(prompts, max_new_tokens=4)
     monkeypatch.setattr(compat, "generation_is_collective", lambda tr: True)
     monkeypatch.setattr(compat, "gather", lambda t: torch.tensor([len(prompts) + 3]))  # another rank has 5 rows
-    trainer.set_keyed_requests(list(requests))
+    trainer.keyed_sampler.set_requests(list(requests))
     padded, _ = trainer.generate_token_ids(prompts, max_new_tokens=4)
     assert padded == alone
-    with open(trainer.keyed_rollout_log_path(), encoding="utf-8") as f:
+    with open(trainer.keyed_sampler.log_path(), encoding="utf-8") as f:
         last_call = [json.loads(line) for line in f][-5:]
     assert [r.get("dummy", False) for r in last_call] == [False, False, True, True, True]

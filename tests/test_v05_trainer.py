@@ -760,19 +760,19 @@ def test_one_and_two_processes_bitwise_with_the_default_embedding_prior(tmp_path
 def test_empty_dispatch_still_reaches_the_keyed_collective(tmp_path, monkeypatch):
     """A rank with nothing to dispatch in a round must still join the keyed-request collective.
 
-    ``keyed_requests_for_rows`` is a ``gather_object`` over ranks. In a non-collective round (transformers
+    ``KeyedSampler.requests_for_rows`` is a ``gather_object`` over ranks. In a non-collective round (transformers
     generation, plain DDP) a rank whose prompts are all done used to return before it, while a rank with work called
     it: mismatched collectives (hang or garbage on gloo). Every ``OSLARounds.dispatch`` call must reach it exactly once.
     """
     tr = make(tmp_path, prior=ConstantPrior(0.5), keyed_sampling=True)
     calls = []
-    real = tr.keyed_requests_for_rows
+    real = tr.keyed_sampler.requests_for_rows
 
     def counting(rows, **kw):
         calls.append(len(rows))
         return real(rows, **kw)
 
-    monkeypatch.setattr(tr, "keyed_requests_for_rows", counting)
+    monkeypatch.setattr(tr.keyed_sampler, "requests_for_rows", counting)
     from trl_ext.trainers.v05 import _PromptState
 
     states = [_PromptState(row={"prompt": "1+1=", "trl_ext_row_idx": 0}, prior_p=0.5)]

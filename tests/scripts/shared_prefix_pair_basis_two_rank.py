@@ -85,7 +85,7 @@ def run(out_dir: str, trainer: str, shared: bool) -> None:
     tr.train()
     rollouts = []
     if getattr(tr.args, "keyed_sampling", False):
-        with open(tr.keyed_rollout_log_path(), encoding="utf-8") as f:
+        with open(tr.keyed_sampler.log_path(), encoding="utf-8") as f:
             recs = [json.loads(line) for line in f if line.strip()]
         rollouts = [(r["step"], r["key"], r["sample_index"], r["completion_ids"]) for r in recs]
     torch.save({"world": world, "rank": rank, "global_step": tr.state.global_step, "calls": calls,

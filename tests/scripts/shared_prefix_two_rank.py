@@ -50,7 +50,7 @@ def run(out_dir: str, trainer: str, shared: bool) -> None:
                              dynamic_sampling=trainer == "dapo", **common)
         tr = GRPOTrainer(model=model, reward_funcs=[spread_reward], args=args, train_dataset=ds, processing_class=tok)
     tr.train()
-    with open(tr.keyed_rollout_log_path(), encoding="utf-8") as f:
+    with open(tr.keyed_sampler.log_path(), encoding="utf-8") as f:
         recs = [json.loads(line) for line in f if line.strip()]
     logs = [h for h in tr.state.log_history if "ext/generated_tokens" in h]
     torch.save({"rollouts": [(r["step"], r["key"], r["sample_index"], r["completion_ids"]) for r in recs],

@@ -5,7 +5,7 @@ is replayed from three logged numbers (key, sample index, checkpoint), and two m
 noise emit identical tokens until the models themselves disagree; the first differing token says where, and
 the logit margins there say by how much.
 
-Records are the JSON lines :class:`~trl_ext.trainers.keyed_sampling_mixin.KeyedSamplingMixin` writes to
+Records are the JSON lines :class:`~trl_ext.trainers.keyed_sampling.KeyedSampler` writes to
 ``<output_dir>/rollouts/rank<r>.jsonl`` (fields: ``key``, ``sample_index``, ``position_offset``, ``prompt_ids``,
 ``completion_ids``, ``sampler``, ``step``, ``checkpoint``, ``call``...).
 
@@ -62,7 +62,7 @@ def _check_record(rec: dict, where: str) -> None:
     missing = [k for k in _REQUIRED if k not in rec]
     if missing:
         raise ValueError(
-            f"{where}: rollout record lacks field(s) {missing}; expected a log written by KeyedSamplingMixin "
+            f"{where}: rollout record lacks field(s) {missing}; expected a log written by KeyedSampler "
             f"(fields {list(_REQUIRED)})"
         )
     if not rec["prompt_ids"]:
@@ -200,7 +200,7 @@ def _model_eos_ids(model) -> set[int]:
 def check_model_matches_log(records: Sequence[dict], model, model_path: str | os.PathLike | None = None) -> list[str]:
     """Check that ``model`` is plausibly the checkpoint that generated ``records`` before replaying them.
 
-    What a keyed rollout log stores about its model (``KeyedSamplingMixin``): ``checkpoint`` -- the weights that
+    What a keyed rollout log stores about its model (``KeyedSampler``): ``checkpoint`` -- the weights that
     generated the rollout (``<output_dir>/checkpoint-<step>``, or at step 0 the start model's ``_name_or_path``) --
     and ``model`` (the start model's ``_name_or_path``), plus the token ids and the sampler's pad/EOS ids. No weight
     fingerprint is logged, so the checks are:

@@ -38,7 +38,7 @@ Public API
 ``settings_from_generation_config``, ``check_sampler_settings``
     A :class:`~trl_ext.measurement.keyed_sampling.SamplerSettings` from a transformers ``GenerationConfig``
     (TRL's ``trainer.generation_config``), refusing what the sampler does not implement; the same check for a
-    ``SamplerSettings`` (e.g. the keyed trainer's ``keyed_sampler_settings()``).
+    ``SamplerSettings`` (e.g. the keyed trainer's ``keyed_sampler.settings()``).
 ``count_forward_tokens``
     A context manager counting the positions a model's forward calls compute (used by the benchmark).
 

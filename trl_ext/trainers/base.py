@@ -63,7 +63,7 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
     resolved_rollout_strategy,
     validate_ext_config,
 )
-from .keyed_sampling_mixin import KeyedSamplingMixin
+from .keyed_sampling import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutIO
 from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
 from .state import _EXT_STATE_VERSION, EXT_STATE_FILE, _last_complete_checkpoint
@@ -170,18 +170,6 @@ def _validated_reward_func(func):
     return validated
 
 
-_KEYED_VARIANTS: dict[type, type] = {}
-
-
-def _keyed_variant(cls: type) -> type:
-    """``cls`` with :class:`KeyedSamplingMixin` first in its MRO (cached; keeps ``cls``'s name and module)."""
-    if cls not in _KEYED_VARIANTS:
-        _KEYED_VARIANTS[cls] = type(cls.__name__, (KeyedSamplingMixin, cls),
-                                    {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                                     "__doc__": cls.__doc__})
-    return _KEYED_VARIANTS[cls]
-
-
 class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     """Drop-in :class:`trl.GRPOTrainer` with estimator selection, rollout strategies and measurement options.
 
@@ -221,15 +209,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     """Method presets whose ``train_estimator`` also scores evaluation batches (BASIS): the strategy's side inputs are
     gathered, its ``estimator_kwargs`` added and its ``observe_advantages`` called on evaluation batches too
     (``batch.mode`` tells them apart)."""
-    keyed_sampling_enabled: ClassVar[bool] = False  # True on the keyed variant (KeyedSamplingMixin's property)
-
-    def __new__(cls, *args, **kwargs):
-        # Keyed sampling is installed only when enabled: with keyed_sampling=True the instance is of a subclass
-        # that puts KeyedSamplingMixin first in the MRO (same name and module); otherwise the mixin is absent.
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)
-        if getattr(config, "keyed_sampling", False) and not issubclass(cls, KeyedSamplingMixin):
-            cls = _keyed_variant(cls)
-        return super().__new__(cls)
+    keyed_sampler: KeyedSampler | None = None
+    """The keyed generation back-end (``keyed_sampling=True``), else ``None`` (TRL's generation runs unchanged)."""
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         if args is None:
@@ -240,8 +221,10 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         _check_dataset(eval_dataset, "eval_dataset")
         train_dataset = _add_row_index(train_dataset)
         eval_dataset = _add_row_index(eval_dataset)
+        check_before_trl_init(args)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         _check_process_layout(self.accelerator.num_processes)
+        self.keyed_sampler = KeyedSampler(self) if args.keyed_sampling else None
         # "trl" (TRL's own weight sync), "cpu_layerwise_reload" (vLLM CPU engines) or "none" (no colocated engine)
         self.vllm_weight_sync = install_colocate_weight_sync(self)
         self.reward_funcs = [_validated_reward_func(f) for f in self.reward_funcs]
@@ -429,7 +412,14 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
 
     # -------------------------------------------------------------------------- hooks TRL's private methods reach
     def ext_generate_and_score(self, inputs):
-        """One generation batch: the rollout strategy in train mode, TRL's fixed groups in evaluation."""
+        """One generation batch: the rollout strategy in train mode, TRL's fixed groups in evaluation (with keyed
+        sampling, the batch's rows key the generation calls that use them)."""
+        if self.keyed_sampler is None:
+            return self._generate_and_score_batch(inputs)
+        with self.keyed_sampler.batch_rows(inputs):
+            return self._generate_and_score_batch(inputs)
+
+    def _generate_and_score_batch(self, inputs):
         if self.model.training and self._ext_replay is None:
             return self.rollout_strategy.generate_and_score(self, list(inputs))
         return self.score_fixed_groups(inputs)
@@ -480,12 +470,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 "start the trl_ext state fresh."
             )
         self.load_ext_state_dict(state)
-        if self.keyed_sampling_enabled and self.args.keyed_sampling_log:
-            dropped = self.keyed_drop_records_from_step(int(self.state.global_step))
+        if self.keyed_sampler is not None and self.args.keyed_sampling_log:
+            dropped = self.keyed_sampler.drop_records_from_step(int(self.state.global_step))
             if dropped:
                 logger.warning("keyed_sampling: removed %d logged rollouts of steps >= %d from %s; the resumed run "
-                               "generates them again.", dropped, self.state.global_step,
-                               self.keyed_rollout_log_path())
+                               "generates them again.", dropped, self.state.global_step, self.keyed_sampler.log_path())
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """:meth:`transformers.Trainer.train`; ``resume_from_checkpoint=True`` resumes from the latest **complete**

@@ -66,12 +66,12 @@ class RolloutIO:
                 raise ValueError("generate_rollouts: generation is a collective and this rank has no row; pass "
                                  "fallback_row so it can join the call with a dummy rollout.")
             rows = rows + [filler] * (n_max - n)
-        if self.keyed_sampling_enabled:
+        if self.keyed_sampler is not None:
             # Rows generated outside TRL's _generate need their keys set explicitly. Building them is a collective
             # (sample indices count across ranks), so it runs before the empty-rows shortcut.
-            requests = self.keyed_requests_for_rows(rows)
+            requests = self.keyed_sampler.requests_for_rows(rows)
             if rows:
-                self.set_keyed_requests(requests)
+                self.keyed_sampler.set_requests(requests)
         if not rows:
             return [], None
         prompt_ids = compat.tokenize_prompts(self, [x["prompt"] for x in rows])
@@ -92,16 +92,16 @@ class RolloutIO:
             n_call = max(1, int(compat.gather(torch.tensor([n], device=self.accelerator.device)).max().item()))
             dummy = seqs[0] if seqs else [compat.tokenizer(self).eos_token_id]
             seqs += [dummy] * (n_call - n)
-            pending = getattr(self, "_keyed_requests", None)
+            pending = None if self.keyed_sampler is None else self.keyed_sampler.pending_requests
             if n_call > n and pending is not None and len(pending) == n:
                 # keyed sampling: the dummy rows need requests too (copies of the first one, marked; their
                 # completions are discarded like the rows themselves), else the call would see fewer requests
                 # than prompts
-                from .keyed_sampling_mixin import KeyedRequest
+                from .keyed_sampling import KeyedRequest
 
                 filler = (replace(pending[0], meta={**pending[0].meta, "dummy": True}) if pending
                           else KeyedRequest(key=0, sample_index=0, meta={"dummy": True}))
-                self.set_keyed_requests(list(pending) + [filler] * (n_call - n))
+                self.keyed_sampler.set_requests(list(pending) + [filler] * (n_call - n))
         if not seqs:
             return [], None
         cap = contextlib.nullcontext() if max_new_tokens is None else compat.max_new_tokens(self, max_new_tokens)
@@ -120,6 +120,12 @@ class RolloutIO:
                                                pad_token_id=compat.tokenizer(self).pad_token_id)
 
     def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """The keyed sampler's generation (``keyed_sampling=True``), else :meth:`generate_unkeyed`."""
+        if self.keyed_sampler is not None:
+            return self.keyed_sampler.generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        return self.generate_unkeyed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def generate_unkeyed(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation, or the shared-prefix sampler with ``shared_prefix_rollouts=True``."""
         if not self.args.shared_prefix_rollouts:
             return super().ext_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
