@@ -957,3 +957,41 @@ def test_standardize_pair_advantages_needs_two_scorable_rewards():
 def test_standardize_pair_advantages_bad_input(kw, match):
     with pytest.raises(ValueError, match=match):
         P.standardize_pair_advantages(**kw)
+
+
+def test_registered_pair_draw_estimator_is_eq13_of_each_designed_draw():
+    """``pair_draw`` (what PAIRTrainer trains on): rows are the completed candidates of designed groups, in batch
+    order; each group's advantages equal ``draw_advantages`` of its full candidate vector, NaN rows follow the one
+    NaN rule, and a draws list that does not match the batch is refused."""
+    fn = E.get_advantage_estimator("pair_draw")
+    assert fn is P.pair_draw_group_advantages
+    from trl_ext.estimators.baselines import ESTIMATORS_SEEING_UNSCORABLE, estimator_side_inputs
+
+    assert estimator_side_inputs("pair_draw") == {"draws": "strategy"} and "pair_draw" in ESTIMATORS_SEEING_UNSCORABLE
+    rng = np.random.default_rng(11)
+    draws, rows_r, rows_g, want = [], [], [], []
+    for g, G in enumerate((4, 6, 3)):
+        p_hat, c_hat = rng.uniform(0.1, 0.9, G), rng.uniform(5, 20, G)
+        finished = rng.random(G) < 0.2
+        r_all = rng.integers(0, 2, G).astype(float)
+        _, draw, _ = P.simulate_draw(p_hat, c_hat, finished, r_all, rng, design={"budget_ratio": 0.5})
+        done = np.flatnonzero(draw.selected)
+        r_done = r_all[done]
+        if g == 1 and done.size:
+            r_done[0] = np.nan  # an unscorable completion
+        r_full = np.full(G, np.nan)
+        r_full[done] = r_done
+        a_full, _ = P.draw_advantages(r_full, draw, self_normalize=False)
+        draws.append((draw, done.tolist()))
+        rows_r += r_done.tolist()
+        rows_g += [g] * done.size
+        want += a_full[done].tolist()
+    res = fn(np.asarray(rows_r), np.asarray(rows_g), draws=draws)
+    np.testing.assert_allclose(res.advantages, want, rtol=0, atol=0)
+    assert res.n_groups == 3 and len(res.extras["results"]) == 3
+    assert res.n_nan == sum(int(r.n_unscorable) for r in res.extras["results"]) >= 1
+    with pytest.raises(ValueError, match="2 designed groups but the batch has 3"):
+        fn(np.asarray(rows_r), np.asarray(rows_g), draws=draws[:2])
+    bad = [draws[0], (draws[1][0], draws[1][1][:-1]), draws[2]]
+    with pytest.raises(ValueError, match="group 1 has"):
+        fn(np.asarray(rows_r), np.asarray(rows_g), draws=bad)

@@ -285,15 +285,18 @@ def test_the_expected_gradient_check_can_fail(tmp_path, monkeypatch, mutation):
     tr = build_trainer(tmp_path, loss_type, **over)
     target = complete_pair_gradient(tr, loss_type)
     if mutation != "realized_normalizer":
-        orig = PAIRTrainer.pair_group_advantages
+        # training runs Eq. 13 through the registered "pair_draw" estimator, which calls group_draw.draw_advantages
+        from trl_ext.estimators.pair import group_draw
+
+        orig = group_draw.draw_advantages
         fix = (lambda pi: np.ones_like(pi)) if mutation == "unweighted" else np.sqrt
 
-        def mutated(self, rewards, draw):
+        def mutated(rewards, draw, **kw):
             import dataclasses
 
-            return orig(self, rewards, dataclasses.replace(draw, pi=fix(np.asarray(draw.pi))))
+            return orig(rewards, dataclasses.replace(draw, pi=fix(np.asarray(draw.pi))), **kw)
 
-        monkeypatch.setattr(PAIRTrainer, "pair_group_advantages", mutated)
+        monkeypatch.setattr(group_draw, "draw_advantages", mutated)
     expect, _, _ = expected_gradient(tr)
     assert rel_err(expect, target) > 0.1, rel_err(expect, target)
 

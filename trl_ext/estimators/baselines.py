@@ -106,7 +106,7 @@ ESTIMATOR_USED_BY: dict[str, str] = {}
 ESTIMATORS_SEEING_UNSCORABLE: set[str] = set()
 """Estimators registered with ``sees_unscorable=True``: a trainer passes them its unscorable rows (NaN reward) too."""
 
-SIDE_INPUT_LEVELS = ("row", "group")
+SIDE_INPUT_LEVELS = ("row", "group", "strategy")
 
 
 def estimator_min_group_size(name: str) -> int:
@@ -141,7 +141,9 @@ def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inp
     side_inputs : dict, optional
         Inputs the estimator needs besides rewards and group labels, ``{keyword: level}``: ``"row"`` -- an array of
         one value per rollout, aligned with ``rewards``; ``"group"`` -- one value per group in order of first
-        appearance. The trainer passes them as keyword arguments from the rollout strategy
+        appearance; ``"strategy"`` -- any object the rollout strategy passes through its ``estimator_kwargs`` (not
+        gathered from the batch; e.g. PAIR's designed draws, which describe candidates the batch does not hold).
+        The trainer passes them as keyword arguments from the rollout strategy
         (``RolloutStrategy.provides``); a trainer whose strategy does not provide one refuses the configuration at
         construction.
     used_by : str, optional

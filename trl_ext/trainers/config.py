@@ -182,17 +182,21 @@ def resolved_rollout_strategy(args: Any) -> str:
 def check_side_inputs(estimator: str, strategy_cls: type) -> None:
     """Refuse an estimator whose registered side inputs the strategy class does not provide (``ValueError``)."""
     needed = estimator_side_inputs(estimator)
-    missing = sorted(set(needed) - set(getattr(strategy_cls, "provides", ())))
+
+    def offered(cls) -> set:
+        return set(getattr(cls, "provides", ())) | set(getattr(cls, "provides_objects", ()))
+
+    missing = sorted(set(needed) - offered(strategy_cls))
     if not missing:
         return
     from .rollouts import ROLLOUT_STRATEGIES
 
-    able = sorted(n for n, c in ROLLOUT_STRATEGIES.items() if set(needed) <= set(getattr(c, "provides", ())))
+    able = sorted(n for n, c in ROLLOUT_STRATEGIES.items() if set(needed) <= offered(c))
     hint = f" It is served by {ESTIMATOR_USED_BY[estimator]}." if estimator in ESTIMATOR_USED_BY else ""
     choice = f"rollout_strategy in {able}" if able else "a rollout strategy that provides them"
     raise ValueError(
         f"advantage_estimator={estimator!r} needs side input(s) {missing} "
-        f"({', '.join(f'{k}: per {needed[k]}' for k in missing)}), which rollout strategy "
+        f"({', '.join(f'{k}: ' + ('from its estimator_kwargs' if needed[k] == 'strategy' else f'per {needed[k]}') for k in missing)}), which rollout strategy "
         f"{strategy_cls.name!r} does not provide.{hint} Pick {choice} (declare them in RolloutStrategy.provides), "
         "or another estimator."
     )

@@ -3,8 +3,10 @@ r"""PAIR trainer: prefix probing, contrast-graph continuation design and pair-in
 Implements Algorithm 1 of "Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR" (Voss,
 Hale and Reyes, arXiv:2608.11368; "PAIR") on top of :class:`trl_ext.GRPOTrainer` (TRL 1.16). Section, equation and
 appendix numbers refer to that paper. The generation side is the rollout strategy :class:`PrefixProbeRollouts`
-(returned by :meth:`PAIRTrainer.create_rollout_strategy`); the estimator side is
-:meth:`PAIRTrainer.compute_advantages`. Per prompt and generation batch:
+(returned by :meth:`PAIRTrainer.create_rollout_strategy`); the estimator side is the registered estimator
+``"pair_draw"`` (:func:`~trl_ext.estimators.pair.pair_draw_group_advantages`, the preset's ``train_estimator``), fed
+the designed draws by the strategy's ``estimator_kwargs``; the strategy's ``observe_advantages`` adds the heads'
+delayed labels, the solver warm start and the ``pair/*`` diagnostics. Per prompt and generation batch:
 
 1. **Prefix probe** (Sec. 3.3, Appendix C "Prefix checkpoint"): the ``G = num_generations`` candidate rows TRL's
    sampler yields for the prompt are generated to a checkpoint of ``tau`` tokens with independent randomness (one
@@ -39,7 +41,8 @@ appendix numbers refer to that paper. The generation side is the rollout strateg
    .. math:: \tilde A_i = \frac{1}{2M}\sum_{j\ne i} \frac{J_iJ_j}{\rho_{ij}} (r_i - r_j),\quad
              \rho_{ij} = \pi_i\pi_j,\quad M = \binom G2,
 
-   in float64 (:func:`~trl_ext.estimators.pair.draw_advantages`), unstandardized. Only completed vertices enter the
+   in float64 (:func:`~trl_ext.estimators.pair.draw_advantages` per group, through the ``pair_draw`` estimator),
+   unstandardized. Only completed vertices enter the
    loss; a completed vertex whose reward is NaN (unscorable) observes no edge
    (:func:`~trl_ext.estimators.scorable_selection`). With ``pair_fixed_normalizer`` (default) the strategy's
    :meth:`~PrefixProbeRollouts.fixed_policy_normalizer` returns the global number of prompts ``K``
@@ -58,9 +61,10 @@ weights), ``pair_self_normalize`` (Hajek).
 Evaluation uses TRL's standard full-group path.
 
 Layout: the method math is pure numpy in :mod:`trl_ext.estimators.pair` (design and draw, the anchor's marginal
-inclusion, Eq. 13 of a draw: :mod:`trl_ext.estimators.pair.group_draw`) and the heads are pure torch in
-:mod:`trl_ext.estimators.pair_heads`; :mod:`.pair_config` holds :class:`PAIRConfig` and its validation,
-:mod:`.pair_rollouts` the strategy and the heads it designs with (:class:`~.pair_rollouts.DesignHeads`), and this
+inclusion, Eq. 13 of a draw: :mod:`trl_ext.estimators.pair.group_draw`; the ``pair_draw`` registry entry:
+:mod:`trl_ext.estimators.pair.registry`) and the heads are pure torch in :mod:`trl_ext.estimators.pair_heads`;
+:mod:`.pair_config` holds :class:`PAIRConfig` and its validation, :mod:`.pair_rollouts` the strategy and the heads
+it designs with (:class:`~.pair_rollouts.DesignHeads`), :mod:`.pair_diagnostics` the ``pair/*`` metrics, and this
 module the trainer. Every name importable from here before the split still is.
 """
 
@@ -93,7 +97,6 @@ from ..measurement.keyed_sampling import left_pad
 from . import _trl_compat as compat
 from . import model_card
 from .base import ExtGRPOConfig, GRPOTrainer, validate_ext_config  # noqa: F401 - importable here before the split
-from .batch import RolloutBatch
 from .pair_config import (  # noqa: F401 - importable from trl_ext.trainers.pair before the split
     PAIR_LR_SCALINGS,
     SHORT_PROBE_TOKENS,
@@ -175,7 +178,7 @@ class PAIRTrainer(GRPOTrainer):
         ``warm_started``, ``expected_cost``, ``budget``. Written after the design and draw, before any continuation
         or reward; ``realized_suffix_tokens`` is added after the continuation.
     last_pair_stats : dict
-        Global diagnostics of the latest generation batch (the ``pair/*`` metrics).
+        Global diagnostics of the latest train batch (the ``pair/*`` metrics; read-only).
 
     Warns
     -----
@@ -191,11 +194,11 @@ class PAIRTrainer(GRPOTrainer):
     """
 
     config_class: ClassVar[type] = PAIRConfig
+    train_estimator = "pair_draw"  # Eq. 13 on the designed draws, fed by PrefixProbeRollouts.estimator_kwargs
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         args = self.args
-        self.last_pair_stats: dict = {}
         short = short_probe_message(args)
         if short is not None:
             warnings.warn(short, PAIRShortProbeWarning, stacklevel=2)
@@ -311,8 +314,8 @@ class PAIRTrainer(GRPOTrainer):
 
     def pair_group_advantages(self, rewards, draw: GroupDraw) -> tuple[np.ndarray, PairAdvantages]:
         """:func:`~trl_ext.estimators.pair.draw_advantages` (Eq. 13 of one group's draw, float64) with the configured
-        biased variants (:func:`~trl_ext.trainers.pair_config.pair_advantage_options`); used by
-        :meth:`compute_advantages`."""
+        biased variants (:func:`~trl_ext.trainers.pair_config.pair_advantage_options`): what the registered
+        ``pair_draw`` estimator computes per group (tests and diagnostics; training calls the estimator)."""
         return draw_advantages(rewards, draw, **pair_advantage_options(self.args))
 
     def pair_simulate_group(self, p_hat, cost_hat, finished, rewards, rng: np.random.Generator, *,
@@ -332,112 +335,10 @@ class PAIRTrainer(GRPOTrainer):
         :attr:`pair_needs_refresh`)."""
         self.rollout_strategy.heads.refresh()
 
-    # ------------------------------------------------------------------------------------------------ advantages
-    def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """Eq. 13 advantages for the completed vertices of every prompt (global, identical on every rank).
-
-        Also adds the delayed labels to the heads' replay window (the heads are refit only at the next
-        generation, after this batch's RL update), updates the solver's warm start with this batch's solutions, and
-        logs the ``pair/*`` diagnostics.
-        """
-        pending = self.rollout_strategy.pending if batch.mode == "train" else None
-        if pending is None:
-            return super().compute_advantages(batch)
-        records = compat.gather_object(pending["records"])
-        real = ~batch.is_pad
-        gid = batch.group_ids
-        adv = torch.zeros(batch.num_rows, dtype=torch.float64)
-        row_groups = [rec for rec in records if rec["completed"]]
-        if len(row_groups) != batch.num_groups:
-            raise RuntimeError(f"PAIR internal: {len(row_groups)} groups with completed vertices but the batch has "
-                               f"{batch.num_groups} groups.")
-        stats = _Stats()
-        labels_f, labels_r, labels_c, labels_pi = [], [], [], []
-        for g, rec in enumerate(row_groups):
-            idx = torch.nonzero((gid == g) & real).flatten()
-            if idx.numel() != len(rec["completed"]):
-                raise RuntimeError(f"PAIR internal: group {g} has {idx.numel()} rows, expected "
-                                   f"{len(rec['completed'])}.")
-            G = rec["G"]
-            done = rec["completed"]
-            r_rows = batch.rewards[idx].double().numpy()
-            r_full = np.full(G, np.nan)
-            r_full[done] = r_rows
-            draw = GroupDraw(pi=np.asarray(rec["pi"]), pi_design=np.asarray(rec["pi_design"]),
-                             selected=np.asarray(rec["selected"], dtype=bool),
-                             finished=np.asarray(rec["finished"], dtype=bool), anchor=rec["anchor"],
-                             expected_cost=rec["expected_cost"], budget=rec["budget"], full_cost=rec["full_cost"],
-                             reason=rec["reason"])
-            a_full, res = self.pair_group_advantages(r_full, draw)
-            adv[idx] = torch.as_tensor(a_full[done], dtype=torch.float64)
-            stats.add_result(res)
-            # delayed labels (completed, scorable vertices only); marginal inclusion for the IPW losses
-            pi_marg = anchor_marginal_inclusion(rec["pi_design"], rec["anchor"] is not None)
-            ok = np.isfinite(r_rows) & (r_rows >= 0) & (r_rows <= 1)
-            stats.unlabeled += int((np.isfinite(r_rows) & ~ok).sum())
-            if ok.any():
-                labels_f.append(rec["features"][torch.as_tensor(ok)])
-                labels_r.append(torch.as_tensor(r_rows[ok]))
-                labels_c.append(torch.as_tensor(np.asarray(rec["suffix_len"], dtype=np.float64)[ok]))
-                labels_pi.append(torch.as_tensor(pi_marg[done][ok]))
-        for rec in records:
-            stats.add_design(rec)
-        if labels_r:
-            self.rollout_strategy.heads.add_labels(torch.cat(labels_f), torch.cat(labels_r), torch.cat(labels_c),
-                                                   torch.cat(labels_pi))
-        # warm start of the next step: this step's solver answers, in a layout-independent order
-        solved = sorted((rec["row_idx"], rec["solution"]) for rec in records if rec["solution"] is not None)
-        if solved:
-            self.rollout_strategy.warm_start.update([x for _, x in solved])
-        self._pair_log(stats, batch.mode)
-        return adv.float()
-
-    def _pair_log(self, s: _Stats, mode: str) -> None:
-        n = max(s.groups, 1)
-        m = {
-            "pair/groups": s.groups,
-            "pair/completed_vertices": s.completed,
-            "pair/completed_per_group": s.completed / n,
-            "pair/continued_from_prefix": s.continued,
-            "pair/finished_in_prefix": s.finished,
-            "pair/observed_edges": s.edges,
-            "pair/ess_mean": s.ess / max(s.groups_with_edges, 1),
-            "pair/max_weight": s.max_weight,
-            "pair/pi_min": s.pi_min if s.pi_count else float("nan"),
-            "pair/pi_mean": s.pi_sum / max(s.pi_count, 1),
-            "pair/zero_edge_groups": s.zero_edge,
-            "pair/all_finished_groups": s.all_finished,
-            "pair/solver_fallbacks": s.fallbacks,
-            "pair/degenerate_groups": s.degenerate,
-            "pair/solver_iterations": s.solver_iters / s.solved if s.solved else float("nan"),
-            "pair/warm_started_groups": s.warm_started,
-            "pair/warmup": float(s.warmup),
-            "pair/head_nonfinite": s.nonfinite,
-            "pair/nan_rewards": s.nan_rewards,
-            "pair/unlabeled_rewards": s.unlabeled,
-            "pair/budget": s.budget,
-            "pair/predicted_full_suffix_cost": s.full_cost,
-            "pair/predicted_suffix_cost": s.expected_cost,
-            "pair/predicted_cost_selected": s.pred_selected,
-            "pair/realized_suffix_tokens": s.suffix_tokens,
-            "pair/prefix_tokens": s.prefix_tokens,
-            "pair/tokens_saved_vs_full_group": s.saved_est,
-            "pair/head_labels": self.pair_heads.n_labels,
-        }
-        last_refresh = self.rollout_strategy.heads.last_refresh
-        for key in ("brier", "ece", "cost_mape", "loss_p", "loss_c", "temperature"):
-            if key in last_refresh and last_refresh[key] is not None:
-                m[f"pair/head_{key}"] = float(last_refresh[key])
-        for name, value in m.items():
-            self.log_ext_metric(name, float(value), mode)
-        if mode == "train":
-            totals = self.rollout_strategy.totals
-            totals["prefix_tokens"] += int(s.prefix_tokens)
-            totals["suffix_tokens"] += int(s.suffix_tokens)
-            totals["zero_edge_groups"] += int(s.zero_edge)
-            totals["solver_fallbacks"] += int(s.fallbacks)
-            totals["groups"] += int(s.groups)
-        self.last_pair_stats = m
+    @property
+    def last_pair_stats(self) -> dict[str, float]:
+        """The ``pair/*`` metrics of the latest train batch (:attr:`PrefixProbeRollouts.last_stats`)."""
+        return self.rollout_strategy.last_stats
 
     # ------------------------------------------------------------------------------------------------ state
     def ext_state_dict(self) -> dict:
@@ -455,60 +356,3 @@ class PAIRTrainer(GRPOTrainer):
         if "rollout_strategy" not in state and "generation" in pair:  # written before the strategy refactor
             self.rollout_strategy.load_state_dict({"generation_index": pair["generation"],
                                                    "totals": pair.get("totals", {})})
-
-
-class _Stats:
-    """Accumulates the global per-batch diagnostics."""
-
-    def __init__(self):
-        self.groups = self.completed = self.continued = self.finished = self.edges = 0
-        self.groups_with_edges = self.zero_edge = self.all_finished = self.fallbacks = self.degenerate = 0
-        self.nonfinite = self.nan_rewards = self.unlabeled = 0
-        self.solved = self.solver_iters = self.warm_started = 0
-        self.ess = self.max_weight = 0.0
-        self.pi_min, self.pi_sum, self.pi_count = 1.0, 0.0, 0
-        self.budget = self.full_cost = self.expected_cost = self.pred_selected = self.saved_est = 0.0
-        self.suffix_tokens = self.prefix_tokens = 0
-        self.warmup = False
-
-    def add_result(self, res: PairAdvantages) -> None:
-        self.edges += res.n_edges
-        self.nan_rewards += int(res.n_unscorable)
-        if res.n_edges:
-            self.groups_with_edges += 1
-            self.ess += res.ess
-            self.max_weight = max(self.max_weight, res.max_weight)
-
-    def add_design(self, rec: dict[str, Any]) -> None:
-        sel = np.asarray(rec["selected"], dtype=bool)
-        fin = np.asarray(rec["finished"], dtype=bool)
-        pi = np.asarray(rec["pi_design"], dtype=np.float64)
-        c = np.asarray(rec["c_hat"], dtype=np.float64)
-        self.groups += 1
-        self.completed += int(sel.sum())
-        self.continued += int((sel & ~fin).sum())
-        self.finished += int(fin.sum())
-        if sel.sum() < 2:
-            self.zero_edge += 1
-        if fin.all():
-            self.all_finished += 1
-        self.fallbacks += int(rec["fell_back"])
-        self.degenerate += int(rec["degenerate"])
-        if rec["solution"] is not None:
-            self.solved += 1
-            self.solver_iters += int(rec["n_iter"])
-        self.warm_started += int(rec["warm_started"])
-        self.nonfinite += int(rec["nonfinite"])
-        self.warmup = self.warmup or bool(rec["warmup"])
-        if (~fin).any():
-            self.pi_min = min(self.pi_min, float(pi[~fin].min()))
-            self.pi_sum += float(pi[~fin].sum())
-            self.pi_count += int((~fin).sum())
-        self.budget += float(rec["budget"])
-        self.full_cost += float(rec["full_cost"])
-        self.expected_cost += float(rec["expected_cost"])
-        cont = sel & ~fin
-        self.pred_selected += float(np.where(np.isfinite(c), c, 0.0)[cont].sum())
-        self.saved_est += float(np.where(np.isfinite(c), c, 0.0)[~sel & ~fin].sum())
-        self.suffix_tokens += int(sum(rec["suffix_len"]))
-        self.prefix_tokens += int(sum(rec["probe_len"]))

@@ -17,10 +17,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..estimators.pair import DesignWarmStart, GroupDraw, design_and_draw, fixed_normalizer
+from ..estimators.pair import DesignWarmStart, GroupDraw, anchor_marginal_inclusion, design_and_draw, fixed_normalizer
 from ..estimators.pair_heads import PrefixHeads
 from . import _trl_compat as compat
-from .pair_config import pair_design_options
+from .pair_config import pair_advantage_options, pair_design_options
+from .pair_diagnostics import PairBatchStats, pair_metrics
 from .rollouts import RolloutStrategy
 
 __all__ = ["DesignHeads", "PrefixProbeRollouts"]
@@ -141,7 +142,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     delimiter_ids : set of int, optional
         Token ids that end a snapped checkpoint (``pair_snap_window > 0``; Appendix C "Prefix checkpoint").
     heads : DesignHeads
-        The prefix heads the design uses; the trainer's :meth:`~PAIRTrainer.compute_advantages` adds their labels.
+        The prefix heads the design uses; :meth:`observe_advantages` adds their delayed labels.
     features : callable
         ``features(seqs: list[list[int]]) -> Tensor (B, H)``: stop-gradient prefix summaries of ``prompt + prefix``
         token sequences (:meth:`PAIRTrainer.pair_features`); one call per generation batch on every rank.
@@ -157,14 +158,17 @@ class PrefixProbeRollouts(RolloutStrategy):
     num_prompts : int
         Global number of prompts ``K`` of the current generation batch (the fixed normalizer).
     pending : dict or None
-        Per-prompt records of the draw, handed to :meth:`PAIRTrainer.compute_advantages` during
-        :meth:`~trl_ext.GRPOTrainer.finish_rollouts`.
+        Per-prompt records of the draw while :meth:`~trl_ext.GRPOTrainer.finish_rollouts` runs (read by
+        :meth:`estimator_kwargs` and :meth:`observe_advantages`, which the base trainer calls from there).
+    last_stats : dict
+        The ``pair/*`` metrics of the latest train batch.
     totals : dict
         Cumulative ``prefix_tokens``, ``suffix_tokens``, ``groups``, ``zero_edge_groups``, ``solver_fallbacks``
         (train mode; checkpointed).
     """
 
     name = "pair_prefix_probe"
+    provides_objects = frozenset({"draws"})  # the "pair_draw" estimator's designed draws, through estimator_kwargs
 
     def __init__(self, delimiter_ids: set[int] | None = None, *, heads: DesignHeads | None = None,
                  features: Callable[[list[list[int]]], torch.Tensor] | None = None):
@@ -176,6 +180,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         self.design_log: list[dict] = []
         self.num_prompts = 0
         self.pending: dict | None = None
+        self.last_stats: dict[str, float] = {}
         self.totals = {"prefix_tokens": 0, "suffix_tokens": 0, "zero_edge_groups": 0, "solver_fallbacks": 0,
                        "groups": 0}
 
@@ -215,6 +220,58 @@ class PrefixProbeRollouts(RolloutStrategy):
         if not trainer.args.pair_fixed_normalizer:
             return None
         return fixed_normalizer(int(self.num_prompts))
+
+    def estimator_kwargs(self, trainer) -> dict:
+        """Keywords of the ``pair_draw`` estimator (the preset's ``train_estimator``): the designed draw of every
+        group with completed vertices, gathered over ranks in rank order (identical on every rank; a collective),
+        and the configured Appendix B variants."""
+        if self.pending is None:
+            raise RuntimeError("PAIR: advantages of a train batch were requested outside finish_rollouts; the "
+                               "designed draws of its groups are not known.")
+        records = compat.gather_object(self.pending["records"])
+        self.pending["gathered"] = records
+        draws = [(_record_draw(rec), rec["completed"]) for rec in records if rec["completed"]]
+        return {"draws": draws, **pair_advantage_options(trainer.args)}
+
+    def observe_advantages(self, trainer, batch, result, valid) -> None:
+        """After the estimator: the delayed labels of the completed, scorable vertices go to the heads' replay
+        window (refit at the next generation, after this batch's update), the solver's answers to the warm start,
+        and the ``pair/*`` diagnostics to the trainer's log."""
+        records = self.pending["gathered"]
+        row_groups = [rec for rec in records if rec["completed"]]
+        results = [] if result is None else result.extras["results"]
+        stats = PairBatchStats()
+        labels = ([], [], [], [])
+        real = ~batch.is_pad
+        for g, rec in enumerate(row_groups):
+            idx = torch.nonzero((batch.group_ids == g) & real).flatten()
+            r_rows = batch.rewards[idx].double().numpy()
+            if g < len(results):
+                stats.add_result(results[g])
+            done = rec["completed"]
+            pi_marg = anchor_marginal_inclusion(rec["pi_design"], rec["anchor"] is not None)
+            ok = np.isfinite(r_rows) & (r_rows >= 0) & (r_rows <= 1)
+            stats.unlabeled += int((np.isfinite(r_rows) & ~ok).sum())
+            if ok.any():
+                labels[0].append(rec["features"][torch.as_tensor(ok)])
+                labels[1].append(torch.as_tensor(r_rows[ok]))
+                labels[2].append(torch.as_tensor(np.asarray(rec["suffix_len"], dtype=np.float64)[ok]))
+                labels[3].append(torch.as_tensor(pi_marg[done][ok]))
+        for rec in records:
+            stats.add_design(rec)
+        if labels[1]:
+            self.heads.add_labels(*(torch.cat(x) for x in labels))
+        # warm start of the next step: this step's solver answers, in a layout-independent order
+        solved = sorted((rec["row_idx"], rec["solution"]) for rec in records if rec["solution"] is not None)
+        if solved:
+            self.warm_start.update([x for _, x in solved])
+        self.last_stats = pair_metrics(stats, self.heads)
+        for name, value in self.last_stats.items():
+            trainer.log_ext_metric(name, value, batch.mode)
+        for key, value in (("prefix_tokens", stats.prefix_tokens), ("suffix_tokens", stats.suffix_tokens),
+                           ("zero_edge_groups", stats.zero_edge), ("solver_fallbacks", stats.fallbacks),
+                           ("groups", stats.groups)):
+            self.totals[key] += int(value)
 
     def state_dict(self) -> dict:
         return {"generation_index": int(self.generation_index), "totals": dict(self.totals),
@@ -358,3 +415,12 @@ class PrefixProbeRollouts(RolloutStrategy):
             self.pending = None
         self.generation_index += 1
         return out
+
+
+def _record_draw(rec: dict) -> GroupDraw:
+    """The :class:`~trl_ext.estimators.pair.GroupDraw` of one gathered per-prompt record."""
+    return GroupDraw(pi=np.asarray(rec["pi"]), pi_design=np.asarray(rec["pi_design"]),
+                     selected=np.asarray(rec["selected"], dtype=bool),
+                     finished=np.asarray(rec["finished"], dtype=bool), anchor=rec["anchor"],
+                     expected_cost=rec["expected_cost"], budget=rec["budget"], full_cost=rec["full_cost"],
+                     reason=rec["reason"])

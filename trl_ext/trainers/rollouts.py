@@ -97,6 +97,9 @@ class RolloutStrategy:
     provides: frozenset[str] = frozenset()
     """Estimator side inputs this strategy supplies (:meth:`side_inputs` or ``finish_rollouts(side_inputs=...)``);
     checked at construction against the estimator's registered ``side_inputs``."""
+    provides_objects: frozenset[str] = frozenset()
+    """Estimator inputs of level ``"strategy"`` this strategy passes through :meth:`estimator_kwargs` (objects the
+    batch cannot carry, e.g. PAIR's designed draws); checked at construction like :attr:`provides`."""
 
     @classmethod
     def from_trainer(cls, trainer: GRPOTrainer, **kwargs) -> RolloutStrategy:
@@ -187,6 +190,8 @@ def side_input_arrays(batch: RolloutBatch, estimator: str, valid: torch.Tensor, 
 
     out = {}
     for key, level in estimator_side_inputs(estimator).items():
+        if level == "strategy":  # passed by the strategy's estimator_kwargs, not gathered from the batch
+            continue
         if key not in batch.side_inputs:
             raise RuntimeError(f"advantage estimator {estimator!r} needs side input {key!r}, but rollout strategy "
                                f"{strategy.name!r} did not supply it for this batch (RolloutStrategy.side_inputs or "

@@ -29,7 +29,8 @@ Layout (one module per part of the paper; every name, private helpers included, 
 - :mod:`.group_draw` -- Algorithm 1 for one candidate group: design and draw (warm-up, fallbacks, anchor pair),
   the anchor's marginal inclusion, Eq. 13 advantages of a logged draw, a simulated draw.
 - :mod:`.variance` -- Proposition 1 design covariance and the effective sample size (Appendix D.3).
-- :mod:`.registry` -- the ``"pair"`` advantage-estimator registry entry (ragged groups).
+- :mod:`.registry` -- the ``"pair"`` (ragged full groups) and ``"pair_draw"`` (completed vertices of designed
+  draws, what PAIRTrainer trains on) advantage-estimator registry entries.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from .group_draw import (
 )
 from .inclusion import anchor_pair_joint_inclusion, draw_selection, independent_joint_inclusion
 from .kernel import complete_pair_average, loo_score_gradient, pair_kernel
-from .registry import pair_group_advantages
+from .registry import pair_draw_group_advantages, pair_group_advantages
 from .variance import design_covariance, effective_sample_size
 from .warm_start import DesignWarmStart, design_priority, fit_to_budget
 
@@ -88,6 +89,7 @@ __all__ = [
     "pair_advantages",
     "pair_design",
     "pair_group_advantages",
+    "pair_draw_group_advantages",
     "pair_kernel",
     "scorable_selection",
     "shared_vertex_term",

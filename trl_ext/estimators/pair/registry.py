@@ -78,3 +78,70 @@ def pair_group_advantages(rewards, group_ids, selected, inclusion, w_max=None, s
         n_degenerate=n_deg,
         extras=extras,
     )
+
+
+@register_advantage_estimator("pair_draw", side_inputs={"draws": "strategy"}, sees_unscorable=True,
+                              used_by="trl_ext.PAIRTrainer")
+def pair_draw_group_advantages(rewards, group_ids, draws, w_max=None, self_normalize=False, standardize=False,
+                               ) -> AdvantageResult:
+    r"""Eq. 13 advantages of the completed vertices of designed candidate groups (registry name ``"pair_draw"``).
+
+    What :class:`~trl_ext.PAIRTrainer` trains on. A batch row is a *completed* candidate; the design's view of the
+    whole group -- every candidate's inclusion probability, which were selected, the anchor pair (Appendix B) --
+    is not in the batch, so it comes as the estimator keyword ``draws`` (the rollout strategy's
+    ``estimator_kwargs``): one ``(GroupDraw, completed)`` per group in order of first appearance, ``completed``
+    the candidate indices of that group's rows in batch order. Each group's advantages are
+    :func:`~trl_ext.estimators.pair.group_draw.draw_advantages` of its full candidate vector (NaN on candidates
+    that were not completed):
+
+    .. math:: \tilde A_i = \frac{1}{2M}\sum_{j\ne i} \frac{J_iJ_j}{\rho_{ij}} (r_i - r_j),\qquad M = \binom G2.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (N,)
+        Rewards of the completed vertices; NaN marks an unscorable completion (PAIR's one NaN rule: no edge,
+        advantage 0, counted in ``n_nan``). Registered with ``sees_unscorable``, so the trainer passes those rows.
+    group_ids : array_like, shape (N,)
+    draws : sequence of (GroupDraw, sequence of int)
+        One per group, as described above.
+    w_max, self_normalize, standardize
+        The biased Appendix B variants (:func:`~trl_ext.estimators.pair.group_draw.draw_advantages`).
+
+    Returns
+    -------
+    AdvantageResult
+        ``baselines`` NaN, ``scale`` 1; ``extras["results"]`` the per-group
+        :class:`~trl_ext.estimators.pair.PairAdvantages` (edges, ESS, weights) for the diagnostics.
+
+    Raises
+    ------
+    ValueError
+        ``draws`` does not have one entry per group, or a group's row count differs from its ``completed`` list.
+    """
+    from .group_draw import draw_advantages
+
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    n = r.shape[0]
+    codes, uniq = factorize_groups(group_ids, n)
+    draws = list(draws)
+    if len(draws) != uniq.shape[0]:
+        raise ValueError(f"pair_draw: {len(draws)} designed groups but the batch has {uniq.shape[0]} groups.")
+    adv = np.zeros(n)
+    results, n_nan, n_zero_std = [], 0, 0
+    for g, (draw, done) in enumerate(draws):
+        idx = np.flatnonzero(codes == g)
+        done = np.asarray(done, dtype=np.int64)
+        if idx.size != done.size:
+            raise ValueError(f"pair_draw: group {g} has {idx.size} rows but {done.size} completed candidates.")
+        r_full = np.full(np.asarray(draw.pi).shape[0], np.nan)
+        r_full[done] = r[idx]
+        a_full, res = draw_advantages(r_full, draw, w_max=w_max, self_normalize=self_normalize,
+                                      standardize=standardize)
+        adv[idx] = a_full[done]
+        results.append(res)
+        n_nan += int(res.n_unscorable)
+        finite = r[idx][np.isfinite(r[idx])]
+        n_zero_std += int(finite.size >= 1 and bool(np.all(finite == finite[0])))
+    return AdvantageResult(advantages=adv, baselines=np.full(n, np.nan), scale=np.ones(n), n_nan=n_nan,
+                           n_groups=int(uniq.shape[0]), n_zero_std_groups=n_zero_std, n_degenerate=0,
+                           extras={"results": results})

@@ -1,0 +1,111 @@
+"""PAIR's per-batch diagnostics: the ``pair/*`` metrics of one generation batch, from the gathered design records
+and the ``pair_draw`` estimator's per-group results (logged by :class:`~trl_ext.trainers.pair_rollouts.
+PrefixProbeRollouts` through the trainer's ``log_ext_metric``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..estimators.pair import PairAdvantages
+
+__all__ = ["PairBatchStats", "pair_metrics"]
+
+
+class PairBatchStats:
+    """Accumulates the global per-batch ``pair/*`` diagnostics (every rank sees the same gathered records)."""
+
+    def __init__(self):
+        self.groups = self.completed = self.continued = self.finished = self.edges = 0
+        self.groups_with_edges = self.zero_edge = self.all_finished = self.fallbacks = self.degenerate = 0
+        self.nonfinite = self.nan_rewards = self.unlabeled = 0
+        self.solved = self.solver_iters = self.warm_started = 0
+        self.ess = self.max_weight = 0.0
+        self.pi_min, self.pi_sum, self.pi_count = 1.0, 0.0, 0
+        self.budget = self.full_cost = self.expected_cost = self.pred_selected = self.saved_est = 0.0
+        self.suffix_tokens = self.prefix_tokens = 0
+        self.warmup = False
+
+    def add_result(self, res: PairAdvantages) -> None:
+        self.edges += res.n_edges
+        self.nan_rewards += int(res.n_unscorable)
+        if res.n_edges:
+            self.groups_with_edges += 1
+            self.ess += res.ess
+            self.max_weight = max(self.max_weight, res.max_weight)
+
+    def add_design(self, rec: dict[str, Any]) -> None:
+        sel = np.asarray(rec["selected"], dtype=bool)
+        fin = np.asarray(rec["finished"], dtype=bool)
+        pi = np.asarray(rec["pi_design"], dtype=np.float64)
+        c = np.asarray(rec["c_hat"], dtype=np.float64)
+        self.groups += 1
+        self.completed += int(sel.sum())
+        self.continued += int((sel & ~fin).sum())
+        self.finished += int(fin.sum())
+        if sel.sum() < 2:
+            self.zero_edge += 1
+        if fin.all():
+            self.all_finished += 1
+        self.fallbacks += int(rec["fell_back"])
+        self.degenerate += int(rec["degenerate"])
+        if rec["solution"] is not None:
+            self.solved += 1
+            self.solver_iters += int(rec["n_iter"])
+        self.warm_started += int(rec["warm_started"])
+        self.nonfinite += int(rec["nonfinite"])
+        self.warmup = self.warmup or bool(rec["warmup"])
+        if (~fin).any():
+            self.pi_min = min(self.pi_min, float(pi[~fin].min()))
+            self.pi_sum += float(pi[~fin].sum())
+            self.pi_count += int((~fin).sum())
+        self.budget += float(rec["budget"])
+        self.full_cost += float(rec["full_cost"])
+        self.expected_cost += float(rec["expected_cost"])
+        cont = sel & ~fin
+        self.pred_selected += float(np.where(np.isfinite(c), c, 0.0)[cont].sum())
+        self.saved_est += float(np.where(np.isfinite(c), c, 0.0)[~sel & ~fin].sum())
+        self.suffix_tokens += int(sum(rec["suffix_len"]))
+        self.prefix_tokens += int(sum(rec["probe_len"]))
+
+
+def pair_metrics(s: PairBatchStats, heads) -> dict[str, float]:
+    """The ``pair/*`` metrics of one batch: its accumulated stats and the heads' latest refresh (``heads``: the
+    strategy's :class:`~trl_ext.trainers.pair_rollouts.DesignHeads`)."""
+    n = max(s.groups, 1)
+    m = {
+        "pair/groups": s.groups,
+        "pair/completed_vertices": s.completed,
+        "pair/completed_per_group": s.completed / n,
+        "pair/continued_from_prefix": s.continued,
+        "pair/finished_in_prefix": s.finished,
+        "pair/observed_edges": s.edges,
+        "pair/ess_mean": s.ess / max(s.groups_with_edges, 1),
+        "pair/max_weight": s.max_weight,
+        "pair/pi_min": s.pi_min if s.pi_count else float("nan"),
+        "pair/pi_mean": s.pi_sum / max(s.pi_count, 1),
+        "pair/zero_edge_groups": s.zero_edge,
+        "pair/all_finished_groups": s.all_finished,
+        "pair/solver_fallbacks": s.fallbacks,
+        "pair/degenerate_groups": s.degenerate,
+        "pair/solver_iterations": s.solver_iters / s.solved if s.solved else float("nan"),
+        "pair/warm_started_groups": s.warm_started,
+        "pair/warmup": float(s.warmup),
+        "pair/head_nonfinite": s.nonfinite,
+        "pair/nan_rewards": s.nan_rewards,
+        "pair/unlabeled_rewards": s.unlabeled,
+        "pair/budget": s.budget,
+        "pair/predicted_full_suffix_cost": s.full_cost,
+        "pair/predicted_suffix_cost": s.expected_cost,
+        "pair/predicted_cost_selected": s.pred_selected,
+        "pair/realized_suffix_tokens": s.suffix_tokens,
+        "pair/prefix_tokens": s.prefix_tokens,
+        "pair/tokens_saved_vs_full_group": s.saved_est,
+        "pair/head_labels": heads.heads.n_labels,
+    }
+    last_refresh = heads.last_refresh
+    for key in ("brier", "ece", "cost_mape", "loss_p", "loss_c", "temperature"):
+        if key in last_refresh and last_refresh[key] is not None:
+            m[f"pair/head_{key}"] = float(last_refresh[key])
+    return {k: float(v) for k, v in m.items()}
