@@ -161,3 +161,28 @@ def test_primary_accuracy_readers_fall_back_to_greedy_fields():
     assert ct.final_accuracy({"final_greedy_accuracy": 0.9}) == 0.9
     assert ct.point_accuracy({"accuracy": 0.1, "greedy_accuracy": 0.7}) == 0.1
     assert ct.point_accuracy({"greedy_accuracy": 0.7}) == 0.7
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(600)
+def test_harness_context_evaluates_the_real_chat_model(tmp_path):
+    """The harness's real-task context on SmolLM2: chat-templated greedy evaluation matches the measurement module's
+    (``trl_ext.realmodel.measure``) on the same questions, records carry question ids and completions, and the
+    cached start evaluation is reused."""
+    from trl_ext.realmodel.measure import _sample_completions
+    from trl_ext.realmodel.tasks import accuracy_reward
+
+    s = {**_settings("--scale", "smollm2", "--n_eval", "4", "--eval_mode", "greedy"), "output_dir": str(tmp_path)}
+    ctx = ct.Context(s)
+    assert len(ctx.eval_ds) == 4 and ctx.max_new == 128 and s["start_checkpoint_sha"] != ctx.model_path
+    model = ctx.load_model()
+    got = ctx.evaluate(model, greedy=True)
+    convs = [r["prompt"] for r in ctx.eval_ds]
+    texts, _, _ = _sample_completions(model, ctx.tokenizer, convs, num_samples=1, max_new_tokens=128, greedy=True,
+                                      batch_size=64, seed=0)
+    assert [r["completions"][0] for r in got.records] == texts
+    want = accuracy_reward(completions=texts, answer=list(ctx.eval_ds["answer"]))
+    assert [r["pass_rate"] for r in got.records] == want
+    assert [r["question_id"] for r in got.records] == list(ctx.eval_ds["question_id"])
+    first = ct.start_evaluation(ctx)
+    assert first.accuracy == got.accuracy and os.path.exists(tmp_path / ct.START_EVAL_FILE)
