@@ -531,6 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the BASIS value table is cached "
                         "(default $TRL_EXT_CACHE/bench or ~/.cache/trl_ext/bench)")
     p.add_argument("--no_resume", action="store_true", help="re-run runs whose result.json already exists")
+    p.add_argument("--report_only", action="store_true",
+                   help="train nothing: tables, verdicts and plots from the finished runs in --output_dir; runs not "
+                        "finished yet are recorded as pending, methods with pending tuning runs get no learning "
+                        "rate, and lr_choice.json is neither written nor changed (an interim report of a benchmark "
+                        "that runs across sessions)")
     p.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--update_norms", action="store_true",
                    help="record the parameter update norm ||theta_t - theta_{t-1}|| of every optimizer step in the "
@@ -612,6 +617,7 @@ def resolve_settings(args: argparse.Namespace) -> dict:
              dataset_fn=args.dataset_fn, reward_fn=args.reward_fn, graded_reward_fn=args.graded_reward_fn,
              max_completion_length=args.max_completion_length,
              output_dir=os.path.abspath(args.output_dir), resume=not args.no_resume,
+             report_only=bool(getattr(args, "report_only", False)),
              cache_dir=os.path.abspath(args.cache_dir or os.path.join(
                  os.environ.get("TRL_EXT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trl_ext"),
                  "bench")))
@@ -1375,6 +1381,9 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
             print(f"[{spec.name} seed {seed} lr {lr:g} {split}] reusing {res_path}", flush=True)
             return _trace_by_reference(_complete_reused(ctx, spec, old, setup_cache, lr, split), res_path,
                                        s["output_dir"])
+    if s.get("report_only"):  # an interim report: nothing is trained or written
+        return {**_skip_record(spec, seed, "pending: not run yet (--report_only)", key), "status": "pending",
+                "learning_rate": lr, "eval_split": split}
     what = "tuning on validation" if split != "test" else "training"
     print(f"[{spec.name} seed {seed} lr {lr:g}] {what} to {s['token_budget']:.0f} tokens", flush=True)
     os.makedirs(run_dir, exist_ok=True)
@@ -1412,7 +1421,8 @@ def _complete_reused(ctx: Context, spec: MethodSpec, rec: dict, setup_cache: dic
 
 
 # ------------------------------------------------------------------------------------------ learning-rate tuning
-LR_SELECTION_RULE = ("highest mean final greedy accuracy on the validation split over the tuning seeds; ties go to "
+LR_SELECTION_RULE = ("highest mean final accuracy (the primary evaluation: greedy, or sampled under eval_mode "
+                     "'sampled') on the validation split over the tuning seeds; ties go to "
                      "the lower learning rate; a learning rate with a failed tuning run is not eligible; when the "
                      "best rate is the lowest or highest tried, the next rate beyond it on the 1-3-10 ladder is "
                      "tuned too (at most tune_extend times per method)")
@@ -1607,6 +1617,17 @@ def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dic
     todo = [m for m in s["methods"] if m not in have]
     new = build_lr_choice([r for r in tune_runs if r["method"] in todo], s["tune_lr"], s["tune_seeds"],
                           json.loads(json.dumps(tuning_context(s), default=str)))
+    if s.get("report_only"):  # an interim report: a method is chosen only once all its tuning runs exist
+        for name, c in new["methods"].items():
+            waiting = [r for r in tune_runs if r["method"] == name and r["status"] == "pending"]
+            if waiting:
+                c.update(status="pending", chosen_lr=None,
+                         reason=f"{len(waiting)} tuning run(s) not finished yet (--report_only)")
+        doc = merge_lr_choice(existing, new)
+        for name in s["methods"]:
+            c = doc["methods"].get(name, {})
+            print(f"[lr] {name}: {c.get('chosen_lr')} ({c.get('reason')})", flush=True)
+        return doc, tune_runs
     if todo and os.path.exists(path):
         # re-read just before writing: another invocation on this folder (a --jobs worker) may have added its
         # methods while this one tuned, and a merge with the copy read at the start would drop them
@@ -2047,7 +2068,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = start_evaluation(ctx)
     start_by_level = accuracy_by_level(start.records, ctx.difficulty_levels("test"))
     print(f"start accuracy {start.accuracy:.3f} on {len(ctx.eval_ds)} held-out questions", flush=True)
-    if args.jobs > 1 and len(s["methods"]) > 1:
+    if args.jobs > 1 and len(s["methods"]) > 1 and not s["report_only"]:
         # the start checkpoint is pinned above, so every worker trains from the same weights
         run_workers(argv, s["methods"], args.jobs, out)
 

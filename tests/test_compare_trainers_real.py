@@ -186,3 +186,31 @@ def test_harness_context_evaluates_the_real_chat_model(tmp_path):
     assert [r["question_id"] for r in got.records] == list(ctx.eval_ds["question_id"])
     first = ct.start_evaluation(ctx)
     assert first.accuracy == got.accuracy and os.path.exists(tmp_path / ct.START_EVAL_FILE)
+
+
+def test_report_only_trains_nothing_and_chooses_no_rate_from_partial_tuning(tmp_path, monkeypatch):
+    """``--report_only`` (the interim report of a benchmark that runs across sessions): finished runs are read,
+    the others are recorded as pending without training or writing anything; a method is given a learning rate only
+    when all its tuning runs exist, and ``lr_choice.json`` is not written."""
+    s = {**_settings("--protocol", "v2", "--smoke", "--methods", "grpo_g4", "grpo_g16", "--tune_lr", "1e-4", "3e-4",
+                     "--tune_extend", "0", "--report_only"), "output_dir": str(tmp_path), "start_checkpoint_sha": "abc"}
+    assert s["report_only"]
+    ctx = SimpleNamespace(s=s)
+    monkeypatch.setattr(ct, "run_one", lambda *a, **k: pytest.fail("--report_only must not train"))
+    # grpo_g4: both tuning runs finished (0.5 at 1e-4, 0.7 at 3e-4); grpo_g16: only 1e-4 finished
+    for name, lrs in (("grpo_g4", {1e-4: 0.5, 3e-4: 0.7}), ("grpo_g16", {1e-4: 0.9})):
+        spec = ct.METHODS[name]
+        for lr, acc in lrs.items():
+            run_dir = tmp_path / "runs" / "tune" / name / f"lr{ct.lr_key(lr)}" / "seed0"
+            run_dir.mkdir(parents=True)
+            ct._write_json(str(run_dir / "result.json"), {
+                "method": name, "label": spec.label, "family": spec.family, "seed": 0, "status": "ok",
+                "learning_rate": lr, "eval_split": "validation", "final_accuracy": acc, "tokens": 100.0,
+                "settings_key": ct._settings_key(s, spec, 0, lr, "validation"), "final_accuracy_by_level": None})
+    doc, runs = ct.tune_learning_rates(ctx, {})
+    assert doc["methods"]["grpo_g4"]["chosen_lr"] == 3e-4
+    g16 = doc["methods"]["grpo_g16"]
+    assert g16["chosen_lr"] is None and g16["status"] == "pending" and "1 tuning run" in g16["reason"]
+    assert sorted(r["status"] for r in runs) == ["ok", "ok", "ok", "pending"]
+    assert not (tmp_path / ct.LR_CHOICE_FILE).exists()
+    assert not (tmp_path / "runs" / "tune" / "grpo_g16" / "lr0.0003").exists()
