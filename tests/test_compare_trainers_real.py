@@ -47,7 +47,7 @@ def test_smollm2_preset_and_protocol():
     s = _settings("--scale", "smollm2", "--protocol", "v2")
     assert s["task"] == "sum3" and s["methods"] == ct.REAL_METHODS
     assert set(ct.REAL_METHODS) <= set(ct.METHODS)
-    assert s["tune_lr"] == [1e-4, 3e-4] and s["seeds"] == [0, 1, 2] and s["tune_extend"] == 0
+    assert s["tune_lr"] == [1e-4, 3e-4] and s["seeds"] == [0, 1, 2] and s["tune_extend"] == 1
     assert s["eval_mode"] == "sampled" and s["eval_samples"] >= 1 and s["checkpoint_outcomes"]
     assert s["use_peft"] and (s["lora_r"], s["lora_alpha"]) == (16, 32) and s["grad_accum"] == 4
     # v1 on the same scale keeps v1's protocol (one learning rate), explicit arguments still win
