@@ -1868,7 +1868,7 @@ def verdict_references(runs: Sequence[dict]) -> dict[str, str | None]:
 
 def compute_verdicts(runs: Sequence[dict], rows: Sequence[dict], s: dict) -> dict:
     """Two-part-rule reports of every method against each reference of :func:`verdict_references`: the best GRPO
-    setting (highest mean final greedy accuracy among ``grpo_g4/g8/g16``), REINFORCE++, DAPO dynamic sampling, and
+    setting (highest mean final (primary) accuracy among ``grpo_g4/g8/g16``), REINFORCE++, DAPO dynamic sampling, and
     ``grpo_g16`` (the papers' usual baseline). A pair already compared under another reference is not repeated."""
     from trl_ext.stats import compare_outcome_files
 
@@ -1878,8 +1878,9 @@ def compute_verdicts(runs: Sequence[dict], rows: Sequence[dict], s: dict) -> dic
         if r["status"] == "ok":
             files.setdefault(r["method"], []).append(os.path.join(out_dir, r["outcomes"]))
     refs = verdict_references(runs)
-    result = {"references": refs, "best_grpo_rule": "grpo_* method with the highest mean final greedy accuracy",
-              "comparisons": []}
+    result = {"references": refs, "comparisons": [],
+              "best_grpo_rule": "grpo_* method with the highest mean final primary accuracy (greedy, or sampled "
+                                "under eval_mode sampled)"}
     if refs["vs_best_grpo"] is not None and refs["vs_best_grpo"] == refs["vs_grpo_g16"]:
         result["note"] = (f"the best GRPO setting is {refs['vs_best_grpo']} itself: the vs_grpo_g16 comparisons equal "
                           "vs_best_grpo")
