@@ -309,11 +309,14 @@ SCALES: dict[str, dict] = {
     # training tokens, and a 6,000-token run with 3 evaluations of 64 questions is ~20 min. One loss pass over
     # the 16 rollouts (vocabulary 49,152, ~330 tokens a row) needed 12 GB, so two workers ran out of the 24 GB:
     # grad_accum = 4 trains each generation batch in 4 micro-batches of 4 rollouts (one optimizer step, one
-    # generation, the same gradient), about 3 GB a worker.
+    # generation, the same gradient), about 3 GB a worker. The BASIS table is built 64 prompts' samples at a
+    # time (the builder writes rows per batch and resumes from them; one batch of all 512 samples took over 20
+    # minutes with nothing saved until the end).
     "smollm2": dict(task="sum3", rollouts_per_step=16, token_budget=6_000, eval_every_tokens=2_000, n_eval=64,
                     n_train=128, n_val=48, learning_rate=1e-4, eval_samples=1, eval_mode="sampled",
                     checkpoint_outcomes=True, value_table_samples=4, use_cpu=True, bf16=False, eval_batch_size=64,
-                    use_peft=True, lora_r=16, lora_alpha=32, methods=REAL_METHODS, grad_accum=4),
+                    use_peft=True, lora_r=16, lora_alpha=32, methods=REAL_METHODS, grad_accum=4,
+                    value_table_batch_size=64),
 }
 #: Protocol values a scale replaces (applied after :data:`PROTOCOLS`): on the real model every run costs ~20 CPU
 #: minutes, so v2 tunes two learning rates on the 1-3-10 ladder, extends once past an edge winner (the first
@@ -970,7 +973,7 @@ def setup_basis(ctx: Context) -> SetupResult:
     counter: dict = {}
     funcs = [counting_reward(ctx.reward_funcs[0], counter), *ctx.reward_funcs[1:]]
     table = build_value_table(model, ctx.tokenizer, ctx.train_ds, funcs, path, num_samples=n,
-                              max_new_tokens=ctx.max_new, batch_size=2048, seed=12345, model_id=ctx.model_path,
+                              max_new_tokens=ctx.max_new, batch_size=ctx.s.get("value_table_batch_size", 2048), seed=12345, model_id=ctx.model_path,
                               use_vllm=False if ctx.s["use_cpu"] else "auto", progress=False)
     stats = table.metadata.get("build_stats", {})
     info = table_cost_record(counter.get("tokens", 0), int(stats.get("n_written", len(table))),

@@ -50,6 +50,7 @@ def test_smollm2_preset_and_protocol():
     assert s["tune_lr"] == [1e-4, 3e-4] and s["seeds"] == [0, 1, 2] and s["tune_extend"] == 1
     assert s["eval_mode"] == "sampled" and s["eval_samples"] >= 1 and s["checkpoint_outcomes"]
     assert s["use_peft"] and (s["lora_r"], s["lora_alpha"]) == (16, 32) and s["grad_accum"] == 4
+    assert s["value_table_batch_size"] == 64 and s["value_table_samples"] == 4
     # v1 on the same scale keeps v1's protocol (one learning rate), explicit arguments still win
     s1 = _settings("--scale", "smollm2", "--task", "steps", "--no-use_peft", "--eval_mode", "greedy")
     assert s1["tune_lr"] is None and s1["task"] == "steps" and not s1["use_peft"] and s1["eval_mode"] == "greedy"
