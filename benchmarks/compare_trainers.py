@@ -1611,7 +1611,8 @@ def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dic
             recs += [run_or_reuse(ctx, spec, seed, os.path.join(base, f"lr{lr_key(lr)}", f"seed{seed}"),
                                   setup_cache, lr, split="validation") for seed in s["tune_seeds"][1:]]
             mine.extend(recs)
-            if not queue and extensions < s.get("tune_extend", 0):
+            # (an interim report extends only a grid whose runs all exist, as a training invocation would)
+            if not queue and extensions < s.get("tune_extend", 0) and all(r["status"] != "pending" for r in mine):
                 nxt = edge_extension(lr_scores(mine).get(name, {}))
                 if nxt is not None:
                     print(f"[lr] {name}: best learning rate at the edge of those tried; trying {nxt:g}", flush=True)

@@ -215,3 +215,9 @@ def test_report_only_trains_nothing_and_chooses_no_rate_from_partial_tuning(tmp_
     assert sorted(r["status"] for r in runs) == ["ok", "ok", "ok", "pending"]
     assert not (tmp_path / ct.LR_CHOICE_FILE).exists()
     assert not (tmp_path / "runs" / "tune" / "grpo_g16" / "lr0.0003").exists()
+    # with an edge extension: the complete grid (grpo_g4, best at the upper edge) extends to 1e-3 (pending); the
+    # incomplete one (grpo_g16) does not extend yet, as a training invocation would not
+    s["tune_extend"] = 1
+    _, runs = ct.tune_learning_rates(ctx, {})
+    lrs = {(r["method"], r["learning_rate"], r["status"]) for r in runs}
+    assert ("grpo_g4", 1e-3, "pending") in lrs and not any(m == "grpo_g16" and lr < 1e-4 for m, lr, _ in lrs)
