@@ -17,36 +17,23 @@ What is checked:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from bench_module import compare_trainers  # tests/ is on sys.path (pytest's rootdir insertion)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_ext.testbed import read_outcomes_jsonl
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "benchmarks")
-
 torch.set_num_threads(1)
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("compare_trainers", os.path.join(BENCH, "compare_trainers.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["compare_trainers"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ct = _load_bench()
+ct = compare_trainers()
 
 
 def _control():

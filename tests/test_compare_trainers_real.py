@@ -15,28 +15,13 @@ What is checked (the real SmolLM2 runs themselves are the committed benchmark, d
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
+from bench_module import compare_trainers  # tests/ is on sys.path (pytest's rootdir insertion)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_bench():
-    if "compare_trainers" in sys.modules:
-        return sys.modules["compare_trainers"]
-    spec = importlib.util.spec_from_file_location("compare_trainers", os.path.join(ROOT, "benchmarks",
-                                                                                   "compare_trainers.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["compare_trainers"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ct = _load_bench()
+ct = compare_trainers()
 
 
 def _settings(*argv):

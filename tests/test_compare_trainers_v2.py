@@ -22,34 +22,20 @@ What is checked:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+from bench_module import compare_trainers  # tests/ is on sys.path (pytest's rootdir insertion)
 
 from trl_ext.testbed import read_outcomes_jsonl
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "benchmarks")
 
 torch.set_num_threads(1)
 
 
-def _load_bench():
-    if "compare_trainers" in sys.modules:
-        return sys.modules["compare_trainers"]
-    spec = importlib.util.spec_from_file_location("compare_trainers", os.path.join(BENCH, "compare_trainers.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["compare_trainers"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ct = _load_bench()
+ct = compare_trainers()
 
 
 def _settings(*argv):
@@ -455,7 +441,6 @@ def test_smoke_v2_scratchpad_end_to_end(tiny_model, tmp_path):
 
 
 def test_step_trace_and_update_norms():
-    ct = _load_bench()
     logs = [{"step": 1, "reward": 0.5, "grad_norm": 2.0, "adv/abs_mean": 0.7, "pair/pi_min": 0.2, "loss": 0.1,
              "ext/generated_tokens_total": 10.0},
             {"step": 2, "reward": 0.25, "grad_norm": None, "ext/generated_tokens_total": 20.0}]

@@ -215,20 +215,28 @@ def two_level_curve_bootstrap(outcomes, tokens, budget: float, *, start_outcomes
     tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), (s_n, j_n))
     start = None if start_outcomes is None else np.asarray(start_outcomes, dtype=np.float64)
 
-    def mean_auc(seed_idx, q_idx):
-        vals = []
-        for s in seed_idx:
-            acc = o[s][:, q_idx].mean(axis=1)
-            sv = None if start is None else float(start[q_idx].mean())
-            vals.append(curve_auc(tok[s], acc, budget, start_value=sv))
-        return float(np.mean(vals))
+    point, ci = _two_level_percentile(lambda si, qi: _mean_auc(o, tok, si, qi, budget, start), s_n, q_n,
+                                      n_resamples, confidence, seed)
+    return {"auc_mean": point, "ci": ci, "n_seeds": s_n, "n_questions": q_n}
 
+
+def _mean_auc(o: np.ndarray, tok: np.ndarray, seed_idx, q_idx, budget: float, start: np.ndarray | None) -> float:
+    """Mean over ``seed_idx`` of the AUC (eq. C1) of each seed's curve on the questions ``q_idx`` (the start value on
+    the same questions)."""
+    sv = None if start is None else float(start[q_idx].mean())
+    return float(np.mean([curve_auc(tok[s], o[s][:, q_idx].mean(axis=1), budget, start_value=sv) for s in seed_idx]))
+
+
+def _two_level_percentile(stat, s_n: int, q_n: int, n_resamples: int, confidence: float, seed: int
+                          ) -> tuple[float, tuple[float, float]]:
+    """``stat(seed_idx, q_idx)`` on all seeds and questions, and its percentile interval over replicates that draw
+    seeds with replacement and then questions with replacement (the two-level bootstrap)."""
     rng = np.random.default_rng(seed)
-    point = mean_auc(range(s_n), np.arange(q_n))
-    draws = [mean_auc(rng.integers(0, s_n, s_n), rng.integers(0, q_n, q_n)) for _ in range(n_resamples)]
+    point = stat(range(s_n), np.arange(q_n))
+    draws = [stat(rng.integers(0, s_n, s_n), rng.integers(0, q_n, q_n)) for _ in range(n_resamples)]
     alpha = 1 - confidence
     lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return {"auc_mean": point, "ci": (float(lo), float(hi)), "n_seeds": s_n, "n_questions": q_n}
+    return point, (float(lo), float(hi))
 
 
 def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget: float, *, start_outcomes=None,
@@ -270,14 +278,7 @@ def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget:
     start = None if start_outcomes is None else np.asarray(start_outcomes, dtype=np.float64)
 
     def diff(seed_idx, q_idx):
-        sv = None if start is None else float(start[q_idx].mean())
-        da = [curve_auc(ta[s], a[s][:, q_idx].mean(axis=1), budget, start_value=sv) for s in seed_idx]
-        db = [curve_auc(tb[s], b[s][:, q_idx].mean(axis=1), budget, start_value=sv) for s in seed_idx]
-        return float(np.mean(da) - np.mean(db))
+        return _mean_auc(a, ta, seed_idx, q_idx, budget, start) - _mean_auc(b, tb, seed_idx, q_idx, budget, start)
 
-    rng = np.random.default_rng(seed)
-    point = diff(range(s_n), np.arange(q_n))
-    draws = [diff(rng.integers(0, s_n, s_n), rng.integers(0, q_n, q_n)) for _ in range(n_resamples)]
-    alpha = 1 - confidence
-    lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return {"diff_mean": point, "ci": (float(lo), float(hi)), "n_seeds": s_n, "n_questions": q_n}
+    point, ci = _two_level_percentile(diff, s_n, q_n, n_resamples, confidence, seed)
+    return {"diff_mean": point, "ci": ci, "n_seeds": s_n, "n_questions": q_n}
