@@ -98,7 +98,7 @@ Presets (``--scale`` x ``--task``; explicit arguments override)::
                       per-question outcomes kept at every checkpoint for the two-level curve bootstrap), BASIS
                       tables of 4 samples per prompt, methods grpo_g8 grpo_g4 reinforce_pp dapo_dynamic basis
                       v05_osla pair; under v2 the grid is 1e-4 3e-4 (one edge extension) and seeds 0 1 2. About 20
-                      minutes of one core per run (measured: 130-150 s per step of 16 rollouts)
+                      minutes of one core per run (the committed tuning runs: 72-137 s per step of 16 rollouts)
     gpu, addition     256 rollouts/step, 400,000 tokens, checkpoints every 50,000, 8,000 training prompts, bf16
     gpu, scratchpad   256 rollouts/step, 4,000,000 tokens, checkpoints every 500,000, 16,000 training prompts, bf16
 
@@ -302,11 +302,10 @@ SCALES: dict[str, dict] = {
     "gpu": dict(task="addition", rollouts_per_step=256, token_budget=400_000, eval_every_tokens=50_000, n_eval=2000,
                 n_train=8000, n_val=1000, learning_rate=1e-4, eval_samples=0, value_table_samples=32, use_cpu=False,
                 bf16=True, eval_batch_size=250),
-    # the real pretrained chat model on CPU (docs/results.md "SmolLM2"): SmolLM2-135M-Instruct + LoRA r 16 on the
-    # sum3 chat task. Sized from a measurement (one thread, fp32, LoRA, the other core idle): a GRPO G=8 step of 16
-    # rollouts (965 generated tokens, prompts ~200 tokens) took 130 s, 40 s of it HF generation; bf16 autocast
-    # saved 6 %. Sampled evaluation of 64 questions x 2 samples: 236 s. So ~2 min of one core per 1,000 generated
-    # training tokens, and a 6,000-token run with 3 evaluations of 64 questions is ~20 min. One loss pass over
+    # the real pretrained chat model on CPU (docs/results.md "Real-LLM benchmark"): SmolLM2-135M-Instruct + LoRA
+    # r 16 on the sum3 chat task. Sized from a one-off measurement (one thread, fp32, LoRA): a GRPO G=8 step of 16
+    # rollouts (~1,000 generated tokens, prompts ~200 tokens) took about 2 minutes, a third of it HF generation, so
+    # a 6,000-token run with 3 evaluations of 64 questions is ~20 min (the committed runs' records have the times). One loss pass over
     # the 16 rollouts (vocabulary 49,152, ~330 tokens a row) needed 12 GB, so two workers ran out of the 24 GB:
     # grad_accum = 4 trains each generation batch in 4 micro-batches of 4 rollouts (one optimizer step, one
     # generation, the same gradient), about 3 GB a worker. The BASIS table is built 64 prompts' samples at a
