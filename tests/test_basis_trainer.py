@@ -427,8 +427,6 @@ def test_value_table_strategy_is_registered_and_built_by_the_preset(tmp_path, ca
     with pytest.raises(ValueError, match=r"\['p_hat'\].*BASISTrainer.*value_table"):
         ExtGRPOConfig("out", use_cpu=True, per_device_train_batch_size=8, report_to="none",
                       advantage_estimator="basis", num_generations=1)
-    with pytest.raises(ValueError, match="built by trl_ext.BASISTrainer"):
-        ValueTableLookup.from_trainer(None)
     with caplog.at_level(logging.INFO, logger="trl_ext.trainers.base"):
         trainer = _unit_trainer(tmp_path)
     assert isinstance(trainer.rollout_strategy, ValueTableLookup) and trainer.train_estimator == "basis"
@@ -669,3 +667,83 @@ def test_evaluate_on_held_out_prompts_uses_the_fallback(tmp_path):
     assert trainer.beta_history == []  # eval batches do not enter the training beta trajectory
     with pytest.raises(ValueError, match="missing from the value table"):
         trainer.compute_advantages(make_batch(trainer, held_out["prompt"], [1.0, 0.0] * 4, mode="train"))
+
+
+# ------------------------------------------------------------------------------------------- BASIS selected by config
+def _by_config(tmp_path, table_path, **kwargs):
+    from trl_ext import ExtGRPOConfig
+
+    cfg = dict(output_dir=str(tmp_path / "cfg"), per_device_train_batch_size=8, max_completion_length=5, max_steps=2,
+               learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", beta=0.0, logging_steps=1,
+               save_strategy="no", seed=0, temperature=1.0, dataloader_num_workers=0, disable_tqdm=True,
+               num_generations=1, advantage_estimator="basis", rollout_strategy="value_table",
+               rollout_strategy_kwargs={"value_table_path": str(table_path), **kwargs})
+    return ExtGRPOConfig(**cfg)
+
+
+def test_basis_selected_by_config_on_the_base_trainer_equals_the_preset(tmp_path):
+    """``advantage_estimator="basis"`` + ``rollout_strategy="value_table"`` on ``trl_ext.GRPOTrainer`` trains as
+    ``BASISTrainer`` does: the same advantages, beta trajectory and weights after two steps (and evaluation batches get
+    ``p_hat`` too)."""
+    from trl_ext import GRPOTrainer
+    from trl_ext.trainers.value_table_lookup import ValueTableLookup
+
+    ds, held_out = tiny_dataset(16), tiny_dataset(4, seed=1)
+    path = tmp_path / "table.jsonl"
+    save_value_table(str(path), make_table(ds["prompt"]))
+    runs = {}
+    for name in ("preset", "config"):
+        torch.set_num_threads(1)
+        model, tok = tiny_model_and_tokenizer(0)
+        if name == "preset":
+            args = basis_config(tmp_path, basis_value_table_path=str(path), basis_variant="vop",
+                                per_device_eval_batch_size=4)
+            trainer = BASISTrainer(model=model, reward_funcs=[binary_reward], args=args, train_dataset=ds,
+                                   eval_dataset=held_out, processing_class=tok)
+        else:
+            args = _by_config(tmp_path, path, variant="vop")
+            args.per_device_eval_batch_size = 4
+            trainer = GRPOTrainer(model=model, reward_funcs=[binary_reward], args=args, train_dataset=ds,
+                                  eval_dataset=held_out, processing_class=tok)
+            assert type(trainer) is GRPOTrainer and isinstance(trainer.rollout_strategy, ValueTableLookup)
+        trainer.train()
+        runs[name] = (trainer.last_advantages.clone(), list(trainer.rollout_strategy.beta_history),
+                      params(trainer.model), trainer.evaluate())
+    (a0, b0, w0, e0), (a1, b1, w1, e1) = runs["preset"], runs["config"]
+    assert torch.equal(a0, a1) and bool((a0 != 0).any())
+    assert b0 == b1 and len(b0) == 2
+    assert all(torch.equal(x, y) for x, y in zip(w0, w1))
+    assert e0["eval_basis/missing_fraction"] == e1["eval_basis/missing_fraction"] == 1.0
+    assert e0["eval_loss"] == e1["eval_loss"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "value_table_path"),
+    ({"variant": "blue"}, "variant must be one of"),
+    ({"eps": 0.5}, r"eps must be a number in \[0, 0.5\)"),
+    ({"beta_grid": [0.5, 0.1]}, "beta_grid"),
+    ({"objectiv": "paper"}, r"unknown rollout_strategy_kwargs \['objectiv'\]"),
+])
+def test_value_table_strategy_kwargs_are_checked_when_the_config_is_built(tmp_path, kwargs, match):
+    path = tmp_path / "t.jsonl"
+    kw = dict(kwargs)
+    if match != "value_table_path":
+        kw = {"value_table_path": str(path), **kw}
+    from trl_ext import ExtGRPOConfig
+
+    with pytest.raises(ValueError, match=match):
+        ExtGRPOConfig(str(tmp_path / "o"), use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none",
+                      num_generations=1, advantage_estimator="basis", rollout_strategy="value_table",
+                      rollout_strategy_kwargs=kw)
+
+
+def test_value_table_strategy_by_config_checks_the_table_against_the_data(tmp_path):
+    """A table for other prompts fails at construction, as with the preset."""
+    from trl_ext import GRPOTrainer
+
+    path = tmp_path / "other.jsonl"
+    save_value_table(str(path), make_table(["unrelated prompt"]))
+    model, tok = tiny_model_and_tokenizer(0)
+    with pytest.raises(ValueError, match="covers none of the 16 training prompts"):
+        GRPOTrainer(model=model, reward_funcs=[binary_reward], args=_by_config(tmp_path, path),
+                    train_dataset=tiny_dataset(16), processing_class=tok)

@@ -102,7 +102,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> str:
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes (a path or ``os.PathLike``), read in 1 MiB blocks.
 
-    The one file-hash helper of the package (``trl_ext.trainers.basis.file_sha256`` computes the same digest)."""
+    The one file-hash helper of the package (``trl_ext.trainers.basis.file_sha256`` is this function)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

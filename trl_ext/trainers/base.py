@@ -47,6 +47,7 @@ import torch
 
 from ..estimators.baselines import (
     ESTIMATORS_SEEING_UNSCORABLE,
+    estimator_side_inputs,
     get_advantage_estimator,
     trl_grpo_advantages,
 )
@@ -362,8 +363,14 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
 
     def _ext_strategy_feeds(self, mode: str) -> bool:
         """Whether the rollout strategy feeds the estimator of a ``mode`` batch (side inputs, estimator kwargs,
-        ``observe_advantages``): train batches, and evaluation batches of presets with ``train_estimator_in_eval``."""
-        return mode == "train" or (self.train_estimator is not None and self.train_estimator_in_eval)
+        ``observe_advantages``): train batches; evaluation batches of presets with ``train_estimator_in_eval``, and
+        of a config-selected estimator that needs side inputs (``advantage_estimator="basis"`` with
+        ``rollout_strategy="value_table"``: its evaluation batches need ``p_hat`` too)."""
+        if mode == "train":
+            return True
+        if self.train_estimator is not None:
+            return self.train_estimator_in_eval
+        return bool(estimator_side_inputs(self.args.advantage_estimator))
 
     def ext_state_dict(self) -> dict:
         """State saved as ``trl_ext_state.pt`` in each checkpoint (extend with ``state = super().ext_state_dict()``).

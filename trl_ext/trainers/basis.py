@@ -26,7 +26,6 @@ See ``docs/basis.md`` for usage and for the TRL settings that reproduce the pape
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -34,17 +33,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._io import sha256_file
+from ..estimators.basis import BASIS_OPTION_DEFAULTS, validate_basis_options
 from ..priors.table_format import ValueTable
 from . import model_card
 from .base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
 from .value_table_lookup import BASIS_METRICS, ValueTableLookup, resolve_value_table
 
 __all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "file_sha256"]
-
-_VARIANTS = ("unb", "vop", "rvg")
-_OBJECTIVES = ("robust", "paper")
-_FALLBACKS = ("zero", "batch_mean", "value")
-
 
 BASIS_PAPER = model_card.paper_info(
     title="BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM Reasoning",
@@ -53,13 +49,8 @@ BASIS_PAPER = model_card.paper_info(
 """The BASIS paper in TRL's model-card format (no arXiv id known: the card cites it by title)."""
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+file_sha256 = sha256_file
+"""SHA-256 of a file's bytes (:func:`trl_ext._io.sha256_file`, re-exported here)."""
 
 
 # ---------------------------------------------------------------------------------------------------------- config
@@ -167,31 +158,13 @@ def _check_single_rollout(cfg, upgraded: bool = False) -> None:
         )
 
 
+def basis_options(cfg) -> dict:
+    """The ``basis_*`` fields of a config as :class:`ValueTableLookup` options."""
+    return {name: getattr(cfg, f"basis_{name}") for name in BASIS_OPTION_DEFAULTS}
+
+
 def _validate_basis_options(cfg) -> None:
-    if cfg.basis_variant not in _VARIANTS:
-        raise ValueError(f"basis_variant must be one of {_VARIANTS}, got {cfg.basis_variant!r}.")
-    if cfg.basis_objective not in _OBJECTIVES:
-        raise ValueError(f"basis_objective must be one of {_OBJECTIVES}, got {cfg.basis_objective!r}.")
-    if cfg.basis_fallback not in _FALLBACKS:
-        raise ValueError(f"basis_fallback must be one of {_FALLBACKS}, got {cfg.basis_fallback!r}.")
-    eps = cfg.basis_eps
-    if not (isinstance(eps, int | float) and not isinstance(eps, bool) and 0.0 <= eps < 0.5):
-        raise ValueError(f"basis_eps must be a number in [0, 0.5), got {eps!r}.")
-    maf = cfg.basis_min_active_fraction
-    if not (isinstance(maf, int | float) and not isinstance(maf, bool) and 0.0 <= maf <= 1.0):
-        raise ValueError(f"basis_min_active_fraction must be in [0, 1], got {maf!r}.")
-    mmf = cfg.basis_max_missing_fraction
-    if not (isinstance(mmf, int | float) and not isinstance(mmf, bool) and 0.0 <= mmf <= 1.0):
-        raise ValueError(f"basis_max_missing_fraction must be in [0, 1] (share of a batch), got {mmf!r}.")
-    if cfg.basis_beta_grid is not None:
-        grid = np.asarray(cfg.basis_beta_grid, dtype=np.float64)
-        if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 0) or np.any(
-            np.diff(grid) <= 0
-        ):
-            raise ValueError(
-                "basis_beta_grid must be a non-empty, strictly increasing list of finite numbers > 0, got "
-                f"{list(cfg.basis_beta_grid)[:10]!r}."
-            )
+    validate_basis_options({**basis_options(cfg), "beta_grid": cfg.basis_beta_grid}, prefix="basis_")
     if cfg.basis_value_table_path is not None and not isinstance(cfg.basis_value_table_path, str | os.PathLike):
         raise ValueError(f"basis_value_table_path must be a path, got {type(cfg.basis_value_table_path).__name__}.")
 
@@ -291,7 +264,8 @@ class BASISTrainer(GRPOTrainer):
         spec = value_table if value_table is not None else args.basis_value_table_path
         is_path = isinstance(spec, str | os.PathLike)
         # the strategy is built before TRL's setup so that a bad table fails first
-        self._basis_strategy = ValueTableLookup(resolve_value_table(spec), beta_grid=args.basis_beta_grid)
+        self._basis_strategy = ValueTableLookup(resolve_value_table(spec), beta_grid=args.basis_beta_grid,
+                                                **basis_options(args))
         self._basis_table_source = {"source": os.fspath(spec) if is_path else "in-memory ValueTable",
                                     "file_sha256": file_sha256(spec) if is_path else None}
         self._basis_table_rows_sha256: str | None = None
@@ -302,11 +276,9 @@ class BASISTrainer(GRPOTrainer):
         if args.multi_objective_aggregation != "sum_then_normalize":
             warnings.warn("BASISTrainer ignores multi_objective_aggregation: the reward is the weighted sum of the "
                           "reward functions.", UserWarning, stacklevel=2)
-        # table compatibility (header metadata vs. the training setup)
+        # table compatibility (header metadata vs. the training setup) and coverage of the training prompts
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        self.value_table.check_compatible(reward_funcs=list(self.reward_func_names), model=model_id or None,
-                                          strict=bool(args.basis_strict_table_check))
-        self.rollout_strategy.check_coverage(self.train_dataset, args.basis_max_missing_fraction)
+        self.rollout_strategy.check_setup(self, strict=bool(args.basis_strict_table_check), model_id=model_id or "")
 
     def create_rollout_strategy(self) -> ValueTableLookup:
         """The ``"value_table"`` strategy over this trainer's value table."""

@@ -65,7 +65,7 @@ inclusion, Eq. 13 of a draw: :mod:`trl_ext.estimators.pair.group_draw`; the ``pa
 :mod:`trl_ext.estimators.pair.registry`) and the heads are pure torch in :mod:`trl_ext.estimators.pair_heads`;
 :mod:`.pair_config` holds :class:`PAIRConfig` and its validation, :mod:`.pair_rollouts` the strategy and the heads
 it designs with (:class:`~.pair_rollouts.DesignHeads`), :mod:`.pair_diagnostics` the ``pair/*`` metrics, and this
-module the trainer. Every name importable from here before the split still is.
+module the trainer. The estimator math is imported from :mod:`trl_ext.estimators.pair` (no longer re-exported here).
 """
 
 from __future__ import annotations
@@ -77,32 +77,23 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..estimators.pair import (  # noqa: F401 - importable from trl_ext.trainers.pair before the split
+from ..estimators.pair import (
     DesignWarmStart,
     GroupDraw,
     PairAdvantages,
-    PairDesign,
-    anchor_marginal_inclusion,
+    design_and_draw,
     draw_advantages,
-    draw_selection,
-    fixed_normalizer,
-    pair_advantages,
-    pair_design,
     simulate_draw,
-    standardize_pair_advantages,
 )
-from ..estimators.pair.group_draw import _FINISHED_COST_FRACTION, _SOLVED, design_and_draw  # noqa: F401
 from ..estimators.pair_heads import PrefixHeads, prefix_summary
 from ..measurement.keyed_sampling import left_pad
 from . import _trl_compat as compat
 from . import model_card
-from .base import ExtGRPOConfig, GRPOTrainer, validate_ext_config  # noqa: F401 - importable here before the split
-from .pair_config import (  # noqa: F401 - importable from trl_ext.trainers.pair before the split
-    PAIR_LR_SCALINGS,
+from .base import GRPOTrainer
+from .pair_config import (  # noqa: F401 - SHORT_PROBE_TOKENS, validate_pair_config: part of this module's API
     SHORT_PROBE_TOKENS,
     PAIRConfig,
     PAIRShortProbeWarning,
-    _default_tau,
     pair_advantage_options,
     pair_design_options,
     pair_lr_factor,
@@ -110,7 +101,6 @@ from .pair_config import (  # noqa: F401 - importable from trl_ext.trainers.pair
     validate_pair_config,
 )
 from .pair_rollouts import DesignHeads, PrefixProbeRollouts
-from .rollouts import RolloutStrategy  # noqa: F401 - importable here before the split
 
 logger = logging.getLogger(__name__)
 
@@ -326,10 +316,6 @@ class PAIRTrainer(GRPOTrainer):
                              design=pair_design_options(self.args), estimator=pair_advantage_options(self.args))
 
     # ------------------------------------------------------------------------------------------------ heads
-    def pair_design_heads(self) -> PrefixHeads:
-        """The heads that drive the design (:meth:`DesignHeads.for_design`)."""
-        return self.rollout_strategy.heads.for_design()
-
     def pair_refresh_heads(self) -> None:
         """Refresh the heads on the labels gathered so far (:meth:`DesignHeads.refresh`; a no-op unless
         :attr:`pair_needs_refresh`)."""

@@ -102,6 +102,11 @@ class RolloutStrategy:
     batch cannot carry, e.g. PAIR's designed draws); checked at construction like :attr:`provides`."""
 
     @classmethod
+    def validate_kwargs(cls, kwargs: dict) -> None:
+        """Check the config's ``rollout_strategy_kwargs`` when the config is built (raise ``ValueError`` saying what
+        to change); the default accepts anything :meth:`from_trainer` accepts."""
+
+    @classmethod
     def from_trainer(cls, trainer: GRPOTrainer, **kwargs) -> RolloutStrategy:
         """Build the strategy for ``trainer`` (``kwargs``: the config's ``rollout_strategy_kwargs``)."""
         return cls(**kwargs)

@@ -207,7 +207,7 @@ class V05GRPOTrainer(GRPOTrainer):
                     logger.info("V05GRPOTrainer: the default embedding prior shares the trainer's weights (%s): no "
                                 "copy.", source)
         if kind == "table" and isinstance(kw.get("table"), str | os.PathLike):
-            from .basis import file_sha256
+            from .._io import sha256_file as file_sha256
 
             self._v05_table_source = {"source": os.fspath(kw["table"]), "file_sha256": file_sha256(kw["table"])}
         if kind == "callable" and "fn" not in kw:

@@ -3,9 +3,9 @@
 :class:`ValueTableLookup` (registered as ``"value_table"``) feeds the registered ``"basis"`` estimator
 (:mod:`trl_ext.estimators.basis`; Gong et al., "BASIS: Batchwise Advantage Estimation from Single-Rollout Information
 Sharing for LLM Reasoning", May 2026): ``p_hat`` per row from the value table (Section 4 "Offline value estimation",
-Proposition 2, Appendix 10), the ``basis_*`` options as estimator arguments, and after the estimator the missing-row
-count, the calibrated ``beta_t`` (Eq. 3) and :data:`BASIS_METRICS`. :class:`~trl_ext.trainers.basis.BASISTrainer`
-loads the table and builds it (``docs/basis.md``).
+Proposition 2, Appendix 10), its options as estimator arguments, then the missing-row count, the calibrated ``beta_t``
+(Eq. 3) and :data:`BASIS_METRICS`. Built by :class:`~trl_ext.trainers.basis.BASISTrainer`, or on any trainer by config:
+``rollout_strategy="value_table", rollout_strategy_kwargs={"value_table_path": ...}`` (``docs/basis.md``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..estimators.basis import (
+    BASIS_OPTION_DEFAULTS,
     default_beta_grid,
     rewards_to_unit,
     v_beta,
     v_beta_from_samples,
+    validate_basis_options,
 )
 from ..priors.table_format import ValueTable, load_value_table, prompt_key
 from . import _trl_compat as compat
@@ -32,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .base import GRPOTrainer
     from .batch import RolloutBatch
 
-__all__ = ["BASIS_METRICS", "ValueTableLookup", "resolve_value_table", "common_reward_range"]
+__all__ = ["BASIS_METRICS", "ValueTableLookup", "common_reward_range", "resolve_value_table"]
 
 BASIS_METRICS = (
     "basis/beta", "basis/calibration_loss", "basis/active_fraction", "basis/fallback_count", "basis/no_source_count",
@@ -65,6 +67,9 @@ class ValueTableLookup(FixedGroups):
     beta_grid : array_like, optional
         The beta grid (strictly increasing, > 0); default the paper's 230 points
         (:func:`~trl_ext.estimators.basis.default_beta_grid`).
+    **options
+        The estimator options of :data:`~trl_ext.estimators.basis.BASIS_OPTION_DEFAULTS` (variant, objective,
+        fallback, eps, min_active_fraction, scale_advantages, max_missing_fraction); paper defaults.
 
     Attributes
     ----------
@@ -97,9 +102,10 @@ class ValueTableLookup(FixedGroups):
     name = "value_table"
     provides = frozenset({"p_hat"})
 
-    def __init__(self, table: ValueTable, beta_grid=None):
+    def __init__(self, table: ValueTable, beta_grid=None, **options):
         if len(table) == 0:
             raise ValueError("The value table has no rows; build it on the training dataset first.")
+        self.options = validate_basis_options({**BASIS_OPTION_DEFAULTS, **options})
         self.table = table
         self.reward_range = common_reward_range(table)
         self.beta_grid = default_beta_grid() if beta_grid is None else np.asarray(beta_grid, dtype=np.float64)
@@ -111,10 +117,38 @@ class ValueTableLookup(FixedGroups):
         self._has_sample_rows: bool | None = None
 
     @classmethod
-    def from_trainer(cls, trainer, **kwargs):
-        raise ValueError("rollout_strategy='value_table' is built by trl_ext.BASISTrainer, which loads the value "
-                         "table and reads the basis_* options: use BASISTrainer(args=BASISConfig(...), "
-                         "value_table=...) instead of selecting it on another trainer.")
+    def validate_kwargs(cls, kwargs: dict) -> None:
+        """Config-time check of ``rollout_strategy_kwargs``: ``value_table_path`` (required), ``beta_grid``,
+        ``strict_table_check`` and the :data:`BASIS_OPTION_DEFAULTS` options (``ValueError`` saying what to change)."""
+        allowed = {"value_table_path", "beta_grid", "strict_table_check", *BASIS_OPTION_DEFAULTS}
+        unknown = sorted(set(kwargs) - allowed)
+        if unknown:
+            raise ValueError(f"rollout_strategy='value_table' got unknown rollout_strategy_kwargs {unknown}; "
+                             f"allowed: {sorted(allowed)}.")
+        path = kwargs.get("value_table_path")
+        if not isinstance(path, str | os.PathLike):
+            raise ValueError("rollout_strategy='value_table' needs rollout_strategy_kwargs={'value_table_path': "
+                             "<JSON Lines value table>} (build one with `trl-ext build-value-table`).")
+        validate_basis_options({**BASIS_OPTION_DEFAULTS, **{k: v for k, v in kwargs.items()
+                                                            if k not in ("value_table_path", "strict_table_check")}})
+
+    @classmethod
+    def from_trainer(cls, trainer, value_table_path=None, beta_grid=None, strict_table_check=False, **options):
+        """The strategy selected by config on any trainer (``rollout_strategy="value_table"``): the table at
+        ``value_table_path``, checked against the trainer's reward functions and model (table header) and its
+        training prompts, as :class:`~trl_ext.trainers.basis.BASISTrainer` checks it."""
+        strategy = cls(resolve_value_table(value_table_path), beta_grid=beta_grid, **options)
+        strategy.check_setup(trainer, strict=bool(strict_table_check))
+        return strategy
+
+    def check_setup(self, trainer, strict: bool = False, model_id: str | None = None) -> None:
+        """The table's header against the trainer's reward functions and model, and its coverage of the training
+        prompts (:meth:`check_coverage`)."""
+        if model_id is None:
+            model_id = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
+        self.table.check_compatible(reward_funcs=list(trainer.reward_func_names), model=model_id or None,
+                                    strict=strict)
+        self.check_coverage(trainer.train_dataset, self.options["max_missing_fraction"])
 
     def describe(self, trainer):
         lo, hi = self.reward_range
@@ -187,11 +221,11 @@ class ValueTableLookup(FixedGroups):
     def estimator_kwargs(self, trainer):
         """The ``basis_*`` options of :class:`~trl_ext.trainers.basis.BASISConfig` as keyword arguments of the
         ``"basis"`` estimator, plus the beta grid and the table's reward range."""
-        a = trainer.args
-        return {"beta_grid": self.beta_grid, "variant": a.basis_variant, "objective": a.basis_objective,
-                "eps": float(a.basis_eps), "fallback": a.basis_fallback,
-                "min_active_fraction": float(a.basis_min_active_fraction),
-                "normalize": bool(a.basis_scale_advantages), "norm_eps": 1e-4, "reward_range": self.reward_range}
+        o = self.options
+        return {"beta_grid": self.beta_grid, "variant": o["variant"], "objective": o["objective"],
+                "eps": float(o["eps"]), "fallback": o["fallback"],
+                "min_active_fraction": float(o["min_active_fraction"]),
+                "normalize": bool(o["scale_advantages"]), "norm_eps": 1e-4, "reward_range": self.reward_range}
 
     def observe_advantages(self, trainer: GRPOTrainer, batch: RolloutBatch, result, valid) -> None:
         """Count the batch's prompts missing from the table, record ``beta_t`` and log :data:`BASIS_METRICS`.
@@ -206,28 +240,28 @@ class ValueTableLookup(FixedGroups):
             More than ``basis_max_missing_fraction`` of the (non-pad) rows of a **training** batch missing from the
             table (evaluation batches, normally held-out prompts, keep the fallback and get one warning).
         """
-        args, mode = trainer.args, batch.mode
+        mode = batch.mode
         real = ~batch.is_pad
         looks = [self.lookup(p) for p, keep in zip(batch.prompts, real.tolist()) if keep]
         n = len(looks)
         if result is None:  # only pad rows (the "basis" estimator sees unscorable rows, so it ran on any real row)
             return
         n_missing = sum(x.missing for x in looks)
-        limit = args.basis_max_missing_fraction
+        limit = self.options["max_missing_fraction"]
         if n_missing / n > limit and mode == "eval":
             # held-out evaluation prompts are normally absent from the training table: fallback baseline, logged in
             # eval_basis/missing_fraction (the limit guards training against a wrong table)
             trainer.warn_once(
                 "basis_eval_missing",
                 f"{n_missing} of the {n} prompts of an evaluation batch are missing from the value table; they get "
-                f"the '{args.basis_fallback}' fallback baseline (logged as eval_basis/missing_fraction).",
+                f"the '{self.options['fallback']}' fallback baseline (logged as eval_basis/missing_fraction).",
             )
         elif n_missing / n > limit:
             raise ValueError(
                 f"{n_missing} of the {n} prompts of this batch ({n_missing / n:.1%}) are missing from the value table "
-                f"(basis_max_missing_fraction={limit}). The table was probably built for another dataset or prompt "
+                f"(max_missing_fraction={limit}). The table was probably built for another dataset or prompt "
                 "format: rebuild it with `trl-ext build-value-table` on the training dataset, or raise "
-                "basis_max_missing_fraction to train with the fallback baseline on missing prompts."
+                "max_missing_fraction (basis_max_missing_fraction) to train with the fallback baseline on missing prompts."
             )
         u = rewards_to_unit(batch.rewards[valid].double().numpy(), self.reward_range)
         fin = np.isfinite(u)

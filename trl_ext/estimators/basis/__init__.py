@@ -61,6 +61,7 @@ from .grid import (  # noqa: F401 - private helpers, importable here before the 
     _exclusive_sum_into,
     _grid_losses,
 )
+from .options import BASIS_OPTION_DEFAULTS, check_beta_grid, validate_basis_options
 from .refinement import (  # noqa: F401 - private helpers, importable here before the split
     BaselineResult,
     _exclusive_sum,
@@ -83,6 +84,7 @@ from .values import (  # noqa: F401 - private helpers, importable here before th
 )
 
 __all__ = [
+    "BASIS_OPTION_DEFAULTS",
     "BASIS_VARIANTS",
     "RANGE_TOL",
     "BaselineResult",
@@ -91,6 +93,7 @@ __all__ = [
     "baseline_on_reward_scale",
     "batchwise_baseline",
     "calibrate_beta",
+    "check_beta_grid",
     "check_reward_range",
     "default_beta_grid",
     "rewards_to_unit",
@@ -98,4 +101,5 @@ __all__ = [
     "v_beta",
     "v_beta_from_samples",
     "v_beta_table",
+    "validate_basis_options",
 ]
