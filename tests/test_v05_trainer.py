@@ -464,8 +464,9 @@ def test_resume_restores_support_buffer(tmp_path):
                 max_steps=3, save_strategy="steps", save_steps=1, per_device_train_batch_size=16)
     run1.train()
     saved = torch.load(tmp_path / "a" / "checkpoint-1" / EXT_STATE_FILE, weights_only=True)
-    assert len(saved["v05_support_buffer"]["prompts"]) == 4
-    assert saved["rollout_strategy"] == {"name": "v05_osla", "state": {"generation_index": 1}}
+    assert saved["rollout_strategy"]["name"] == "v05_osla"
+    assert saved["rollout_strategy"]["state"]["generation_index"] == 1
+    assert len(saved["rollout_strategy"]["state"]["support_buffer"]["prompts"]) == 4
     first = list(prints)
     prints.clear()
     run2 = make(tmp_path / "a", cls=Rec, prior=ConstantPrior(0.5), reward_funcs=[hash_bit_reward], ds=ds,
@@ -477,16 +478,23 @@ def test_resume_restores_support_buffer(tmp_path):
 
 
 def test_legacy_checkpoint_generation_index(tmp_path):
-    """Checkpoints written before OSLARounds kept the generation index as ``v05_generation_index``."""
+    """Checkpoints written before OSLARounds kept the generation index as ``v05_generation_index`` and the buffer as
+    ``v05_support_buffer``; checkpoints written before the strategy held the buffer kept it as
+    ``v05_support_buffer`` beside the strategy's index. Both still load."""
     tr = make(tmp_path, prior=ConstantPrior(0.5))
     tr.support_buffer.add(["1+1="], [1.0])
     state = tr.ext_state_dict()
-    assert state["rollout_strategy"] == {"name": "v05_osla", "state": {"generation_index": 0}}
-    legacy = {k: v for k, v in state.items() if k != "rollout_strategy"} | {"v05_generation_index": 3}
-    fresh = make(tmp_path, prior=ConstantPrior(0.5))
-    fresh.load_ext_state_dict(legacy)
-    assert fresh.rollout_strategy.generation_index == 3
-    assert fresh.support_buffer.fingerprint() == tr.support_buffer.fingerprint()
+    assert state["rollout_strategy"]["state"]["generation_index"] == 0
+    buffer = state["rollout_strategy"]["state"]["support_buffer"]
+    oldest = {k: v for k, v in state.items() if k != "rollout_strategy"} | {"v05_generation_index": 3,
+                                                                           "v05_support_buffer": buffer}
+    older = {**state, "rollout_strategy": {"name": "v05_osla", "state": {"generation_index": 2}},
+             "v05_support_buffer": buffer}
+    for legacy, index in ((oldest, 3), (older, 2)):
+        fresh = make(tmp_path, prior=ConstantPrior(0.5))
+        fresh.load_ext_state_dict(legacy)
+        assert fresh.rollout_strategy.generation_index == index
+        assert fresh.support_buffer.fingerprint() == tr.support_buffer.fingerprint()
 
 
 def test_cold_start_then_context_from_buffer(tmp_path):
@@ -849,3 +857,90 @@ def test_lora_reference_kl_and_reused_buffer(tmp_path):
     assert all(torch.equal(p, base_before[n]) for n, p in tr.model.named_parameters() if "lora_" not in n)
     kl = [r["kl"] for r in tr.state.log_history if "kl" in r]
     assert kl and all(np.isfinite(kl)) and kl[-1] > 0  # the LoRA update moved the policy off the reference
+
+
+# ------------------------------------------------------------------------------------------- V0.5 selected by config
+def _by_config(tmp_path, ds, bad_rows, **overrides):
+    """``trl_ext.GRPOTrainer`` with ``advantage_estimator="v05", rollout_strategy="v05_osla"`` and a table prior
+    that is wrong on ``bad_rows`` (the OSLA rounds serve them)."""
+    from trl_ext import ExtGRPOConfig, GRPOTrainer
+    from trl_ext.testbed import build_tiny_model, build_tokenizer
+
+    torch.set_num_threads(1)
+    table = {ds[i]["prompt"]: (1.0 - truth(i) if i in bad_rows else truth(i)) for i in range(len(ds))}
+    kw = dict(output_dir=str(tmp_path), per_device_train_batch_size=32, max_completion_length=5, max_steps=2,
+              learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", logging_steps=1, save_strategy="no",
+              disable_tqdm=True, seed=0, dataloader_num_workers=0, num_generations=8,
+              advantage_estimator="v05", rollout_strategy="v05_osla",
+              rollout_strategy_kwargs={"value_prior": "table", "value_prior_kwargs": {"table": table},
+                                       "extra_rollout_budget": float("inf")})
+    kw.update(overrides)
+    tok = build_tokenizer()
+    return GRPOTrainer(model=build_tiny_model(tok, seed=0), reward_funcs=[prompt_bit_reward], args=ExtGRPOConfig(**kw),
+                       train_dataset=ds, eval_dataset=ds.select(range(4)), processing_class=tok), table
+
+
+def test_v05_selected_by_config_on_the_base_trainer_equals_the_preset(tmp_path, caplog):
+    """``advantage_estimator="v05"`` + ``rollout_strategy="v05_osla"`` on the base trainer trains as
+    ``V05GRPOTrainer`` with the same prior and options: the same OSLA allocation, advantages and weights after two
+    steps, and the same evaluation loss (TRL's GRPO advantages on evaluation batches, as the preset)."""
+    import logging
+
+    from trl_ext import GRPOTrainer
+    from trl_ext.testbed import build_tiny_model, build_tokenizer
+    from trl_ext.trainers.osla_rounds import OSLARounds
+
+    ds, bad = _dataset(), {0, 3, 5}
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.base"):
+        cfg_tr, table = _by_config(tmp_path / "cfg", ds, bad)
+    assert type(cfg_tr) is GRPOTrainer and isinstance(cfg_tr.rollout_strategy, OSLARounds)
+    assert any("advantage estimator v05 (evaluation: grpo)" in r.getMessage() for r in caplog.records)
+    cfg_tr.train()  # each trainer trains right after its construction (which seeds the global RNG)
+    cfg_adv = cfg_tr.last_advantages.clone()
+    cfg_eval = cfg_tr.evaluate()["eval_loss"]
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    preset = V05GRPOTrainer(
+        model=build_tiny_model(tok, seed=0), reward_funcs=[prompt_bit_reward], processing_class=tok, train_dataset=ds,
+        eval_dataset=ds.select(range(4)),
+        args=V05GRPOConfig(output_dir=str(tmp_path / "preset"), per_device_train_batch_size=32, max_completion_length=5,
+                           max_steps=2, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none",
+                           logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
+                           num_generations=8, v05_value_prior="table", v05_value_prior_kwargs={"table": table},
+                           v05_extra_rollout_budget=float("inf")))
+    preset.train()
+    a, b = preset.rollout_strategy.last_record, cfg_tr.rollout_strategy.last_record
+    assert np.array_equal(a["k"], b["k"]) and a["k"].max() > 4  # the OSLA rounds ran on the wrong-prior prompts
+    assert torch.equal(preset.last_advantages, cfg_adv)
+    assert all(torch.equal(p, q) for p, q in zip(preset.model.parameters(), cfg_tr.model.parameters()))
+    assert preset.support_buffer.fingerprint() == cfg_tr.rollout_strategy.support_buffer.fingerprint()
+    assert preset.evaluate()["eval_loss"] == cfg_eval
+
+
+def test_v05_by_config_checkpoints_its_support_buffer(tmp_path):
+    ds = _dataset()
+    tr, _ = _by_config(tmp_path / "a", ds, {1}, max_steps=1, save_strategy="steps", save_steps=1)
+    tr.train()
+    saved = torch.load(tmp_path / "a" / "checkpoint-1" / EXT_STATE_FILE, weights_only=True)
+    state = saved["rollout_strategy"]["state"]
+    assert saved["rollout_strategy"]["name"] == "v05_osla" and state["generation_index"] == 1
+    assert len(state["support_buffer"]["prompts"]) == 8
+    fresh, _ = _by_config(tmp_path / "b", ds, {1}, max_steps=1)
+    assert fresh.rollout_strategy.support_buffer.fingerprint() != tr.rollout_strategy.support_buffer.fingerprint()
+    fresh.load_ext_state_dict(saved)
+    assert fresh.rollout_strategy.support_buffer.fingerprint() == tr.rollout_strategy.support_buffer.fingerprint()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"k_int": 4}, r"unknown rollout_strategy_kwargs \['k_int'\]"),
+    ({"k_init": 2}, "v05_k_init=2 < 4"),
+    ({"k_init": 5}, "not divisible by v05_k_init=5"),
+    ({"rollout_cost": -1.0}, "v05_rollout_cost must be a finite number > 0"),
+])
+def test_v05_strategy_kwargs_are_checked_when_the_config_is_built(tmp_path, kwargs, match):
+    from trl_ext import ExtGRPOConfig
+
+    with pytest.raises(ValueError, match=match):
+        ExtGRPOConfig(str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=32, report_to="none",
+                      num_generations=8, advantage_estimator="v05", rollout_strategy="v05_osla",
+                      rollout_strategy_kwargs=kwargs)

@@ -271,6 +271,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
         if self.accelerator.is_main_process:
             estimator = self.args.advantage_estimator
+            if estimator_side_inputs(estimator) and not self.rollout_strategy.feeds_evaluation:
+                estimator = f"{estimator} (evaluation: grpo)"
             if self.train_estimator is not None:
                 estimator = (self.train_estimator if self.train_estimator_in_eval
                              else f"{self.train_estimator} (evaluation: {estimator})")
@@ -311,6 +313,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         if feeds and self.train_estimator is not None:
             # a method preset: its registered estimator on train batches, fed by its strategy
             name, kwargs = self.train_estimator, {}
+        elif not feeds and estimator_side_inputs(name):  # evaluation batches the config's strategy cannot feed
+            name, kwargs = "grpo", {}
         if feeds:
             kwargs = {**self.rollout_strategy.estimator_kwargs(self), **kwargs}
         if name == "grpo" and not kwargs:
@@ -370,7 +374,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             return True
         if self.train_estimator is not None:
             return self.train_estimator_in_eval
-        return bool(estimator_side_inputs(self.args.advantage_estimator))
+        return self.rollout_strategy.feeds_evaluation and bool(estimator_side_inputs(self.args.advantage_estimator))
 
     def ext_state_dict(self) -> dict:
         """State saved as ``trl_ext_state.pt`` in each checkpoint (extend with ``state = super().ext_state_dict()``).

@@ -54,8 +54,9 @@ class ExtGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "Registered rollout strategy (trl_ext.trainers.rollouts.register_rollout_strategy): "
                           "fixed_groups (TRL's num_generations rollouts per prompt), dynamic_sampling (DAPO), "
-                          "value_table (BASIS's p_hat; with advantage_estimator='basis'), or your own. None: "
-                          "dynamic_sampling when dynamic_sampling=True, else fixed_groups. Method trainers refuse it."},
+                          "value_table (BASIS's p_hat, with advantage_estimator='basis'), v05_osla (V0.5's prior and "
+                          "OSLA rounds, with advantage_estimator='v05'), or your own. None: dynamic_sampling when "
+                          "dynamic_sampling=True, else fixed_groups. Method trainers refuse it."},
     )
     rollout_strategy_kwargs: dict | str | None = field(
         default=None,
@@ -290,7 +291,7 @@ def validate_ext_config(o) -> None:
                              "@trl_ext.trainers.rollouts.register_rollout_strategy(name) before building the config."
                              ) from None
         check_side_inputs(o.advantage_estimator, strategy_cls)
-        strategy_cls.validate_kwargs(o.rollout_strategy_kwargs)
+        strategy_cls.validate_kwargs(o.rollout_strategy_kwargs, o)
         if o.dynamic_sampling and strategy != "dynamic_sampling":
             raise ValueError(f"dynamic_sampling=True selects the dynamic_sampling rollout strategy, but "
                              f"rollout_strategy={strategy!r}; set one of them.")

@@ -20,7 +20,9 @@ from ..estimators.v05 import osla_cap, shrinkage_fusion_batch, v05_signed_reward
 from ..priors import SupportBuffer, ValuePrior
 from . import _trl_compat as compat
 from .batch import RolloutBatch
-from .rollouts import RolloutStrategy, _block, unique_prompt_rows, weighted_reward
+from .rollouts import RolloutStrategy, _block, register_rollout_strategy, unique_prompt_rows, weighted_reward
+from .v05_config import v05_config_view
+from .v05_prior import build_v05_prior
 
 if TYPE_CHECKING:  # pragma: no cover
     from .v05 import V05GRPOTrainer
@@ -46,6 +48,7 @@ class _PromptState:
 
 
 
+@register_rollout_strategy("v05_osla")
 class OSLARounds(RolloutStrategy):
     """V0.5's rollout allocation: prior query, ``v05_k_init`` rollouts per prompt, then budgeted Sequential OSLA rounds.
 
@@ -74,8 +77,11 @@ class OSLARounds(RolloutStrategy):
     generation_index : int
         Train generation batches produced so far (seeds the support-buffer context); saved in every checkpoint
         through :meth:`state_dict`.
+    options : V05GRPOConfig
+        Where the ``v05_*`` options are read (the preset's config, or :func:`~.v05_config.v05_config_view`).
     prior, support_buffer
-        The value prior and the global (prompt, success) FIFO (:meth:`bind`).
+        The value prior and the global (prompt, success) FIFO (:meth:`build`); ``prior_info`` what the model card
+        records of a prior built from the options.
     last_record : dict or None
         The global record of the latest train generation batch (:attr:`V05GRPOTrainer.last_v05`).
 
@@ -84,40 +90,61 @@ class OSLARounds(RolloutStrategy):
     group); :meth:`observe_advantages` then fills the support buffer and logs the ``v05/*`` diagnostics.
     """
 
-    name = "v05_osla"
     provides = frozenset({"priors"})
 
-    def __init__(self):
+    def __init__(self, options):
+        self.options = options  # the V05GRPOConfig the v05_* options are read from
         self.generation_index = 0
         self.prior: ValuePrior | None = None
         self.support_buffer: SupportBuffer | None = None
+        self.prior_info: dict = {}
         self.last_record: dict | None = None
         self._batch: dict | None = None  # the global record of the batch being finished, read by observe_advantages
         self._warned: set[str] = set()
 
-    def bind(self, prior: ValuePrior, support_buffer: SupportBuffer) -> None:
-        """Give the strategy the value prior it queries and the support buffer it fills (the preset builds both after
-        TRL's constructor, which builds the strategy)."""
-        self.prior, self.support_buffer = prior, support_buffer
+    @classmethod
+    def validate_kwargs(cls, kwargs: dict, config=None) -> None:
+        """The V0.5 options in ``rollout_strategy_kwargs`` (names without ``v05_``) checked with the rest of the
+        config as ``V05GRPOConfig`` checks them (:func:`~trl_ext.trainers.v05_config.v05_config_view`)."""
+        v05_config_view(config, kwargs)
+
+    @classmethod
+    def from_trainer(cls, trainer, **kwargs) -> OSLARounds:
+        """The strategy selected by config on any trainer (``rollout_strategy="v05_osla"`` with
+        ``advantage_estimator="v05"``), its options from :func:`~trl_ext.trainers.v05_config.v05_config_view`."""
+        return cls.build(trainer, v05_config_view(trainer.args, kwargs))
+
+    @classmethod
+    def build(cls, trainer, options, prior: ValuePrior | None = None) -> OSLARounds:
+        """The strategy for ``trainer`` with the ``v05_*`` ``options`` (a :class:`V05GRPOConfig`): the train sampler
+        yields each prompt ``v05_k_init`` times (round 1 is TRL's ``generation_batch_size`` rollouts), the prior is
+        ``prior`` or the one the options describe (:func:`~trl_ext.trainers.v05_prior.build_v05_prior`, what it
+        records in :attr:`prior_info`), and the support buffer is the strategy's own (checkpointed with its state)."""
+        strategy = cls(options)
+        compat.set_sampler_num_generations(trainer, options.v05_k_init)
+        if prior is None:
+            prior, strategy.prior_info = build_v05_prior(trainer, options)
+        strategy.prior = prior
+        strategy.support_buffer = SupportBuffer(options.v05_buffer_capacity, options.v05_context_size,
+                                                seed=int(options.seed))
+        return strategy
 
     def estimator_kwargs(self, trainer) -> dict:
         """The ``"v05"`` estimator's options from the config: sigma floor, reward range, Eq. 10 weighting."""
-        a = trainer.args
+        a = self.options
         return {"floor": a.v05_sigma_floor, "reward_range": (a.v05_reward_low, a.v05_reward_high),
                 "prompt_weighting": a.v05_prompt_weighting}
 
     # ------------------------------------------------------------------------------------------------ compute bounds
-    @staticmethod
-    def extra_budget(trainer) -> int | None:
+    def extra_budget(self, trainer) -> int | None:
         """Rollouts the OSLA rounds of one generation batch may generate: ``floor(v05_extra_rollout_budget x
         generation_batch_size)``, or ``None`` (unbounded) for an infinite budget."""
-        b = float(trainer.args.v05_extra_rollout_budget)
+        b = float(self.options.v05_extra_rollout_budget)
         if math.isinf(b):
             return None
-        return int(math.floor(b * int(trainer.args.generation_batch_size) + 1e-9))
+        return int(math.floor(b * int(self.options.generation_batch_size) + 1e-9))
 
-    @staticmethod
-    def round_cost(trainer, per_rank: list[int]) -> int:
+    def round_cost(self, trainer, per_rank: list[int]) -> int:
         """Rollouts one round charges to the budget when rank ``r`` requests ``per_rank[r]``: the requests, each
         rank's dispatch padded to ``v05_dispatch_multiple`` (with the default 1: exactly the requested rollouts, so
         the charge does not depend on how prompts are spread over ranks).
@@ -127,7 +154,7 @@ class OSLARounds(RolloutStrategy):
         ``v05/discarded_rollouts`` and ``ext/generated_tokens``; charging them would make the allocation depend on
         the number of processes.
         """
-        m = int(trainer.args.v05_dispatch_multiple)
+        m = int(self.options.v05_dispatch_multiple)
         return sum(math.ceil(int(n) / m) * m for n in per_rank)
 
     def apply_budget(self, trainer, add: np.ndarray, bias2: np.ndarray, owner: np.ndarray,
@@ -158,7 +185,7 @@ class OSLARounds(RolloutStrategy):
 
     def describe(self, trainer) -> str:
         """One line: what each generation batch generates compared with TRL for the same arguments."""
-        a = trainer.args
+        a = self.options
         gbs, k, g = int(a.generation_batch_size), int(a.v05_k_init), int(a.num_generations)
         cap = osla_cap(a.v05_rollout_cost)
         natural = gbs // k * max(cap - k, 0)  # what the paper's unbounded rounds could add at most
@@ -177,11 +204,13 @@ class OSLARounds(RolloutStrategy):
                 f"{pad}; prompt weighting {a.v05_prompt_weighting!r}")
 
     def state_dict(self) -> dict:
-        return {"generation_index": int(self.generation_index)}
+        """The generation index and the support buffer."""
+        return {"generation_index": int(self.generation_index), "support_buffer": self.support_buffer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.generation_index = int(state.get("generation_index", 0))
-
+        if "support_buffer" in state:
+            self.support_buffer.load_state_dict(state["support_buffer"])
 
     # ------------------------------------------------------------------------------------------------ after the estimator
     def observe_advantages(self, trainer, batch: RolloutBatch, result, valid: torch.Tensor) -> None:
@@ -233,7 +262,7 @@ class OSLARounds(RolloutStrategy):
         if prompts_ok:
             self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
         fingerprint = self.support_buffer.fingerprint()
-        if trainer.args.v05_check_buffer_sync and trainer.accelerator.num_processes > 1:
+        if self.options.v05_check_buffer_sync and trainer.accelerator.num_processes > 1:
             prints = compat.gather_object([fingerprint])
             if len(set(prints)) != 1:
                 raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
@@ -243,8 +272,7 @@ class OSLARounds(RolloutStrategy):
                             "buffer_fingerprint": fingerprint}
         self._log(trainer, self.last_record, n_unscorable)
 
-    @staticmethod
-    def _log(trainer, rec: dict, n_unscorable: int) -> None:
+    def _log(self, trainer, rec: dict, n_unscorable: int) -> None:
         k = rec["k"].astype(np.float64)
         s = rec["scorable"]
         log = trainer.log_ext_metric
@@ -252,7 +280,7 @@ class OSLARounds(RolloutStrategy):
         log("v05/rollouts_per_prompt_max", k.max(), "train")
         for q in (50, 90):
             log(f"v05/rollouts_per_prompt_p{q}", float(np.percentile(k, q)), "train")
-        log("v05/frac_prompts_at_k_init", float((rec["k"] == trainer.args.v05_k_init).mean()), "train")
+        log("v05/frac_prompts_at_k_init", float((rec["k"] == self.options.v05_k_init).mean()), "train")
         log("v05/rounds", rec["rounds"], "train")
         log("v05/early_stop", float(rec["early_stop"]), "train")
         log("v05/rejection_rate", float(rec["rejected_at_init"].mean()), "train")
@@ -287,7 +315,7 @@ class OSLARounds(RolloutStrategy):
         diagnostics: ``rollouts`` generated in the call (collective equalizing rows included) and how many of them
         were ``discarded``.
         """
-        a = trainer.args
+        a = self.options
         m, cap = a.v05_dispatch_multiple, osla_cap(a.v05_rollout_cost)
         want = [i for i, n in requests for _ in range(n)]
         # v05_dispatch_multiple padding: the extra slots go round-robin to this dispatch's prompts, never beyond the cap
@@ -318,7 +346,7 @@ class OSLARounds(RolloutStrategy):
         if kept:
             rpf = trainer.score_rollouts_local(rows[:kept], c_ids[:kept]).detach().float().cpu()
             signed = v05_signed_rewards(weighted_reward(rpf, trainer.reward_weights.detach().cpu()).double().numpy(),
-                                        trainer.args.v05_reward_low, trainer.args.v05_reward_high)
+                                        self.options.v05_reward_low, self.options.v05_reward_high)
             for j, i in enumerate(want):
                 st = states[i]
                 st.completion_ids.append(list(c_ids[j]))
@@ -335,7 +363,7 @@ class OSLARounds(RolloutStrategy):
         the global :class:`~trl_ext.estimators.OslaStep` (identical on every rank), the slice of this rank's prompts
         in it, and the gathered ``bias2``.
         """
-        a = trainer.args
+        a = self.options
         k = np.array([s.k for s in states], dtype=np.int64)
         bias2 = np.full(len(states), np.nan)
         scorable = [i for i, s in enumerate(states) if np.isfinite(s.signed).any()]
@@ -357,7 +385,7 @@ class OSLARounds(RolloutStrategy):
 
     # ------------------------------------------------------------------------------------------------ main
     def generate_and_score(self, trainer: V05GRPOTrainer, inputs: list[dict]) -> dict:
-        a = trainer.args
+        a = self.options
         n_proc, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
         k_init = int(a.v05_k_init)
         # the whole batch's prompts in sampler order (each was yielded v05_k_init times), whole prompts per rank

@@ -101,10 +101,14 @@ class RolloutStrategy:
     """Estimator inputs of level ``"strategy"`` this strategy passes through :meth:`estimator_kwargs` (objects the
     batch cannot carry, e.g. PAIR's designed draws); checked at construction like :attr:`provides`."""
 
+    feeds_evaluation = False
+    """Whether the strategy supplies its side inputs on evaluation batches (TRL's fixed groups), for an estimator
+    selected by config (``advantage_estimator``); if not, evaluation batches get TRL's GRPO advantages."""
+
     @classmethod
-    def validate_kwargs(cls, kwargs: dict) -> None:
-        """Check the config's ``rollout_strategy_kwargs`` when the config is built (raise ``ValueError`` saying what
-        to change); the default accepts anything :meth:`from_trainer` accepts."""
+    def validate_kwargs(cls, kwargs: dict, config=None) -> None:
+        """Check the config's ``rollout_strategy_kwargs`` (with the rest of ``config``) when the config is built:
+        raise ``ValueError`` saying what to change; the default accepts anything :meth:`from_trainer` accepts."""
 
     @classmethod
     def from_trainer(cls, trainer: GRPOTrainer, **kwargs) -> RolloutStrategy:

@@ -46,7 +46,6 @@ base trainer's one counter, ``ext/generated_tokens``.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from typing import Any, ClassVar
 
@@ -55,8 +54,7 @@ import numpy as np
 from ..estimators.v05 import (
     v05_signed_rewards,
 )
-from ..priors import SupportBuffer, ValuePrior, build_prior
-from . import _trl_compat as compat
+from ..priors import SupportBuffer, ValuePrior
 from . import model_card
 from .base import GRPOTrainer
 from .osla_rounds import OSLARounds, _PromptState  # noqa: F401  (re-exported: the strategy lived here)
@@ -68,6 +66,7 @@ from .v05_config import (  # noqa: F401  (re-exported: the config lived here)
     _is_int,
     validate_v05_config,
 )
+from .v05_prior import prior_backbone_choice
 
 logger = logging.getLogger(__name__)
 
@@ -138,82 +137,34 @@ class V05GRPOTrainer(GRPOTrainer):
         if prior is not None and not isinstance(prior, ValuePrior):
             raise TypeError(f"prior must be a trl_ext.priors.ValuePrior (wrap functions with CallablePrior), got "
                             f"{type(prior).__name__}.")
-        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
-        # the train sampler (built in train()) repeats each prompt v05_k_init times; evaluation keeps TRL's
-        # num_generations_eval
-        compat.set_sampler_num_generations(self, self.args.v05_k_init)
-        self.prior_backbone: dict | None = None
-        self._v05_table_source: dict | None = None  # set by _build_default_prior for v05_value_prior="table"
+        self._v05_given_prior = prior
         self._v05_table_rows_sha256: str | None = None
-        self._v05_prior_model_name: str | None = None  # name_or_path of the default embedding prior's model
-        self.prior = prior if prior is not None else self._build_default_prior()
-        self.support_buffer = SupportBuffer(self.args.v05_buffer_capacity, self.args.v05_context_size,
-                                            seed=int(self.args.seed))
-        self.rollout_strategy.bind(self.prior, self.support_buffer)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
 
     def create_rollout_strategy(self) -> RolloutStrategy:
-        """V0.5's :class:`OSLARounds`."""
-        return OSLARounds()
+        """V0.5's :class:`OSLARounds` over this config, with ``prior=`` or the config's prior (:meth:`OSLARounds.build`)."""
+        return OSLARounds.build(self, self.args, prior=self._v05_given_prior)
 
     # ------------------------------------------------------------------------------------------------ setup
     def prior_backbone_choice(self) -> tuple[Any, str, Any, bool]:
-        """The model the default embedding prior embeds with: ``(model, source, context, copy)``.
+        """The model the default embedding prior embeds with: ``(model, source, context, copy)``
+        (:func:`~trl_ext.trainers.v05_prior.prior_backbone_choice`: the PEFT base model, TRL's reference model, or a
+        frozen copy of the starting policy)."""
+        return prior_backbone_choice(self)
 
-        The prior must see the **starting** policy, frozen, for the whole run:
+    @property
+    def prior(self) -> ValuePrior:
+        """The value prior (the strategy's)."""
+        return self.rollout_strategy.prior
 
-        * PEFT / LoRA policy: the trainer's own model under ``model.disable_adapter()`` (``context``), i.e. the frozen
-          base weights, no copy (for a freshly initialized adapter this is exactly the starting policy; TRL's
-          reference model under PEFT is the same thing);
-        * full fine-tuning with ``beta > 0``: TRL's reference model (frozen, loaded from the policy's model id), no
-          copy -- unless ``sync_ref_model=True``, which moves it towards the policy;
-        * otherwise: a frozen deep copy of the policy (``copy=True``), the only way to keep the starting weights.
-        """
-        from accelerate.utils import is_peft_model
+    @property
+    def support_buffer(self) -> SupportBuffer:
+        """The global (prompt, success) FIFO (the strategy's; checkpointed with its state)."""
+        return self.rollout_strategy.support_buffer
 
-        policy = self.accelerator.unwrap_model(self.model)
-        if is_peft_model(policy) and hasattr(policy, "disable_adapter"):
-            return policy, "peft_base_model", policy.disable_adapter, False
-        ref = getattr(self, "ref_model", None)
-        if ref is not None and not self.args.sync_ref_model:
-            return self.accelerator.unwrap_model(ref), "reference_model", None, False
-        return policy, "policy_copy", None, True
-
-    def _build_default_prior(self) -> ValuePrior:
-        kind = self.args.v05_value_prior.lower()
-        kw = dict(self.args.v05_value_prior_kwargs)
-        if kind == "embedding" and "embed_fn" not in kw:
-            from ..priors import hf_mean_pool_embedder
-
-            emb_kw = {k: kw.pop(k) for k in ("embed_batch_size", "embed_max_length", "embed_pad_to_multiple_of")
-                      if k in kw}
-            model, source, context, copy = self.prior_backbone_choice()
-            embed = hf_mean_pool_embedder(
-                model, compat.tokenizer(self), batch_size=emb_kw.get("embed_batch_size", 32),
-                max_length=emb_kw.get("embed_max_length", 512),
-                pad_to_multiple_of=emb_kw.get("embed_pad_to_multiple_of", 32), copy=copy, context=context,
-            )
-            kw["embed_fn"] = embed
-            info = embed.backbone
-            self.prior_backbone = {"source": source, "parameters": info["parameters"], "bytes": info["bytes"]}
-            self._v05_prior_model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
-            if self.accelerator.is_main_process:
-                if copy:
-                    logger.warning(
-                        "V05GRPOTrainer: the default embedding prior holds a frozen copy of the starting policy: "
-                        "%d parameters, %.1f MiB more memory on every process (full fine-tuning without a reference "
-                        "model). Train LoRA adapters (peft_config), use beta > 0 (the prior then shares TRL's "
-                        "reference model) or pass prior=... to avoid it.", info["parameters"], info["bytes"] / 2**20)
-                else:
-                    logger.info("V05GRPOTrainer: the default embedding prior shares the trainer's weights (%s): no "
-                                "copy.", source)
-        if kind == "table" and isinstance(kw.get("table"), str | os.PathLike):
-            from .._io import sha256_file as file_sha256
-
-            self._v05_table_source = {"source": os.fspath(kw["table"]), "file_sha256": file_sha256(kw["table"])}
-        if kind == "callable" and "fn" not in kw:
-            raise ValueError("v05_value_prior='callable' needs your function: pass prior=CallablePrior(fn) to "
-                             "V05GRPOTrainer (a function cannot go through the config).")
-        return build_prior(kind, **kw)
+    @property
+    def prior_backbone(self) -> dict | None:
+        return self.rollout_strategy.prior_info.get("prior_backbone")
 
     def value_table_info(self) -> dict[str, Any] | None:
         """What identifies the value table of a table prior (recorded in the model card); ``None`` for any other prior.
@@ -236,7 +187,7 @@ class V05GRPOTrainer(GRPOTrainer):
             self._v05_table_rows_sha256 = table.content_hash
         md = dict(table.metadata) if table is not None else {}
         given = "in-memory ValueTable" if table is not None else "in-memory {prompt: p} mapping"
-        src = self._v05_table_source or {"source": given, "file_sha256": None}
+        src = self.rollout_strategy.prior_info.get("table_source") or {"source": given, "file_sha256": None}
         return {"rows_sha256": self._v05_table_rows_sha256, "rows": len(table) if table is not None else
                 len(prior._probs), "reference_model": md.get("model"), "metadata": md, **src}
 
@@ -252,22 +203,21 @@ class V05GRPOTrainer(GRPOTrainer):
         return self.rollout_strategy.last_record
 
     # ------------------------------------------------------------------------------------------------ state
-    def ext_state_dict(self) -> dict:
-        """Base state (the strategy's generation index included) plus the support buffer (``v05_support_buffer``)."""
-        state = super().ext_state_dict()
-        state["v05_support_buffer"] = self.support_buffer.state_dict()
-        return state
-
     def load_ext_state_dict(self, state: dict) -> None:
-        """Restore the support buffer and the generation index (warns if the checkpoint has no buffer)."""
-        super().load_ext_state_dict(state)
-        if "rollout_strategy" not in state and "v05_generation_index" in state:  # checkpoints before OSLARounds
-            self.rollout_strategy.generation_index = int(state["v05_generation_index"])
-        if "v05_support_buffer" not in state:
+        """The base restore (the strategy's generation index and support buffer); checkpoints written before the
+        strategy held them (``v05_generation_index``, ``v05_support_buffer``) are translated first; warns if the
+        checkpoint has no buffer."""
+        if "v05_support_buffer" in state or "v05_generation_index" in state:
+            state = dict(state)
+            strat = dict(state.get("rollout_strategy") or {"name": OSLARounds.name, "state": {}})
+            legacy = {"generation_index": state.pop("v05_generation_index", None),
+                      "support_buffer": state.pop("v05_support_buffer", None)}
+            strat["state"] = {**{k: v for k, v in legacy.items() if v is not None}, **strat.get("state", {})}
+            state["rollout_strategy"] = strat
+        if "support_buffer" not in (state.get("rollout_strategy") or {}).get("state", {}):
             warnings.warn("Checkpoint has no V0.5 support buffer; starting with an empty one (cold start).",
                           stacklevel=2)
-            return
-        self.support_buffer.load_state_dict(state["v05_support_buffer"])
+        super().load_ext_state_dict(state)
 
 
 _EMBEDDING_SOURCES = {
@@ -288,7 +238,7 @@ def v05_model_card_details(trainer) -> dict[str, Any]:
     backbone = trainer.prior_backbone
     if backbone is not None:
         what = _EMBEDDING_SOURCES.get(backbone["source"], backbone["source"])
-        model_name = getattr(trainer, "_v05_prior_model_name", None)
+        model_name = trainer.rollout_strategy.prior_info.get("prior_model_name")
         name = f" `{model_name}`" if model_name else ""
         cost = f"{backbone['parameters']} parameters copied" if backbone["parameters"] else "shared, no copy"
         out["embedding model"] = f"{what}{name} ({backbone['source']}; {cost})"

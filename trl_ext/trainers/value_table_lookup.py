@@ -99,8 +99,8 @@ class ValueTableLookup(FixedGroups):
     :func:`~trl_ext.estimators.basis.v_beta`); that decision is taken over all ranks.
     """
 
-    name = "value_table"
     provides = frozenset({"p_hat"})
+    feeds_evaluation = True
 
     def __init__(self, table: ValueTable, beta_grid=None, **options):
         if len(table) == 0:
@@ -117,7 +117,7 @@ class ValueTableLookup(FixedGroups):
         self._has_sample_rows: bool | None = None
 
     @classmethod
-    def validate_kwargs(cls, kwargs: dict) -> None:
+    def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """Config-time check of ``rollout_strategy_kwargs``: ``value_table_path`` (required), ``beta_grid``,
         ``strict_table_check`` and the :data:`BASIS_OPTION_DEFAULTS` options (``ValueError`` saying what to change)."""
         allowed = {"value_table_path", "beta_grid", "strict_table_check", *BASIS_OPTION_DEFAULTS}
