@@ -511,7 +511,8 @@ def test_resume_restores_heads_replay_window_and_warm_start(tmp_path):
             assert torch.equal(got[head][name], t), name
     assert got["temperature"] == saved["temperature"] and got["n_seen"] == saved["n_seen"]
     assert got["optimizer"]["state"].keys() == saved["optimizer"]["state"].keys()
-    assert snap["refresh"] and snap["strategy"] == saved_strategy
+    no_heads = lambda st: {k: v for k, v in st.items() if k != "heads"}  # noqa: E731 - the heads are compared above
+    assert snap["refresh"] and no_heads(snap["strategy"]) == no_heads(saved_strategy)
     assert snap["strategy"]["generation_index"] == 2
     assert tr2.state.global_step == 3 and tr2.pair_heads.n_seen > saved["n_seen"]  # training continued from there
     assert tr2.pair_design_log[0]["warm_started"]  # the resumed step started from the restored profile
@@ -697,7 +698,7 @@ def test_a_one_or_two_token_probe_warns_at_construction(tmp_path, over, probe):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tr = make_trainer(tmp_path, **over)
-    assert pair_mod.PrefixProbeRollouts.probe_len(tr) == probe
+    assert tr.rollout_strategy.probe_len(tr) == probe
     msgs = [str(w.message) for w in caught if issubclass(w.category, pair_mod.PAIRShortProbeWarning)]
     if probe > pair_mod.SHORT_PROBE_TOKENS:
         assert not msgs and pair_mod.short_probe_message(tr.args) is None
@@ -773,8 +774,8 @@ def test_pair_module_uses_no_trl_private_names():
 
 
 def test_the_strategy_calls_no_pair_trainer_method():
-    """One direction of calls: the strategy module reads PAIR options from ``trainer.args`` but never touches a
-    ``pair_*`` attribute of the trainer (heads, features and delimiters are handed to it at construction)."""
+    """One direction of calls: the strategy module reads PAIR options from its ``options`` (a ``PAIRConfig``) but
+    never touches a ``pair_*`` attribute of the trainer (heads, features and delimiters are built with it)."""
     import ast
 
     tree = ast.parse(open(pair_rollouts.__file__).read())
@@ -782,8 +783,8 @@ def test_the_strategy_calls_no_pair_trainer_method():
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr.startswith(("pair_", "_pair_")):
             owner = node.value
-            if not ((isinstance(owner, ast.Attribute) and owner.attr == "args")
-                    or (isinstance(owner, ast.Name) and owner.id in ("a", "args"))):
+            if not ((isinstance(owner, ast.Attribute) and owner.attr in ("args", "options"))
+                    or (isinstance(owner, ast.Name) and owner.id in ("a", "args", "options"))):
                 bad.append(f"line {node.lineno}: .{node.attr}")
     assert not bad, bad
 
@@ -968,3 +969,76 @@ def test_example_runs_with_peft_and_writes_summary(tmp_path):
     assert summary["trainer"] == "pair" and summary["use_peft"]
     assert tok["generated"] == tok["prefix"] + tok["suffix"] and tok["prefix"] == 2 * 2 * 4  # steps x rows x tau
     assert (out / "trainer_state.json").exists()
+
+
+# ------------------------------------------------------------------------------------------- PAIR selected by config
+def _pair_by_config(tmp_path, max_steps=3, **strategy_kwargs):
+    from trl_ext import ExtGRPOConfig, GRPOTrainer
+    from trl_ext.testbed import build_tiny_model, build_tokenizer, make_dataset
+
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    kw = dict(output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=8, max_completion_length=5,
+              max_steps=max_steps, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", beta=0.0,
+              logging_steps=1, save_strategy="no", seed=0, temperature=1.0, dataloader_num_workers=0,
+              disable_tqdm=True, advantage_estimator="pair_draw", rollout_strategy="pair_prefix_probe",
+              rollout_strategy_kwargs={"prefix_tokens": 2, "head_min_labels": 8, "head_fit_steps": 20,
+                                       **strategy_kwargs})
+    ds = make_dataset("addition", 32, seed=0)
+    return GRPOTrainer(model=build_tiny_model(tok, seed=0), reward_funcs=[first_char_reward],
+                       args=ExtGRPOConfig(**kw), train_dataset=ds, eval_dataset=ds.select(range(4)),
+                       processing_class=tok)
+
+
+def test_pair_selected_by_config_on_the_base_trainer_equals_the_preset(tmp_path):
+    """``advantage_estimator="pair_draw"`` + ``rollout_strategy="pair_prefix_probe"`` on the base trainer trains as
+    ``PAIRTrainer`` with ``pair_lr_scaling="none"`` (the base trainer does not rescale its optimizer): the same
+    designs, advantages, heads and weights after three steps (the heads leave warm-up), the same evaluation loss."""
+    from trl_ext import GRPOTrainer
+    from trl_ext.testbed import make_dataset
+
+    runs = {}
+    for name in ("config", "preset"):
+        if name == "config":
+            tr = _pair_by_config(tmp_path / name)
+            assert type(tr) is GRPOTrainer and isinstance(tr.rollout_strategy, PrefixProbeRollouts)
+        else:
+            tr = make_trainer(tmp_path / name, reward=first_char_reward, max_steps=3, pair_lr_scaling="none")
+            tr.eval_dataset = make_dataset("addition", 32, seed=0).select(range(4))
+        tr.train()
+        strat = tr.rollout_strategy
+        runs[name] = (tr.last_advantages.clone(), [d["pi"] for d in strat.design_log], strat.heads.heads.n_labels,
+                      [p.detach().clone() for p in tr.model.parameters()], dict(strat.totals), tr.evaluate())
+    (a0, d0, n0, w0, t0, e0), (a1, d1, n1, w1, t1, e1) = runs["config"], runs["preset"]
+    assert torch.equal(a0, a1) and bool((a0 != 0).any())
+    assert all(np.array_equal(x, y) for x, y in zip(d0, d1)) and len(d0) == len(d1) > 0
+    assert n0 == n1 >= 8 and t0 == t1
+    assert all(torch.equal(x, y) for x, y in zip(w0, w1))
+    assert e0["eval_loss"] == e1["eval_loss"]
+
+
+def test_pair_by_config_checkpoints_its_heads(tmp_path):
+    tr = _pair_by_config(tmp_path / "a", max_steps=2)
+    tr.train()
+    state = tr.ext_state_dict()["rollout_strategy"]
+    assert state["name"] == "pair_prefix_probe" and state["state"]["heads"]["heads"] is not None
+    fresh = _pair_by_config(tmp_path / "b", max_steps=2)
+    assert fresh.rollout_strategy.heads.heads.n_labels != tr.rollout_strategy.heads.heads.n_labels
+    fresh.load_ext_state_dict(tr.ext_state_dict())
+    assert fresh.rollout_strategy.heads.heads.n_labels == tr.rollout_strategy.heads.heads.n_labels
+    assert fresh.rollout_strategy.generation_index == tr.rollout_strategy.generation_index == 2
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"budget_ratio": 2.0}, r"pair_budget_ratio must be in \(0, 1\]"),
+    ({"lr_scaling": "sqrt_budget"}, "cannot rescale the optimizer"),
+    ({"budjet_ratio": 0.5}, r"unknown rollout_strategy_kwargs \['budjet_ratio'\]"),
+    ({"prefix_tokens": 5}, "must be < max_completion_length"),
+])
+def test_pair_strategy_kwargs_are_checked_when_the_config_is_built(tmp_path, kwargs, match):
+    from trl_ext import ExtGRPOConfig
+
+    with pytest.raises(ValueError, match=match):
+        ExtGRPOConfig(str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=16, report_to="none",
+                      num_generations=8, max_completion_length=5, advantage_estimator="pair_draw",
+                      rollout_strategy="pair_prefix_probe", rollout_strategy_kwargs=kwargs)

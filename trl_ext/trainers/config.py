@@ -19,7 +19,8 @@ from ..estimators.baselines import ESTIMATOR_USED_BY, estimator_min_group_size, 
 from . import _trl_compat as compat
 from .rollouts import get_rollout_strategy, validate_dynamic_sampling
 
-__all__ = ["ExtGRPOConfig", "as_config", "parse_kwargs_field", "validate_ext_config", "resolved_rollout_strategy",
+__all__ = ["ExtGRPOConfig", "as_config", "method_config_view", "parse_kwargs_field", "validate_ext_config",
+           "resolved_rollout_strategy",
            "check_side_inputs"]
 
 
@@ -54,8 +55,8 @@ class ExtGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "Registered rollout strategy (trl_ext.trainers.rollouts.register_rollout_strategy): "
                           "fixed_groups (TRL's num_generations rollouts per prompt), dynamic_sampling (DAPO), "
-                          "value_table (BASIS's p_hat, with advantage_estimator='basis'), v05_osla (V0.5's prior and "
-                          "OSLA rounds, with advantage_estimator='v05'), or your own. None: dynamic_sampling when "
+                          "value_table (BASIS, with advantage_estimator='basis'), v05_osla (V0.5, with 'v05'), "
+                          "pair_prefix_probe (PAIR, with 'pair_draw'), or your own. None: dynamic_sampling when "
                           "dynamic_sampling=True, else fixed_groups. Method trainers refuse it."},
     )
     rollout_strategy_kwargs: dict | str | None = field(
@@ -201,6 +202,33 @@ def check_side_inputs(estimator: str, strategy_cls: type) -> None:
         f"{strategy_cls.name!r} does not provide.{hint} Pick {choice} (declare them in RolloutStrategy.provides), "
         "or another estimator."
     )
+
+
+def method_config_view(config: Any, kwargs: dict, config_class: type, prefix: str, strategy: str):
+    """The ``config_class`` object that ``config`` plus a method's options ``kwargs`` describe: what a method's
+    strategy reads when it is selected by config (``rollout_strategy=strategy``) on a trainer whose config has no
+    ``<prefix>*`` fields.
+
+    ``kwargs`` (the config's ``rollout_strategy_kwargs``) name ``config_class`` fields without ``prefix``
+    (``{"k_init": 4}`` for ``v05_k_init``); the others keep the class defaults (the paper's); every other field is
+    ``config``'s, its estimator and strategy fields reset as a method config has them. Validated as
+    ``config_class`` validates an upgraded config (``validate_method_options``); an unknown name is a
+    ``ValueError`` listing the known ones.
+    """
+    own = {f.name[len(prefix):]: f for f in fields(config_class) if f.name.startswith(prefix)}
+    unknown = sorted(set(kwargs) - set(own))
+    if unknown:
+        raise ValueError(f"rollout_strategy={strategy!r} got unknown rollout_strategy_kwargs {unknown}; known: "
+                         f"{sorted(own)} (the {config_class.__name__} fields without {prefix!r}).")
+    view = object.__new__(config_class)
+    view.__dict__.update(config.__dict__)
+    view.__dict__.update(advantage_estimator="grpo", advantage_estimator_kwargs={}, rollout_strategy=None,
+                         rollout_strategy_kwargs={})
+    for name, f in own.items():
+        setattr(view, f.name, kwargs[name] if name in kwargs else
+                (f.default_factory() if f.default is MISSING else f.default))
+    config_class.validate_method_options(view)
+    return view
 
 
 def parse_kwargs_field(value: Any, name: str) -> dict:

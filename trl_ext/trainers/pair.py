@@ -85,9 +85,7 @@ from ..estimators.pair import (
     draw_advantages,
     simulate_draw,
 )
-from ..estimators.pair_heads import PrefixHeads, prefix_summary
-from ..measurement.keyed_sampling import left_pad
-from . import _trl_compat as compat
+from ..estimators.pair_heads import PrefixHeads
 from . import model_card
 from .base import GRPOTrainer
 from .pair_config import (  # noqa: F401 - SHORT_PROBE_TOKENS, validate_pair_config: part of this module's API
@@ -100,7 +98,7 @@ from .pair_config import (  # noqa: F401 - SHORT_PROBE_TOKENS, validate_pair_con
     short_probe_message,
     validate_pair_config,
 )
-from .pair_rollouts import DesignHeads, PrefixProbeRollouts
+from .pair_rollouts import DesignHeads, PrefixProbeRollouts, prefix_features
 
 logger = logging.getLogger(__name__)
 
@@ -215,23 +213,9 @@ class PAIRTrainer(GRPOTrainer):
         return opt
 
     def create_rollout_strategy(self) -> PrefixProbeRollouts:
-        """PAIR's probe-then-continue allocation (:class:`PrefixProbeRollouts`), handed what it needs from this
-        trainer: the snap delimiters, the prefix heads (:class:`DesignHeads`) and :meth:`pair_features`."""
-        args = self.args
-        cfg = getattr(self.model, "config", None)
-        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        hidden = getattr(text_cfg, "hidden_size", None)
-        if hidden is None:
-            raise ValueError("PAIRTrainer needs model.config.hidden_size for the prefix heads.")
-        seed = args.seed if args.pair_head_seed is None else args.pair_head_seed
-        heads = PrefixHeads(
-            int(hidden), args.pair_head_hidden, replay_size=args.pair_replay_size, lr=args.pair_head_lr,
-            min_labels=args.pair_head_min_labels, seed=int(seed),
-        )
-        design_heads = DesignHeads(heads, args, num_processes=self.accelerator.num_processes,
-                                   device=self.accelerator.device)
-        delims = self._pair_delimiter_ids() if args.pair_snap_window > 0 else set()
-        return PrefixProbeRollouts(delims, heads=design_heads, features=self.pair_features)
+        """PAIR's probe-then-continue allocation over this config (:meth:`PrefixProbeRollouts.build`: the snap
+        delimiters, the prefix heads and :func:`~trl_ext.trainers.pair_rollouts.prefix_features`)."""
+        return PrefixProbeRollouts.build(self, self.args)
 
     @property
     def pair_heads(self) -> PrefixHeads:
@@ -260,39 +244,10 @@ class PAIRTrainer(GRPOTrainer):
     def pair_tau(self) -> int:
         return self.args.pair_tau
 
-    def _pair_delimiter_ids(self) -> set[int]:
-        tok = compat.tokenizer(self)
-        delims = tuple(self.args.pair_snap_delimiters)
-        ids = set()
-        for i in range(len(tok)):
-            text = tok.decode([i], skip_special_tokens=False)
-            if text and text.endswith(delims):
-                ids.add(i)
-        return ids
-
-    @torch.no_grad()
     def pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
-        """Stop-gradient prefix summaries: mean of the last ``k`` final-layer hidden states (Appendix C).
-
-        The forward runs inside the context TRL's own generation uses (:func:`._trl_compat.generation_model`:
-        TRL's ``unwrap_model_for_generation`` and FSDP's full-parameter context), so ZeRO-3/FSDP shards are gathered
-        and gradient checkpointing is restored with the trainer's ``gradient_checkpointing_kwargs``; every rank makes
-        exactly one such call per generation batch (equal row counts), which keeps those collectives aligned.
-        """
-        device = self.accelerator.device
-        tok = compat.tokenizer(self)
-        ids, mask = left_pad(seqs, tok.pad_token_id if tok.pad_token_id is not None else 0)
-        # explicit position ids: left padding must not shift positions (layout-independent features)
-        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        with compat.generation_model(self) as model:
-            was_training = model.training
-            model.eval()  # no dropout in the summary
-            try:
-                out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                            output_hidden_states=True, use_cache=False)
-            finally:
-                model.train(was_training)
-        return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(self.args.pair_summary_last_k)).cpu()
+        """Stop-gradient prefix summaries: mean of the last ``pair_summary_last_k`` final-layer hidden states
+        (Appendix C; :func:`~trl_ext.trainers.pair_rollouts.prefix_features`)."""
+        return prefix_features(self, seqs, last_k=int(self.args.pair_summary_last_k))
 
     # ------------------------------------------------------------------------------------------------ design
     def pair_design_and_draw(self, p_hat, cost_hat, finished, rng: np.random.Generator, *,
@@ -327,18 +282,17 @@ class PAIRTrainer(GRPOTrainer):
         return self.rollout_strategy.last_stats
 
     # ------------------------------------------------------------------------------------------------ state
-    def ext_state_dict(self) -> dict:
-        state = super().ext_state_dict()
-        state["pair"] = self.rollout_strategy.heads.state_dict()  # heads, lagged_heads, needs_refresh
-        return state
-
     def load_ext_state_dict(self, state: dict) -> None:
-        super().load_ext_state_dict(state)
+        """The base restore (the strategy's state, heads included); checkpoints that kept the heads as ``"pair"``
+        (and, before the strategy existed, its generation index and totals there too) are translated first."""
         pair = state.get("pair")
-        if pair is None:
+        if pair is not None:
+            state = dict(state)
+            strat = dict(state.get("rollout_strategy") or {"name": PrefixProbeRollouts.name, "state": {
+                "generation_index": pair.get("generation", 0), "totals": pair.get("totals", {})}})
+            strat["state"] = {**strat.get("state", {}), "heads": {k: pair[k] for k in ("heads", "lagged_heads",
+                                                                                        "needs_refresh") if k in pair}}
+            state["rollout_strategy"] = strat
+        if "heads" not in (state.get("rollout_strategy") or {}).get("state", {}):
             self.warn_once("pair_state", "Checkpoint has no PAIR state: the heads and replay window start fresh.")
-            return
-        self.rollout_strategy.heads.load_state_dict(pair)
-        if "rollout_strategy" not in state and "generation" in pair:  # written before the strategy refactor
-            self.rollout_strategy.load_state_dict({"generation_index": pair["generation"],
-                                                   "totals": pair.get("totals", {})})
+        super().load_ext_state_dict(state)

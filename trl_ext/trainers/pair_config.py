@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from . import _trl_compat as compat
-from .config import ExtGRPOConfig, validate_ext_config
+from .config import ExtGRPOConfig, method_config_view, validate_ext_config
 
-__all__ = ["PAIRConfig", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS", "pair_advantage_options",
+__all__ = ["pair_config_view", "PAIRConfig", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS", "pair_advantage_options",
            "pair_design_options", "pair_lr_factor", "short_probe_message", "validate_pair_config"]
 
 
@@ -278,3 +278,16 @@ def pair_advantage_options(args) -> dict:
     biased Appendix B variants ``w_max``, ``self_normalize`` and ``standardize``."""
     return {"w_max": args.pair_w_max, "self_normalize": bool(args.pair_self_normalize),
             "standardize": bool(args.pair_standardize)}
+
+
+def pair_config_view(config, kwargs: dict) -> PAIRConfig:
+    """The :class:`PAIRConfig` that ``config`` plus the PAIR options ``kwargs`` (field names without ``pair_``,
+    e.g. ``{"budget_ratio": 0.5, "prefix_tokens": 16}``) describe: what the ``"pair_prefix_probe"`` strategy reads
+    when it is selected by config (:func:`~trl_ext.trainers.config.method_config_view`). The base trainer does not
+    rescale its optimizer, so ``lr_scaling`` is ``"none"`` there (anything else is refused: set ``learning_rate``
+    to the rate you want, e.g. ``sqrt(budget_ratio)`` times GRPO's as ``PAIRTrainer`` does by default)."""
+    if kwargs.get("lr_scaling", "none") != "none":
+        raise ValueError(f"rollout_strategy='pair_prefix_probe' on the base trainer cannot rescale the optimizer "
+                         f"(lr_scaling={kwargs['lr_scaling']!r}): drop lr_scaling and set learning_rate to the rate "
+                         "you want, or use PAIRTrainer, which rescales it.")
+    return method_config_view(config, {**kwargs, "lr_scaling": "none"}, PAIRConfig, "pair_", "pair_prefix_probe")

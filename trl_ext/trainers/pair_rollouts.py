@@ -5,26 +5,36 @@ The strategy calls only the pure PAIR functions (:func:`~trl_ext.estimators.pair
 :mod:`trl_ext.estimators.pair_heads`) and the base trainer's public rollout API
 (:meth:`~trl_ext.GRPOTrainer.generate_token_ids`, :meth:`~trl_ext.GRPOTrainer.finish_rollouts`); what it needs from
 :class:`~trl_ext.trainers.pair.PAIRTrainer` -- the heads, the prefix feature extractor and the snap delimiters -- is
-handed to it at construction (:meth:`PAIRTrainer.create_rollout_strategy`). PAIR's options are read from
-``trainer.args`` (a :class:`~trl_ext.trainers.pair_config.PAIRConfig`) at call time. Section, equation and appendix
+built with it (:meth:`PrefixProbeRollouts.build`, from :meth:`PAIRTrainer.create_rollout_strategy` or, selected by
+config on any trainer, :meth:`PrefixProbeRollouts.from_trainer`). PAIR's options are read from the strategy's
+``options`` (the preset's :class:`~trl_ext.trainers.pair_config.PAIRConfig`, or ``pair_config_view``'s) at call time. Section, equation and appendix
 numbers refer to "Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR" (arXiv:2608.11368).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
 
 from ..estimators.pair import DesignWarmStart, GroupDraw, anchor_marginal_inclusion, design_and_draw, fixed_normalizer
-from ..estimators.pair_heads import PrefixHeads
+from ..estimators.pair_heads import PrefixHeads, prefix_summary
+from ..measurement.keyed_sampling import left_pad
 from . import _trl_compat as compat
-from .pair_config import pair_advantage_options, pair_design_options
+from .pair_config import (
+    PAIRShortProbeWarning,
+    pair_advantage_options,
+    pair_config_view,
+    pair_design_options,
+    short_probe_message,
+)
 from .pair_diagnostics import PairBatchStats, pair_metrics
-from .rollouts import RolloutStrategy
+from .rollouts import RolloutStrategy, register_rollout_strategy
 
-__all__ = ["DesignHeads", "PrefixProbeRollouts"]
+__all__ = ["DesignHeads", "PrefixProbeRollouts", "prefix_features"]
 
 
 class DesignHeads:
@@ -125,6 +135,7 @@ class DesignHeads:
         self.needs_refresh = bool(state["needs_refresh"])
 
 
+@register_rollout_strategy("pair_prefix_probe")
 class PrefixProbeRollouts(RolloutStrategy):
     """PAIR's rollout allocation: probe every candidate to a prefix, design, draw, continue the selected ones.
 
@@ -167,11 +178,11 @@ class PrefixProbeRollouts(RolloutStrategy):
         (train mode; checkpointed).
     """
 
-    name = "pair_prefix_probe"
     provides_objects = frozenset({"draws"})  # the "pair_draw" estimator's designed draws, through estimator_kwargs
 
     def __init__(self, delimiter_ids: set[int] | None = None, *, heads: DesignHeads | None = None,
-                 features: Callable[[list[list[int]]], torch.Tensor] | None = None):
+                 features: Callable[[list[list[int]]], torch.Tensor] | None = None, options=None):
+        self.options = options  # the PAIRConfig the pair_* options are read from
         self.delimiter_ids = set(delimiter_ids or ())
         self.heads = heads
         self.features = features
@@ -184,10 +195,45 @@ class PrefixProbeRollouts(RolloutStrategy):
         self.totals = {"prefix_tokens": 0, "suffix_tokens": 0, "zero_edge_groups": 0, "solver_fallbacks": 0,
                        "groups": 0}
 
+    @classmethod
+    def validate_kwargs(cls, kwargs: dict, config=None) -> None:
+        """The PAIR options in ``rollout_strategy_kwargs`` (names without ``pair_``) checked with the rest of the
+        config as ``PAIRConfig`` checks them (:func:`~trl_ext.trainers.pair_config.pair_config_view`)."""
+        pair_config_view(config, kwargs)
+
+    @classmethod
+    def from_trainer(cls, trainer, **kwargs) -> PrefixProbeRollouts:
+        """The strategy selected by config on any trainer (``rollout_strategy="pair_prefix_probe"`` with
+        ``advantage_estimator="pair_draw"``); the optimizer keeps ``learning_rate`` (no PAIR lr scaling)."""
+        options = pair_config_view(trainer.args, kwargs)
+        short = short_probe_message(options)
+        if short is not None:
+            warnings.warn(short, PAIRShortProbeWarning, stacklevel=3)
+        return cls.build(trainer, options)
+
+    @classmethod
+    def build(cls, trainer, options) -> PrefixProbeRollouts:
+        """The strategy for ``trainer`` with the ``pair_*`` ``options`` (a :class:`PAIRConfig`): fresh prefix heads
+        on the model's hidden size (:class:`DesignHeads`), the prefix features of :func:`prefix_features` and the
+        snap delimiters of the tokenizer (``pair_snap_window > 0``)."""
+        cfg = getattr(trainer.model, "config", None)
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        hidden = getattr(text_cfg, "hidden_size", None)
+        if hidden is None:
+            raise ValueError("PAIR needs model.config.hidden_size for the prefix heads.")
+        seed = options.seed if options.pair_head_seed is None else options.pair_head_seed
+        heads = PrefixHeads(int(hidden), options.pair_head_hidden, replay_size=options.pair_replay_size,
+                            lr=options.pair_head_lr, min_labels=options.pair_head_min_labels, seed=int(seed))
+        design_heads = DesignHeads(heads, options, num_processes=trainer.accelerator.num_processes,
+                                   device=trainer.accelerator.device)
+        delims = _delimiter_ids(trainer, options.pair_snap_delimiters) if options.pair_snap_window > 0 else set()
+        features = partial(prefix_features, trainer, last_k=int(options.pair_summary_last_k))
+        return cls(delims, heads=design_heads, features=features, options=options)
+
     # ------------------------------------------------------------------------------------------------ interface
     def describe(self, trainer) -> str:
         """What each step generates, compared with TRL's GRPO on the same arguments (logged at construction)."""
-        a = trainer.args
+        a = self.options
         G, L, n_probe = int(a.num_generations), int(a.max_completion_length), self.probe_len(trainer)
         snap = f" (+ up to {a.pair_snap_window} to a delimiter)" if a.pair_snap_window else ""
         anchor = "; the anchor pair adds up to 2 continuations per prompt" if a.pair_anchor_pair else ""
@@ -200,14 +246,13 @@ class PrefixProbeRollouts(RolloutStrategy):
                 f"{a.pair_budget_ratio} x (1 - {n_probe}/{L}) = {self.expected_token_factor(trainer):.3g}x TRL's "
                 f"generated tokens (<= 1x; ~ tau/L + budget_ratio){anchor}")
 
-    @staticmethod
-    def expected_token_factor(trainer) -> float:
+    def expected_token_factor(self, trainer) -> float:
         """Expected generated tokens per step relative to TRL's GRPO with the same arguments, for full-length
         completions: ``p + pair_budget_ratio * (1 - p)`` with ``p = (tau + pair_snap_window) / max_completion_length``
         (every candidate probed, a ``pair_budget_ratio`` share of the remaining tokens continued in expectation;
         <= 1, and <= ``p + pair_budget_ratio``). Without the anchor pair and with the predicted costs on target."""
-        a = trainer.args
-        p = PrefixProbeRollouts.probe_len(trainer) / float(a.max_completion_length)
+        a = self.options
+        p = self.probe_len(trainer) / float(a.max_completion_length)
         return float(min(1.0, p + float(a.pair_budget_ratio) * (1.0 - p)))
 
     def fixed_policy_normalizer(self, trainer, batch) -> float | None:
@@ -217,7 +262,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         before the design draw, so the policy loss ``(1/K) sum ...`` is design-unbiased
         (:func:`~trl_ext.estimators.fixed_normalizer`; the base trainer multiplies by ``max_completion_length`` for
         token-level losses)."""
-        if not trainer.args.pair_fixed_normalizer:
+        if not self.options.pair_fixed_normalizer:
             return None
         return fixed_normalizer(int(self.num_prompts))
 
@@ -231,7 +276,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         records = compat.gather_object(self.pending["records"])
         self.pending["gathered"] = records
         draws = [(_record_draw(rec), rec["completed"]) for rec in records if rec["completed"]]
-        return {"draws": draws, **pair_advantage_options(trainer.args)}
+        return {"draws": draws, **pair_advantage_options(self.options)}
 
     def observe_advantages(self, trainer, batch, result, valid) -> None:
         """After the estimator: the delayed labels of the completed, scorable vertices go to the heads' replay
@@ -274,19 +319,21 @@ class PrefixProbeRollouts(RolloutStrategy):
             self.totals[key] += int(value)
 
     def state_dict(self) -> dict:
+        """Generation index, token totals, solver warm start and the heads (:meth:`DesignHeads.state_dict`)."""
         return {"generation_index": int(self.generation_index), "totals": dict(self.totals),
-                "warm_start": self.warm_start.state_dict()}
+                "warm_start": self.warm_start.state_dict(), "heads": self.heads.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.generation_index = int(state.get("generation_index", 0))
         self.totals.update({k: int(v) for k, v in state.get("totals", {}).items()})
         self.warm_start.load_state_dict(state.get("warm_start", {}))
+        if state.get("heads") is not None:
+            self.heads.load_state_dict(state["heads"])
 
     # ------------------------------------------------------------------------------------------------ helpers
-    @staticmethod
-    def probe_len(trainer) -> int:
+    def probe_len(self, trainer) -> int:
         """Tokens generated by the probe: ``tau + pair_snap_window``."""
-        return int(trainer.args.pair_tau) + int(trainer.args.pair_snap_window)
+        return int(self.options.pair_tau) + int(self.options.pair_snap_window)
 
     @staticmethod
     def is_finished(trainer, completion: list[int], probe_len: int) -> bool:
@@ -297,7 +344,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         """Checkpoint position inside the probe tokens (snapping, Appendix C)."""
         if finished or not self.delimiter_ids:
             return len(completion)
-        for pos in range(int(trainer.args.pair_tau) - 1, len(completion)):
+        for pos in range(int(self.options.pair_tau) - 1, len(completion)):
             if completion[pos] in self.delimiter_ids:
                 return pos + 1
         return len(completion)
@@ -305,7 +352,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     def design_rng(self, trainer, row_idx: int) -> np.random.Generator:
         """Fresh design randomness keyed by (seed, generation index, dataset row): never by an outcome, identical
         across process layouts."""
-        return np.random.default_rng([int(trainer.args.seed) & 0xFFFFFFFF, 0x9A1, self.generation_index,
+        return np.random.default_rng([int(self.options.seed) & 0xFFFFFFFF, 0x9A1, self.generation_index,
                                       int(row_idx) & 0xFFFFFFFF])
 
     def probe(self, trainer, rows: list[dict]) -> dict:
@@ -346,8 +393,8 @@ class PrefixProbeRollouts(RolloutStrategy):
         p_hat = pred.p_hat.numpy()
         c_hat = pred.cost_hat.numpy()
         # 3. design + draw per prompt, logged before any continuation or reward
-        warm = self.warm_start if tr.args.pair_solver_warm_start else None
-        options = pair_design_options(tr.args)
+        warm = self.warm_start if self.options.pair_solver_warm_start else None
+        options = pair_design_options(self.options)
         draws: list[GroupDraw] = []
         self.design_log = []
         for k in range(K):
@@ -365,7 +412,7 @@ class PrefixProbeRollouts(RolloutStrategy):
             })
         # 4. continuation of selected unfinished prefixes from prompt + prefix
         cont_idx = [k * G + i for k, d in enumerate(draws) for i in range(G) if d.selected[i] and not d.finished[i]]
-        max_new = int(tr.args.max_completion_length) - n_probe
+        max_new = int(self.options.max_completion_length) - n_probe
         cont_ids, cont_lps = tr.generate_token_ids([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
                                                    max_new_tokens=max_new)
         full_ids = [list(c) for c in probe_ids]
@@ -424,3 +471,36 @@ def _record_draw(rec: dict) -> GroupDraw:
                      finished=np.asarray(rec["finished"], dtype=bool), anchor=rec["anchor"],
                      expected_cost=rec["expected_cost"], budget=rec["budget"], full_cost=rec["full_cost"],
                      reason=rec["reason"])
+
+
+def _delimiter_ids(trainer, delimiters) -> set[int]:
+    """Token ids whose text ends with one of ``delimiters`` (the snapped checkpoint, Appendix C)."""
+    tok = compat.tokenizer(trainer)
+    ends = tuple(delimiters)
+    return {i for i in range(len(tok)) if (text := tok.decode([i], skip_special_tokens=False)) and text.endswith(ends)}
+
+
+@torch.no_grad()
+def prefix_features(trainer, seqs: list[list[int]], last_k: int) -> torch.Tensor:
+    """Stop-gradient prefix summaries of ``prompt + prefix`` token sequences: mean of the last ``last_k``
+    final-layer hidden states of the trainer's model (Appendix C), shape ``(B, H)``, on CPU.
+
+    The forward runs inside the context TRL's own generation uses (:func:`._trl_compat.generation_model`: TRL's
+    ``unwrap_model_for_generation`` and FSDP's full-parameter context), so ZeRO-3/FSDP shards are gathered and
+    gradient checkpointing is restored with the trainer's ``gradient_checkpointing_kwargs``; every rank makes exactly
+    one such call per generation batch (equal row counts), which keeps those collectives aligned.
+    """
+    device = trainer.accelerator.device
+    tok = compat.tokenizer(trainer)
+    ids, mask = left_pad(seqs, tok.pad_token_id if tok.pad_token_id is not None else 0)
+    # explicit position ids: left padding must not shift positions (layout-independent features)
+    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    with compat.generation_model(trainer) as model:
+        was_training = model.training
+        model.eval()  # no dropout in the summary
+        try:
+            out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                        output_hidden_states=True, use_cache=False)
+        finally:
+            model.train(was_training)
+    return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(last_k)).cpu()

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..estimators.v05 import DEFAULT_SIGMA_FLOOR, V05_K_INIT, V05_PAPER_COST, osla_cap
-from .config import ExtGRPOConfig, parse_kwargs_field, validate_ext_config
+from .config import ExtGRPOConfig, method_config_view, parse_kwargs_field, validate_ext_config
 
 __all__ = ["V05GRPOConfig", "v05_config_view", "validate_v05_config", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
 
@@ -189,29 +189,10 @@ class V05GRPOConfig(ExtGRPOConfig):
 
 
 def v05_config_view(config: Any, kwargs: dict) -> V05GRPOConfig:
-    """The :class:`V05GRPOConfig` that ``config`` plus the V0.5 options ``kwargs`` describe: what
-    :class:`~trl_ext.trainers.osla_rounds.OSLARounds` reads when it is selected by config (``rollout_strategy=
-    "v05_osla"``) on a trainer whose config has no ``v05_*`` fields.
-
-    ``kwargs`` (the config's ``rollout_strategy_kwargs``) name :class:`V05GRPOConfig` fields without their ``v05_``
-    prefix (``{"k_init": 4, "value_prior": "table", "value_prior_kwargs": {...}}``); the others keep the class
-    defaults (the paper's); every other field is ``config``'s (its estimator and strategy fields reset, as the
-    preset has them). Validated as a ``V05GRPOConfig`` is; an unknown name is a ``ValueError`` listing the known ones.
-    """
-    own = {f.name[4:]: f for f in fields(V05GRPOConfig) if f.name.startswith("v05_")}
-    unknown = sorted(set(kwargs) - set(own))
-    if unknown:
-        raise ValueError(f"rollout_strategy='v05_osla' got unknown rollout_strategy_kwargs {unknown}; known: "
-                         f"{sorted(own)} (the V05GRPOConfig fields without 'v05_').")
-    view = object.__new__(V05GRPOConfig)
-    view.__dict__.update(config.__dict__)
-    view.__dict__.update(advantage_estimator="grpo", advantage_estimator_kwargs={}, rollout_strategy=None,
-                         rollout_strategy_kwargs={})
-    for name, f in own.items():
-        setattr(view, f.name, kwargs[name] if name in kwargs else
-                (f.default_factory() if f.default is MISSING else f.default))
-    V05GRPOConfig.validate_method_options(view)
-    return view
+    """The :class:`V05GRPOConfig` that ``config`` plus the V0.5 options ``kwargs`` (field names without ``v05_``,
+    e.g. ``{"k_init": 4, "value_prior": "table"}``) describe: what the ``"v05_osla"`` strategy reads when it is
+    selected by config (:func:`~trl_ext.trainers.config.method_config_view`)."""
+    return method_config_view(config, kwargs, V05GRPOConfig, "v05_", "v05_osla")
 
 
 def _is_int(v: Any) -> bool:
