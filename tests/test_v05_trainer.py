@@ -694,6 +694,29 @@ def test_one_and_two_processes_make_the_same_decisions(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_v05_by_config_one_and_two_processes_equal_the_preset(tmp_path):
+    """V0.5 selected by config (``trl_ext.GRPOTrainer``, ``rollout_strategy="v05_osla"``) on 2 processes: the same
+    global decisions, buffer and advantages as on one process, and as the preset on one process."""
+    import v05_two_rank
+
+    preset = v05_two_rank.run(str(tmp_path / "preset"), max_steps=2, force_collective=False)
+    one = v05_two_rank.run(str(tmp_path / "one"), max_steps=2, force_collective=False, by_config=True)
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path / "two"), "2",
+                           "by_config"], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.load(open(tmp_path / "two" / f"rank{r}.json")) for r in (0, 1)]
+    assert [x["world_size"] for x in ranks] == [2, 2] and ranks[0]["steps"] == ranks[1]["steps"]
+    assert any(s["rounds"] > 0 for s in one["steps"])
+    keys = ("k", "rounds", "early_stop", "fingerprint", "prior_p", "advantages", "extra_rollouts")
+    for s0, s1, s2 in zip(preset["steps"], one["steps"], ranks[0]["steps"]):
+        assert {k: s0[k] for k in keys} == {k: s1[k] for k in keys} == {k: s2[k] for k in keys}
+
+
+@pytest.mark.multiprocess
 def test_fewer_prompts_than_processes(tmp_path):
     """One prompt per step on 2 ranks (4 rollouts = TRL's generation batch): rank 1 holds no prompt, joins every
     collective (forced collective generation: its equalizing rollouts are generated and discarded) and contributes

@@ -11,6 +11,9 @@ collective mode (``trl_ext.trainers._trl_compat.generation_is_collective`` patch
 With a third argument ``keyed``, generation is left non-collective (a rank whose prompts are all done skips the
 round) and ``keyed_sampling=True``: building keyed requests is a collective every rank must still join.
 
+With a third argument ``by_config``, the same run on ``trl_ext.GRPOTrainer`` with ``advantage_estimator="v05",
+rollout_strategy="v05_osla"`` and the V0.5 options in ``rollout_strategy_kwargs`` (the prior as a table).
+
 With a third argument ``embedding``, the run uses V0.5's **default** prior (the batch-invariant embedding prior on a
 frozen copy of the starting policy), keyed sampling (every rollout's noise is a function of its prompt and sample
 index, so both layouts draw the same rollouts) and a reward that depends on the completion; rank 0 also writes
@@ -44,7 +47,7 @@ def truth(row_idx: int) -> float:
 
 
 def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dispatch_multiple: int = 1,
-        keyed: bool = False, embedding: bool = False, n_prompts: int = 8) -> dict:
+        keyed: bool = False, embedding: bool = False, n_prompts: int = 8, by_config: bool = False) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -82,9 +85,23 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
         **({"optim": "sgd"} if embedding else {}),
     )
 
+    base_cls, prior = V05GRPOTrainer, None if embedding else CallablePrior(prior_fn)
+    if by_config:  # trl_ext.GRPOTrainer with the V0.5 options in rollout_strategy_kwargs; the same prior as a table
+        from trl_ext import ExtGRPOConfig, GRPOTrainer
+
+        own = {f[4:]: v for f, v in vars(cfg).items() if f.startswith("v05_") and f != "v05_value_prior_kwargs"}
+        table = {t: p for t, p in zip(ds["prompt"], prior_fn(ds["prompt"], [], []))}
+        rest = {k: v for k, v in cfg.to_dict().items() if not k.startswith("v05_") and k in
+                ("output_dir", "per_device_train_batch_size", "num_generations", "max_completion_length", "max_steps",
+                 "learning_rate", "use_cpu", "bf16", "report_to", "logging_steps", "save_strategy", "disable_tqdm",
+                 "seed", "keyed_sampling")}
+        cfg = ExtGRPOConfig(**rest, advantage_estimator="v05", rollout_strategy="v05_osla", rollout_strategy_kwargs={
+            **own, "value_prior": "table", "value_prior_kwargs": {"table": table}})
+        base_cls, prior = GRPOTrainer, None
+
     records, calls, backend_calls, drawn = [], [], [], []
 
-    class Recording(V05GRPOTrainer):
+    class Recording(base_cls):
         def generate_rollouts(self, rows, **kw):
             calls.append(len(rows))
             c_ids, lps = super().generate_rollouts(rows, **kw)
@@ -101,17 +118,17 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
                 everyone = compat.gather_object(list(drawn))
                 drawn.clear()
                 rollouts = zlib.crc32(json.dumps(sorted(everyone)).encode())  # every rollout drawn, all ranks
-                r = self.last_v05
+                r = self.rollout_strategy.last_record
                 records.append({"k": {str(i): int(k) for i, k in zip(r["row_idx"], r["k"])}, "rounds": r["rounds"],
                                 "early_stop": bool(r["early_stop"]), "fingerprint": r["buffer_fingerprint"],
                                 "need_history": r["need_history"], "prior_p": [float(x) for x in r["prior_p"]],
                                 "advantages": [float(x) for x in adv[~batch.is_pad].tolist()],
                                 "extra_rollouts": int(r["extra_rollouts"]), "rollouts": rollouts,
-                                "prior_mode": getattr(self.prior, "last_info", {}).get("mode")})
+                                "prior_mode": getattr(self.rollout_strategy.prior, "last_info", {}).get("mode")})
             return adv
 
     tr = Recording(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
-                   prior=None if embedding else CallablePrior(prior_fn))
+                   **({} if by_config else {"prior": prior}))
     real_is_collective = compat.generation_is_collective
     if force_collective:
         compat.generation_is_collective = lambda trainer: trainer.accelerator.num_processes > 1
@@ -122,7 +139,7 @@ def run(out_dir: str, max_steps: int = 2, force_collective: bool = True, v05_dis
     rank = tr.accelerator.process_index
     assert tr.accelerator.num_processes == world, (tr.accelerator.num_processes, world)
     result = {"rank": rank, "world_size": world, "steps": records, "calls": calls, "backend_calls": backend_calls,
-              "buffer_len": len(tr.support_buffer)}
+              "buffer_len": len(tr.rollout_strategy.support_buffer)}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
@@ -142,6 +159,8 @@ def main() -> int:
         run(out_dir, steps, force_collective=False, embedding=True)
     elif len(sys.argv) > 3 and sys.argv[3] == "one_prompt":  # 1 prompt per step on 2 ranks: rank 1 holds none
         run(out_dir, steps, n_prompts=1)
+    elif len(sys.argv) > 3 and sys.argv[3] == "by_config":  # trl_ext.GRPOTrainer + rollout_strategy="v05_osla"
+        run(out_dir, steps, by_config=True)
     else:
         run(out_dir, steps)
     return 0
