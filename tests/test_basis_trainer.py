@@ -418,8 +418,8 @@ def test_value_table_strategy_is_registered_and_built_by_the_preset(tmp_path, ca
     import logging
 
     from trl_ext import ExtGRPOConfig
+    from trl_ext.trainers.basis.strategy import ValueTableLookup
     from trl_ext.trainers.rollouts import get_rollout_strategy
-    from trl_ext.trainers.value_table_lookup import ValueTableLookup
 
     assert get_rollout_strategy("value_table") is ValueTableLookup
     assert ValueTableLookup.provides == frozenset({"p_hat"})
@@ -686,7 +686,7 @@ def test_basis_selected_by_config_on_the_base_trainer_equals_the_preset(tmp_path
     ``BASISTrainer`` does: the same advantages, beta trajectory and weights after two steps (and evaluation batches get
     ``p_hat`` too)."""
     from trl_ext import GRPOTrainer
-    from trl_ext.trainers.value_table_lookup import ValueTableLookup
+    from trl_ext.trainers.basis.strategy import ValueTableLookup
 
     ds, held_out = tiny_dataset(16), tiny_dataset(4, seed=1)
     path = tmp_path / "table.jsonl"

@@ -41,7 +41,7 @@ V05_CARD = dict(
     details=("v05_value_prior", "v05_value_prior_kwargs", v05_model_card_details),
 )
 """The arguments of the ``model_card.set_model_card_info(V05GRPOTrainer, ...)`` statement after the class in
-``trl_ext/trainers/v05.py``."""
+``trl_ext/trainers/v05/``."""
 
 
 def _card(trainer) -> str:
@@ -135,7 +135,7 @@ def test_pair_card_names_pair_cites_its_paper_and_records_the_head_settings(tmp_
     assert "tau = 3 tokens" in section and "pair_budget_ratio = 0.5" in section
     assert f"**policy learning rate**: learning_rate {tr.args.learning_rate} x 0.7071 (pair_lr_scaling = " \
            "'sqrt_budget')" in section
-    assert "trl_ext.trainers.pair.PAIRTrainer" in section and EXT_STATE_FILE in section
+    assert "trl_ext.trainers.pair.trainer.PAIRTrainer" in section and EXT_STATE_FILE in section
     assert f"{tr.rollout_strategy.expected_token_factor(tr):.3g}x TRL's generated tokens" in section
     assert card.count("## trl_ext run details") == 1
 

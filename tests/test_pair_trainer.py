@@ -1,4 +1,4 @@
-"""Tests of :class:`trl_ext.trainers.pair.PAIRTrainer` on the tiny CPU testbed.
+"""Tests of :class:`trl_ext.trainers.pair.trainer.PAIRTrainer` on the tiny CPU testbed.
 
 Covers: design-unbiasedness of the trainer's realized advantages (exact enumeration over draws, and Monte Carlo over
 fresh draws on candidate groups the tiny policy generated), the policy-loss coefficient of every row through the
@@ -34,8 +34,9 @@ from trl_ext.estimators import pair as pair_est
 from trl_ext.estimators.pair import group_draw as pair_draw  # where design_and_draw looks up pair_design, draws
 from trl_ext.trainers import _trl_compat as compat
 from trl_ext.trainers import pair as pair_mod
-from trl_ext.trainers import pair_config, pair_rollouts
 from trl_ext.trainers.pair import PAIRConfig, PAIRTrainer, PrefixProbeRollouts
+from trl_ext.trainers.pair import config as pair_config
+from trl_ext.trainers.pair import strategy as pair_rollouts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "pair_two_rank.py")

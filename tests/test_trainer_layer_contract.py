@@ -67,7 +67,7 @@ def test_each_option_is_declared_in_exactly_one_place():
     names = {f.name for cls in (ExtGRPOConfig, *(c for c, _ in METHOD_CONFIGS)) for f in _own_fields(cls)}
     names -= TRL_FIELDS  # e.g. BASIS re-declares num_generations with default 1 (a TRL field, not an option)
     counts = dict.fromkeys(names, 0)
-    for path in TRAINERS.glob("*.py"):
+    for path in TRAINERS.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in counts:
                 counts[node.target.id] += 1
@@ -219,7 +219,7 @@ def test_each_equation_is_defined_once_in_estimators():
         assert obj.__module__.startswith("trl_ext.estimators"), (name, obj.__module__)
     names = ESTIMATOR_FUNCTIONS | ESTIMATOR_CLASSES
     redefined = []
-    for path in TRAINERS.glob("*.py"):
+    for path in TRAINERS.rglob("*.py"):
         if path.name == "_trl_compat.py":  # re-exports TRL's nanstd for the bitwise test, defines nothing else
             continue
         for node in ast.walk(ast.parse(path.read_text())):
@@ -235,3 +235,20 @@ def test_optional_kwargs_fields_are_typed_as_dict_or_json():
         for f in _own_fields(cls):
             if f.name.endswith("_kwargs"):
                 assert dict in typing.get_args(hints[f.name]) and str in typing.get_args(hints[f.name]), f.name
+
+
+def test_a_config_can_name_a_method_strategy_before_any_method_trainer_is_imported(tmp_path):
+    """``from trl_ext import ExtGRPOConfig`` alone: the method strategies load on demand when a config names one."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from trl_ext import ExtGRPOConfig\n"
+            f"c = ExtGRPOConfig({str(tmp_path)!r}, use_cpu=True, bf16=False, report_to='none',\n"
+            "                  per_device_train_batch_size=16, num_generations=8, advantage_estimator='v05',\n"
+            "                  rollout_strategy='v05_osla')\n"
+            "print(c.rollout_strategy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT.parent)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "v05_osla"

@@ -911,7 +911,7 @@ def test_v05_selected_by_config_on_the_base_trainer_equals_the_preset(tmp_path, 
 
     from trl_ext import GRPOTrainer
     from trl_ext.testbed import build_tiny_model, build_tokenizer
-    from trl_ext.trainers.osla_rounds import OSLARounds
+    from trl_ext.trainers.v05.strategy import OSLARounds
 
     ds, bad = _dataset(), {0, 3, 5}
     with caplog.at_level(logging.INFO, logger="trl_ext.trainers.base"):

@@ -191,9 +191,9 @@ def check_side_inputs(estimator: str, strategy_cls: type) -> None:
     missing = sorted(set(needed) - offered(strategy_cls))
     if not missing:
         return
-    from .rollouts import ROLLOUT_STRATEGIES
+    from .rollouts import registered_rollout_strategies
 
-    able = sorted(n for n, c in ROLLOUT_STRATEGIES.items() if set(needed) <= offered(c))
+    able = sorted(n for n, c in registered_rollout_strategies().items() if set(needed) <= offered(c))
     hint = f" It is served by {ESTIMATOR_USED_BY[estimator]}." if estimator in ESTIMATOR_USED_BY else ""
     choice = f"rollout_strategy in {able}" if able else "a rollout strategy that provides them"
     raise ValueError(

@@ -15,7 +15,7 @@ Strategies shipped with the library:
   has prompts, or a cap of extra rounds is reached.
 * V0.5's OSLA rounds (:class:`trl_ext.trainers.v05.OSLARounds`), PAIR's probe-then-continue
   (:class:`trl_ext.trainers.pair.PrefixProbeRollouts`) and BASIS's value-table lookup
-  (:class:`trl_ext.trainers.value_table_lookup.ValueTableLookup`: fixed groups plus each row's offline value).
+  (:class:`trl_ext.trainers.basis.strategy.ValueTableLookup`: fixed groups plus each row's offline value).
 
 Every token any strategy generates goes through :meth:`trl_ext.GRPOTrainer.generate_rollouts` or TRL's
 ``_generate``, both of which end in the one generated-token counter (``ext/generated_tokens``).
@@ -71,12 +71,31 @@ def register_rollout_strategy(name: str):
     return decorator
 
 
+METHOD_STRATEGY_MODULES = {"value_table": "trl_ext.trainers.basis.strategy",
+                           "v05_osla": "trl_ext.trainers.v05.strategy",
+                           "pair_prefix_probe": "trl_ext.trainers.pair.strategy"}
+"""The method strategies of the package, registered when their module is first imported (on demand here, so a
+config can name them before any method trainer is imported)."""
+
+
+def registered_rollout_strategies() -> dict[str, type]:
+    """Every registered strategy, the package's method strategies included (their modules imported)."""
+    from importlib import import_module
+
+    for module in METHOD_STRATEGY_MODULES.values():
+        import_module(module)
+    return dict(ROLLOUT_STRATEGIES)
+
+
 def get_rollout_strategy(name: str) -> type:
     """The strategy class registered under ``name`` (``KeyError`` listing the known names otherwise)."""
+    if name not in ROLLOUT_STRATEGIES and name in METHOD_STRATEGY_MODULES:
+        registered_rollout_strategies()
     try:
         return ROLLOUT_STRATEGIES[name]
     except KeyError:
-        raise KeyError(f"unknown rollout strategy {name!r}; registered: {sorted(ROLLOUT_STRATEGIES)}") from None
+        raise KeyError(f"unknown rollout strategy {name!r}; registered: "
+                       f"{sorted(registered_rollout_strategies())}") from None
 
 
 class RolloutStrategy:

@@ -10,7 +10,7 @@ __all__ = ["BASIS_OPTION_DEFAULTS", "check_beta_grid", "validate_basis_options"]
 
 BASIS_OPTION_DEFAULTS = {"variant": "unb", "objective": "robust", "fallback": "zero", "eps": 1e-6,
                          "min_active_fraction": 0.0, "scale_advantages": False, "max_missing_fraction": 0.1}
-"""The BASIS options the value-table strategy holds (``trl_ext.trainers.value_table_lookup.ValueTableLookup``), with
+"""The BASIS options the value-table strategy holds (``trl_ext.trainers.basis.strategy.ValueTableLookup``), with
 the paper's defaults (Appendix 10: ``eps``; ``fallback="zero"``, the vanilla G = 1 baseline); ``BASISConfig`` sets them
 as its ``basis_<name>`` fields, ``rollout_strategy_kwargs`` by ``<name>`` (``docs/basis.md``)."""
 

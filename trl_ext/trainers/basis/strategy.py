@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..estimators.basis import (
+from ...estimators.basis import (
     BASIS_OPTION_DEFAULTS,
     default_beta_grid,
     rewards_to_unit,
@@ -26,13 +26,13 @@ from ..estimators.basis import (
     v_beta_from_samples,
     validate_basis_options,
 )
-from ..priors.table_format import ValueTable, load_value_table, prompt_key
-from . import _trl_compat as compat
-from .rollouts import FixedGroups, register_rollout_strategy
+from ...priors.table_format import ValueTable, load_value_table, prompt_key
+from .. import _trl_compat as compat
+from ..rollouts import FixedGroups, register_rollout_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .base import GRPOTrainer
-    from .batch import RolloutBatch
+    from ..base import GRPOTrainer
+    from ..batch import RolloutBatch
 
 __all__ = ["BASIS_METRICS", "ValueTableLookup", "common_reward_range", "resolve_value_table"]
 

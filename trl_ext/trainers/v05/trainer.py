@@ -51,26 +51,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..estimators.v05 import (
-    v05_signed_rewards,
-)
-from ..priors import SupportBuffer, ValuePrior
-from . import model_card
-from .base import GRPOTrainer
-from .osla_rounds import OSLARounds, _PromptState  # noqa: F401  (re-exported: the strategy lived here)
-from .rollouts import RolloutStrategy
-from .v05_config import (  # noqa: F401  (re-exported: the config lived here)
-    V05_PROMPT_WEIGHTINGS,
-    V05_SUPPORTED_LOSS_TYPES,
-    V05GRPOConfig,
-    _is_int,
-    validate_v05_config,
-)
-from .v05_prior import prior_backbone_choice
+from ...estimators.v05 import v05_signed_rewards
+from ...priors import SupportBuffer, ValuePrior
+from .. import model_card
+from ..base import GRPOTrainer
+from ..rollouts import RolloutStrategy
+from .config import V05GRPOConfig
+from .prior import prior_backbone_choice
+from .strategy import OSLARounds
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["V05GRPOConfig", "V05GRPOTrainer", "OSLARounds", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
+__all__ = ["V05GRPOTrainer", "v05_model_card_details"]
 
 
 # ---------------------------------------------------------------------------------------------------------- trainer
@@ -148,7 +140,7 @@ class V05GRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------ setup
     def prior_backbone_choice(self) -> tuple[Any, str, Any, bool]:
         """The model the default embedding prior embeds with: ``(model, source, context, copy)``
-        (:func:`~trl_ext.trainers.v05_prior.prior_backbone_choice`: the PEFT base model, TRL's reference model, or a
+        (:func:`~trl_ext.trainers.v05.prior.prior_backbone_choice`: the PEFT base model, TRL's reference model, or a
         frozen copy of the starting policy)."""
         return prior_backbone_choice(self)
 
@@ -177,7 +169,7 @@ class V05GRPOTrainer(GRPOTrainer):
             path; else ``None``), ``source`` (the path, or how the table was given), ``rows``, ``reference_model``
             (the header's ``model``, or ``None``) and ``metadata`` (the header).
         """
-        from ..priors import TablePrior
+        from ...priors import TablePrior
 
         prior = self.prior
         if not isinstance(prior, TablePrior):
@@ -231,8 +223,8 @@ def v05_model_card_details(trainer) -> dict[str, Any]:
     """What a V0.5 run's prior depended on, for the model card: the prior class; for the default embedding prior the
     model it embeds with (:attr:`V05GRPOTrainer.prior_backbone`); for a :class:`~trl_ext.priors.TablePrior` the value
     table (content hash, file hash, rows, and the reference model from its header, as BASIS records it)."""
-    from ..priors import EmbeddingInContextPrior
-    from .basis import card_table_source
+    from ...priors import EmbeddingInContextPrior
+    from ..basis.trainer import card_table_source
 
     out: dict[str, Any] = {"value prior class": type(trainer.prior).__name__}
     backbone = trainer.prior_backbone

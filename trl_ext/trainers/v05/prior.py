@@ -1,7 +1,7 @@
 """V0.5's value prior from the config: the kind and options (``v05_value_prior``, ``v05_value_prior_kwargs``), and for
 the default embedding prior the frozen view of the **starting** policy it embeds with (no copy where the trainer
 already holds one). Shared by :class:`~trl_ext.trainers.v05.V05GRPOTrainer` and the ``"v05_osla"`` strategy selected
-by config (:class:`~trl_ext.trainers.osla_rounds.OSLARounds`)."""
+by config (:class:`~trl_ext.trainers.v05.strategy.OSLARounds`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import logging
 import os
 from typing import Any
 
-from ..priors import ValuePrior, build_prior
-from . import _trl_compat as compat
+from ...priors import ValuePrior, build_prior
+from .. import _trl_compat as compat
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def build_v05_prior(trainer, args) -> tuple[ValuePrior, dict]:
     kw = dict(args.v05_value_prior_kwargs)
     info: dict = {"prior_backbone": None, "prior_model_name": None, "table_source": None}
     if kind == "embedding" and "embed_fn" not in kw:
-        from ..priors import hf_mean_pool_embedder
+        from ...priors import hf_mean_pool_embedder
 
         emb_kw = {k: kw.pop(k) for k in ("embed_batch_size", "embed_max_length", "embed_pad_to_multiple_of") if k in kw}
         model, source, context, copy = prior_backbone_choice(trainer)
@@ -78,7 +78,7 @@ def build_v05_prior(trainer, args) -> tuple[ValuePrior, dict]:
                 logger.info("%s: the default embedding prior shares the trainer's weights (%s): no copy.",
                             type(trainer).__name__, source)
     if kind == "table" and isinstance(kw.get("table"), str | os.PathLike):
-        from .._io import sha256_file
+        from ..._io import sha256_file
 
         info["table_source"] = {"source": os.fspath(kw["table"]), "file_sha256": sha256_file(kw["table"])}
     if kind == "callable" and "fn" not in kw:

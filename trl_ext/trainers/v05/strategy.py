@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..estimators import v05 as v05_estimators
-from ..estimators.v05 import osla_cap, shrinkage_fusion_batch, v05_signed_rewards
-from ..priors import SupportBuffer, ValuePrior
-from . import _trl_compat as compat
-from .batch import RolloutBatch
-from .rollouts import RolloutStrategy, _block, register_rollout_strategy, unique_prompt_rows, weighted_reward
-from .v05_config import v05_config_view
-from .v05_prior import build_v05_prior
+from ...estimators import v05 as v05_estimators
+from ...estimators.v05 import osla_cap, shrinkage_fusion_batch, v05_signed_rewards
+from ...priors import SupportBuffer, ValuePrior
+from .. import _trl_compat as compat
+from ..batch import RolloutBatch
+from ..rollouts import RolloutStrategy, _block, register_rollout_strategy, unique_prompt_rows, weighted_reward
+from .config import v05_config_view
+from .prior import build_v05_prior
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .v05 import V05GRPOTrainer
+    from .trainer import V05GRPOTrainer
 
 __all__ = ["OSLARounds"]
 
@@ -78,7 +78,7 @@ class OSLARounds(RolloutStrategy):
         Train generation batches produced so far (seeds the support-buffer context); saved in every checkpoint
         through :meth:`state_dict`.
     options : V05GRPOConfig
-        Where the ``v05_*`` options are read (the preset's config, or :func:`~.v05_config.v05_config_view`).
+        Where the ``v05_*`` options are read (the preset's config, or :func:`~.config.v05_config_view`).
     prior, support_buffer
         The value prior and the global (prompt, success) FIFO (:meth:`build`); ``prior_info`` what the model card
         records of a prior built from the options.
@@ -105,20 +105,20 @@ class OSLARounds(RolloutStrategy):
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """The V0.5 options in ``rollout_strategy_kwargs`` (names without ``v05_``) checked with the rest of the
-        config as ``V05GRPOConfig`` checks them (:func:`~trl_ext.trainers.v05_config.v05_config_view`)."""
+        config as ``V05GRPOConfig`` checks them (:func:`~trl_ext.trainers.v05.config.v05_config_view`)."""
         v05_config_view(config, kwargs)
 
     @classmethod
     def from_trainer(cls, trainer, **kwargs) -> OSLARounds:
         """The strategy selected by config on any trainer (``rollout_strategy="v05_osla"`` with
-        ``advantage_estimator="v05"``), its options from :func:`~trl_ext.trainers.v05_config.v05_config_view`."""
+        ``advantage_estimator="v05"``), its options from :func:`~trl_ext.trainers.v05.config.v05_config_view`."""
         return cls.build(trainer, v05_config_view(trainer.args, kwargs))
 
     @classmethod
     def build(cls, trainer, options, prior: ValuePrior | None = None) -> OSLARounds:
         """The strategy for ``trainer`` with the ``v05_*`` ``options`` (a :class:`V05GRPOConfig`): the train sampler
         yields each prompt ``v05_k_init`` times (round 1 is TRL's ``generation_batch_size`` rollouts), the prior is
-        ``prior`` or the one the options describe (:func:`~trl_ext.trainers.v05_prior.build_v05_prior`, what it
+        ``prior`` or the one the options describe (:func:`~trl_ext.trainers.v05.prior.build_v05_prior`, what it
         records in :attr:`prior_info`), and the support buffer is the strategy's own (checkpointed with its state)."""
         strategy = cls(options)
         compat.set_sampler_num_generations(trainer, options.v05_k_init)

@@ -1,5 +1,5 @@
 """PAIR's per-batch diagnostics: the ``pair/*`` metrics of one generation batch, from the gathered design records
-and the ``pair_draw`` estimator's per-group results (logged by :class:`~trl_ext.trainers.pair_rollouts.
+and the ``pair_draw`` estimator's per-group results (logged by :class:`~trl_ext.trainers.pair.strategy.
 PrefixProbeRollouts` through the trainer's ``log_ext_metric``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..estimators.pair import PairAdvantages
+from ...estimators.pair import PairAdvantages
 
 __all__ = ["PairBatchStats", "pair_metrics"]
 
@@ -72,7 +72,7 @@ class PairBatchStats:
 
 def pair_metrics(s: PairBatchStats, heads) -> dict[str, float]:
     """The ``pair/*`` metrics of one batch: its accumulated stats and the heads' latest refresh (``heads``: the
-    strategy's :class:`~trl_ext.trainers.pair_rollouts.DesignHeads`)."""
+    strategy's :class:`~trl_ext.trainers.pair.strategy.DesignHeads`)."""
     n = max(s.groups, 1)
     m = {
         "pair/groups": s.groups,

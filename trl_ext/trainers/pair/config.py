@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from . import _trl_compat as compat
-from .config import ExtGRPOConfig, method_config_view, validate_ext_config
+from .. import _trl_compat as compat
+from ..config import ExtGRPOConfig, method_config_view, validate_ext_config
 
 __all__ = ["pair_config_view", "PAIRConfig", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS", "pair_advantage_options",
            "pair_design_options", "pair_lr_factor", "short_probe_message", "validate_pair_config"]
@@ -53,7 +53,7 @@ def short_probe_message(args) -> str | None:
 # ---------------------------------------------------------------------------------------------------------- config
 @dataclass
 class PAIRConfig(ExtGRPOConfig):
-    r"""Configuration of :class:`~trl_ext.trainers.pair.PAIRTrainer` (PAIR options: paper defaults, Appendix C and Table 6).
+    r"""Configuration of :class:`~trl_ext.trainers.pair.trainer.PAIRTrainer` (PAIR options: paper defaults, Appendix C and Table 6).
 
     Every PAIR option is declared once, below, as a dataclass field whose ``help`` metadata documents it (the text
     ``HfArgumentParser`` shows on the command line); ``docs/pair.md`` tabulates them. TRL's own arguments keep TRL's

@@ -63,8 +63,8 @@ Evaluation uses TRL's standard full-group path.
 Layout: the method math is pure numpy in :mod:`trl_ext.estimators.pair` (design and draw, the anchor's marginal
 inclusion, Eq. 13 of a draw: :mod:`trl_ext.estimators.pair.group_draw`; the ``pair_draw`` registry entry:
 :mod:`trl_ext.estimators.pair.registry`) and the heads are pure torch in :mod:`trl_ext.estimators.pair_heads`;
-:mod:`.pair_config` holds :class:`PAIRConfig` and its validation, :mod:`.pair_rollouts` the strategy and the heads
-it designs with (:class:`~.pair_rollouts.DesignHeads`), :mod:`.pair_diagnostics` the ``pair/*`` metrics, and this
+:mod:`.config` holds :class:`PAIRConfig` and its validation, :mod:`.strategy` the strategy and the heads
+it designs with (:class:`~.strategy.DesignHeads`), :mod:`.diagnostics` the ``pair/*`` metrics, and this
 module the trainer. The estimator math is imported from :mod:`trl_ext.estimators.pair` (no longer re-exported here).
 """
 
@@ -77,7 +77,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..estimators.pair import (
+from ...estimators.pair import (
     DesignWarmStart,
     GroupDraw,
     PairAdvantages,
@@ -85,25 +85,22 @@ from ..estimators.pair import (
     draw_advantages,
     simulate_draw,
 )
-from ..estimators.pair_heads import PrefixHeads
-from . import model_card
-from .base import GRPOTrainer
-from .pair_config import (  # noqa: F401 - SHORT_PROBE_TOKENS, validate_pair_config: part of this module's API
-    SHORT_PROBE_TOKENS,
+from ...estimators.pair_heads import PrefixHeads
+from .. import model_card
+from ..base import GRPOTrainer
+from .config import (
     PAIRConfig,
     PAIRShortProbeWarning,
     pair_advantage_options,
     pair_design_options,
     pair_lr_factor,
     short_probe_message,
-    validate_pair_config,
 )
-from .pair_rollouts import DesignHeads, PrefixProbeRollouts, prefix_features
+from .strategy import PrefixProbeRollouts, prefix_features
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "validate_pair_config",
-           "PAIRShortProbeWarning", "short_probe_message", "PAIR_PAPER", "SHORT_PROBE_TOKENS", "DesignHeads"]
+__all__ = ["PAIRTrainer", "PAIR_PAPER", "pair_model_card_details"]
 
 
 PAIR_PAPER = model_card.paper_info(
@@ -214,7 +211,7 @@ class PAIRTrainer(GRPOTrainer):
 
     def create_rollout_strategy(self) -> PrefixProbeRollouts:
         """PAIR's probe-then-continue allocation over this config (:meth:`PrefixProbeRollouts.build`: the snap
-        delimiters, the prefix heads and :func:`~trl_ext.trainers.pair_rollouts.prefix_features`)."""
+        delimiters, the prefix heads and :func:`~trl_ext.trainers.pair.strategy.prefix_features`)."""
         return PrefixProbeRollouts.build(self, self.args)
 
     @property
@@ -246,20 +243,20 @@ class PAIRTrainer(GRPOTrainer):
 
     def pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
         """Stop-gradient prefix summaries: mean of the last ``pair_summary_last_k`` final-layer hidden states
-        (Appendix C; :func:`~trl_ext.trainers.pair_rollouts.prefix_features`)."""
+        (Appendix C; :func:`~trl_ext.trainers.pair.strategy.prefix_features`)."""
         return prefix_features(self, seqs, last_k=int(self.args.pair_summary_last_k))
 
     # ------------------------------------------------------------------------------------------------ design
     def pair_design_and_draw(self, p_hat, cost_hat, finished, rng: np.random.Generator, *,
                              warmup: bool = False, warm_start: DesignWarmStart | None = None) -> GroupDraw:
         """:func:`~trl_ext.estimators.pair.design_and_draw` with this trainer's ``pair_*`` options (read now,
-        :func:`~trl_ext.trainers.pair_config.pair_design_options`): what the rollout strategy runs per prompt."""
+        :func:`~trl_ext.trainers.pair.config.pair_design_options`): what the rollout strategy runs per prompt."""
         return design_and_draw(p_hat, cost_hat, finished, rng, warmup=warmup, warm_start=warm_start,
                                **pair_design_options(self.args))
 
     def pair_group_advantages(self, rewards, draw: GroupDraw) -> tuple[np.ndarray, PairAdvantages]:
         """:func:`~trl_ext.estimators.pair.draw_advantages` (Eq. 13 of one group's draw, float64) with the configured
-        biased variants (:func:`~trl_ext.trainers.pair_config.pair_advantage_options`): what the registered
+        biased variants (:func:`~trl_ext.trainers.pair.config.pair_advantage_options`): what the registered
         ``pair_draw`` estimator computes per group (tests and diagnostics; training calls the estimator)."""
         return draw_advantages(rewards, draw, **pair_advantage_options(self.args))
 

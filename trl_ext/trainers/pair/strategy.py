@@ -4,10 +4,10 @@ the prefix heads it designs with and refreshes.
 The strategy calls only the pure PAIR functions (:func:`~trl_ext.estimators.pair.design_and_draw`, the heads of
 :mod:`trl_ext.estimators.pair_heads`) and the base trainer's public rollout API
 (:meth:`~trl_ext.GRPOTrainer.generate_token_ids`, :meth:`~trl_ext.GRPOTrainer.finish_rollouts`); what it needs from
-:class:`~trl_ext.trainers.pair.PAIRTrainer` -- the heads, the prefix feature extractor and the snap delimiters -- is
+:class:`~trl_ext.trainers.pair.trainer.PAIRTrainer` -- the heads, the prefix feature extractor and the snap delimiters -- is
 built with it (:meth:`PrefixProbeRollouts.build`, from :meth:`PAIRTrainer.create_rollout_strategy` or, selected by
 config on any trainer, :meth:`PrefixProbeRollouts.from_trainer`). PAIR's options are read from the strategy's
-``options`` (the preset's :class:`~trl_ext.trainers.pair_config.PAIRConfig`, or ``pair_config_view``'s) at call time. Section, equation and appendix
+``options`` (the preset's :class:`~trl_ext.trainers.pair.config.PAIRConfig`, or ``pair_config_view``'s) at call time. Section, equation and appendix
 numbers refer to "Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR" (arXiv:2608.11368).
 """
 
@@ -20,19 +20,19 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..estimators.pair import DesignWarmStart, GroupDraw, anchor_marginal_inclusion, design_and_draw, fixed_normalizer
-from ..estimators.pair_heads import PrefixHeads, prefix_summary
-from ..measurement.keyed_sampling import left_pad
-from . import _trl_compat as compat
-from .pair_config import (
+from ...estimators.pair import DesignWarmStart, GroupDraw, anchor_marginal_inclusion, design_and_draw, fixed_normalizer
+from ...estimators.pair_heads import PrefixHeads, prefix_summary
+from ...measurement.keyed_sampling import left_pad
+from .. import _trl_compat as compat
+from ..rollouts import RolloutStrategy, register_rollout_strategy
+from .config import (
     PAIRShortProbeWarning,
     pair_advantage_options,
     pair_config_view,
     pair_design_options,
     short_probe_message,
 )
-from .pair_diagnostics import PairBatchStats, pair_metrics
-from .rollouts import RolloutStrategy, register_rollout_strategy
+from .diagnostics import PairBatchStats, pair_metrics
 
 __all__ = ["DesignHeads", "PrefixProbeRollouts", "prefix_features"]
 
@@ -198,7 +198,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """The PAIR options in ``rollout_strategy_kwargs`` (names without ``pair_``) checked with the rest of the
-        config as ``PAIRConfig`` checks them (:func:`~trl_ext.trainers.pair_config.pair_config_view`)."""
+        config as ``PAIRConfig`` checks them (:func:`~trl_ext.trainers.pair.config.pair_config_view`)."""
         pair_config_view(config, kwargs)
 
     @classmethod

@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..estimators.v05 import DEFAULT_SIGMA_FLOOR, V05_K_INIT, V05_PAPER_COST, osla_cap
-from .config import ExtGRPOConfig, method_config_view, parse_kwargs_field, validate_ext_config
+from ...estimators.v05 import DEFAULT_SIGMA_FLOOR, V05_K_INIT, V05_PAPER_COST, osla_cap
+from ..config import ExtGRPOConfig, method_config_view, parse_kwargs_field, validate_ext_config
 
 __all__ = ["V05GRPOConfig", "v05_config_view", "validate_v05_config", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
 

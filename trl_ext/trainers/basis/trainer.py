@@ -19,7 +19,7 @@ Reasoning", May 2026):
 
 The trainer is a preset of :class:`trl_ext.GRPOTrainer`: the registered ``"basis"`` estimator
 (:mod:`trl_ext.estimators.basis`, pure numpy: steps 1-4) fed by the registered ``"value_table"`` rollout strategy
-(:class:`~trl_ext.trainers.value_table_lookup.ValueTableLookup`: each row's offline value, the estimator options, the
+(:class:`~trl_ext.trainers.basis.strategy.ValueTableLookup`: each row's offline value, the estimator options, the
 beta history and the ``basis/*`` metrics). This module holds the config, the preset and its model card.
 See ``docs/basis.md`` for usage and for the TRL settings that reproduce the paper's GRPO / GPG / GSPO combinations.
 """
@@ -33,14 +33,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._io import sha256_file
-from ..estimators.basis import BASIS_OPTION_DEFAULTS, validate_basis_options
-from ..priors.table_format import ValueTable
-from . import model_card
-from .base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
-from .value_table_lookup import BASIS_METRICS, ValueTableLookup, resolve_value_table
+from ..._io import sha256_file
+from ...estimators.basis import BASIS_OPTION_DEFAULTS, validate_basis_options
+from ...priors.table_format import ValueTable
+from .. import model_card
+from ..base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
+from .strategy import ValueTableLookup, resolve_value_table
 
-__all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "file_sha256"]
+__all__ = ["BASISConfig", "BASISTrainer", "BASIS_PAPER", "basis_model_card_details", "card_table_source", "file_sha256"]
 
 BASIS_PAPER = model_card.paper_info(
     title="BASIS: Batchwise Advantage Estimation from Single-Rollout Information Sharing for LLM Reasoning",
@@ -207,7 +207,7 @@ class BASISTrainer(GRPOTrainer):
 
     A preset of :class:`trl_ext.GRPOTrainer`: the registered ``"basis"`` estimator (``train_estimator``, on
     evaluation batches too) fed by the registered ``"value_table"`` rollout strategy
-    (:class:`~trl_ext.trainers.value_table_lookup.ValueTableLookup`), which this class builds from the value table.
+    (:class:`~trl_ext.trainers.basis.strategy.ValueTableLookup`), which this class builds from the value table.
     Same constructor as :class:`trl.GRPOTrainer` plus ``value_table``; ``args`` must be a :class:`BASISConfig`.
 
     Parameters
