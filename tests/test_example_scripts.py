@@ -126,6 +126,20 @@ def test_grpo_estimator_by_name_and_reward_by_import_string(tiny, tmp_path):
     assert {"rewards/addition_reward/mean", "rewards/exact_match_reward/mean"} <= set(state_of(out)["log_history"][0])
 
 
+def test_grpo_script_runs_v05_by_config_values(tiny, tmp_path):
+    """A method selected on the command line of grpo.py (no method script): V0.5's estimator and OSLA rounds."""
+    out = tmp_path / "out"
+    tr = run_main("grpo", cpu_testbed_argv(tiny, out, "--per_device_train_batch_size", "8", "--num_generations", "4",
+                                           "--advantage_estimator", "v05", "--rollout_strategy", "v05_osla",
+                                           "--rollout_strategy_kwargs",
+                                           '{"value_prior": "constant", "value_prior_kwargs": {"p": 0.5}}'))
+    from trl_ext.trainers.v05 import OSLARounds
+
+    assert type(tr).__name__ == "GRPOTrainer" and isinstance(tr.rollout_strategy, OSLARounds)
+    assert tr.state.global_step == 2 and tr.rollout_strategy.options.v05_value_prior == "constant"
+    assert sum("v05/rollouts_per_prompt_mean" in h for h in state_of(out)["log_history"]) == 2
+
+
 def test_v05_with_peft_saves_an_adapter(tiny, tmp_path):
     out = tmp_path / "out"
     tr = run_main("v05_grpo", cpu_testbed_argv(tiny, out, "--per_device_train_batch_size", "8", "--v05_k_init", "4",
