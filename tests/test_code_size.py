@@ -16,8 +16,8 @@ _spec = importlib.util.spec_from_file_location("code_size", ROOT / "benchmarks" 
 code_size = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(code_size)
 
-TRAINER_LAYER_CEILING = 6896
-"""Trainer-layer lines today (target 3,500); lower it as the layer shrinks. Raised once, from 6,660 to 6,896, when
+TRAINER_LAYER_CEILING = 6884
+"""Trainer-layer lines today (target 3,500); lower it as the layer shrinks. Raised once, from 6,660 to 6,896 (now 6884), when
 BASIS, V0.5 and PAIR became selectable by config on the base trainer (``v05/prior.py``, ``method_config_view``, the
 strategies' ``from_trainer`` / ``build`` / ``validate_kwargs``, the evaluation-estimator rule, method strategies
 loaded on demand) and moved to one folder per method (three package ``__init__`` files); everything else only

@@ -96,26 +96,14 @@ def hidden_state_features(model, pad_token_id: int | None, last_k: int = HEAD_DE
     """
     import torch
 
-    from trl_ext.estimators.pair_heads import prefix_summary
-    from trl_ext.measurement.keyed_sampling import left_pad
+    from trl_ext.estimators.pair_heads import model_prefix_summary
 
     pad = 0 if pad_token_id is None else int(pad_token_id)
 
-    @torch.no_grad()
     def features(seqs: list[list[int]]) -> torch.Tensor:
         if not seqs or any(len(s) == 0 for s in seqs):
             raise ValueError("hidden_state_features needs non-empty token sequences.")
-        device = next(model.parameters()).device
-        ids, mask = left_pad(seqs, pad)
-        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        was_training = model.training
-        model.eval()
-        try:
-            out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                        output_hidden_states=True, use_cache=False)
-        finally:
-            model.train(was_training)
-        return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(last_k)).cpu()
+        return model_prefix_summary(model, seqs, pad, last_k=last_k)
 
     return features
 

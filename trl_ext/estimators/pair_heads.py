@@ -60,6 +60,33 @@ def make_head(input_dim: int, hidden: int = 256) -> nn.Sequential:
     return nn.Sequential(nn.LayerNorm(input_dim), nn.Linear(input_dim, hidden), nn.SiLU(), nn.Linear(hidden, 1))
 
 
+@torch.no_grad()
+def model_prefix_summary(model, seqs: list[list[int]], pad_token_id: int, last_k: int = 16,
+                         device=None) -> torch.Tensor:
+    """:func:`prefix_summary` of ``model``'s final hidden states over token sequences ``seqs`` (Appendix C).
+
+    Left-pads the sequences, passes explicit position ids (``mask.cumsum - 1``, so padding does not shift positions)
+    and runs the model in eval mode (no dropout) without a cache, restoring its train/eval mode after.
+
+    Returns
+    -------
+    Tensor (B, H), float32, on the CPU.
+    """
+    from ..measurement.keyed_sampling import left_pad
+
+    device = next(model.parameters()).device if device is None else device
+    ids, mask = left_pad(seqs, int(pad_token_id))
+    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                    output_hidden_states=True, use_cache=False)
+    finally:
+        model.train(was_training)
+    return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(last_k)).cpu()
+
+
 def prefix_summary(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, last_k: int = 16):
     """Stop-gradient mean of the last ``last_k`` non-padding positions of each prefix (Appendix C).
 

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from ...estimators.pair import DesignWarmStart, GroupDraw, anchor_marginal_inclusion, design_and_draw, fixed_normalizer
-from ...estimators.pair_heads import PrefixHeads, prefix_summary
-from ...measurement.keyed_sampling import left_pad
+from ...estimators.pair_heads import PrefixHeads, model_prefix_summary
 from .. import _trl_compat as compat
 from ..rollouts import RolloutStrategy, register_rollout_strategy
 from .config import (
@@ -480,7 +479,6 @@ def _delimiter_ids(trainer, delimiters) -> set[int]:
     return {i for i in range(len(tok)) if (text := tok.decode([i], skip_special_tokens=False)) and text.endswith(ends)}
 
 
-@torch.no_grad()
 def prefix_features(trainer, seqs: list[list[int]], last_k: int) -> torch.Tensor:
     """Stop-gradient prefix summaries of ``prompt + prefix`` token sequences: mean of the last ``last_k``
     final-layer hidden states of the trainer's model (Appendix C), shape ``(B, H)``, on CPU.
@@ -490,17 +488,7 @@ def prefix_features(trainer, seqs: list[list[int]], last_k: int) -> torch.Tensor
     gradient checkpointing is restored with the trainer's ``gradient_checkpointing_kwargs``; every rank makes exactly
     one such call per generation batch (equal row counts), which keeps those collectives aligned.
     """
-    device = trainer.accelerator.device
     tok = compat.tokenizer(trainer)
-    ids, mask = left_pad(seqs, tok.pad_token_id if tok.pad_token_id is not None else 0)
-    # explicit position ids: left padding must not shift positions (layout-independent features)
-    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     with compat.generation_model(trainer) as model:
-        was_training = model.training
-        model.eval()  # no dropout in the summary
-        try:
-            out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                        output_hidden_states=True, use_cache=False)
-        finally:
-            model.train(was_training)
-    return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(last_k)).cpu()
+        return model_prefix_summary(model, seqs, pad, last_k=last_k, device=trainer.accelerator.device)
