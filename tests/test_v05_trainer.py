@@ -666,18 +666,23 @@ def test_reward_mapping_properties(lo, width, u):
 
 
 # ------------------------------------------------------------------------------------------------ 1 vs 2 processes
+def _torchrun_two_ranks(out_dir, steps: int, *mode: str) -> None:
+    """``tests/scripts/v05_two_rank.py OUT_DIR STEPS [MODE]`` under ``torchrun --nproc_per_node 2``."""
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(out_dir), str(steps), *mode],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.mark.multiprocess
 def test_one_and_two_processes_make_the_same_decisions(tmp_path):
     import v05_two_rank
 
     one = v05_two_rank.run(str(tmp_path / "one"), max_steps=2, force_collective=False)
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path / "two"), "2"],
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _torchrun_two_ranks(str(tmp_path / "two"), 2)
     ranks = [json.load(open(tmp_path / "two" / f"rank{r}.json")) for r in (0, 1)]
     assert [x["world_size"] for x in ranks] == [2, 2] and one["world_size"] == 1
     assert ranks[0]["steps"] == ranks[1]["steps"]  # global decisions and buffer identical on both ranks
@@ -701,13 +706,7 @@ def test_v05_by_config_one_and_two_processes_equal_the_preset(tmp_path):
 
     preset = v05_two_rank.run(str(tmp_path / "preset"), max_steps=2, force_collective=False)
     one = v05_two_rank.run(str(tmp_path / "one"), max_steps=2, force_collective=False, by_config=True)
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path / "two"), "2",
-                           "by_config"], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _torchrun_two_ranks(str(tmp_path / "two"), 2, "by_config")
     ranks = [json.load(open(tmp_path / "two" / f"rank{r}.json")) for r in (0, 1)]
     assert [x["world_size"] for x in ranks] == [2, 2] and ranks[0]["steps"] == ranks[1]["steps"]
     assert any(s["rounds"] > 0 for s in one["steps"])
@@ -724,13 +723,7 @@ def test_fewer_prompts_than_processes(tmp_path):
     import v05_two_rank
 
     one = v05_two_rank.run(str(tmp_path / "one"), max_steps=2, force_collective=False, n_prompts=1)
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path / "two"), "2",
-                           "one_prompt"], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _torchrun_two_ranks(str(tmp_path / "two"), 2, "one_prompt")
     two = [json.load(open(tmp_path / "two" / f"rank{r}.json")) for r in (0, 1)]
     assert two[0]["steps"] == two[1]["steps"] and len(two[0]["steps"]) == 2
     assert two[0]["backend_calls"] == two[1]["backend_calls"]  # the idle rank generated equalizing rows
@@ -758,13 +751,7 @@ def test_one_and_two_processes_bitwise_with_the_default_embedding_prior(tmp_path
     import v05_two_rank
 
     one = v05_two_rank.run(str(tmp_path / "one"), max_steps=4, force_collective=False, embedding=True)
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path / "two"), "4",
-                           "embedding"], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _torchrun_two_ranks(str(tmp_path / "two"), 4, "embedding")
     two = [json.load(open(tmp_path / "two" / f"rank{r}.json")) for r in (0, 1)]
     assert two[0]["steps"] == two[1]["steps"]
     assert len(one["steps"]) == len(two[0]["steps"]) == 4
@@ -832,13 +819,7 @@ def test_generation_batch_counts_rollouts_as_in_trl(tmp_path):
 def test_two_ranks_keyed_sampling_with_idle_rounds(tmp_path):
     """2 ranks, keyed sampling, non-collective generation: a rank with no prompt left in a round still joins the
     keyed-request collective (it used to skip it, mismatching the ranks' gathers)."""
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "ACCELERATE_DEBUG_MODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    script = os.path.join(os.path.dirname(__file__), "scripts", "v05_two_rank.py")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path), "2", "keyed"],
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _torchrun_two_ranks(tmp_path, 2, "keyed")
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     assert ranks[0]["steps"] == ranks[1]["steps"]
     assert any(0 in r["calls"] for r in ranks)  # the idle-rank round really happened
