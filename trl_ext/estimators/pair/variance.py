@@ -25,8 +25,11 @@ def effective_sample_size(weights) -> float:
     w = _f64(weights).ravel()
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError("`weights` must be finite and nonnegative.")
-    sq = float((w**2).sum())
-    return float(w.sum() ** 2 / sq) if sq > 0 else 0.0
+    top = float(w.max()) if w.size else 0.0
+    if top <= 0.0:
+        return 0.0
+    w = w / top  # scale-free; without it tiny weights square to subnormals and the ratio exceeds E (1e-158 -> 2 + 1e-8)
+    return float(w.sum() ** 2 / (w**2).sum())
 
 
 def design_covariance(rewards, scores, inclusion) -> np.ndarray:
