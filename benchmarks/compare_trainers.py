@@ -1385,7 +1385,7 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
             return _trace_by_reference(_complete_reused(ctx, spec, old, setup_cache, lr, split), res_path,
                                        s["output_dir"])
     if s.get("report_only"):  # an interim report: nothing is trained or written
-        return {**_skip_record(spec, seed, "pending: not run yet (--report_only)", key), "status": "pending",
+        return {**_skip_record(spec, seed, "not run yet (--report_only)", key), "status": "pending",
                 "learning_rate": lr, "eval_split": split}
     what = "tuning on validation" if split != "test" else "training"
     print(f"[{spec.name} seed {seed} lr {lr:g}] {what} to {s['token_budget']:.0f} tokens", flush=True)

@@ -98,9 +98,57 @@ def test_two_shot_prompt_renders_with_a_chat_template():
     assert len(ids) > 300  # two worked solutions plus the question
 
 
-@pytest.mark.parametrize("name", ["steps"])
+def test_matched_variant_shows_the_questions_own_level():
+    """``steps_matched``: the same questions, each after two worked examples of its level; all six examples are
+    out of both splits; ``steps`` itself is unchanged by the variant (same items, same two examples)."""
+    matched = REAL_TASKS["steps_matched"]
+    shots = {ex for ex, _ in matched.examples}
+    assert len(shots) == 6 and Counter(ex[0] for ex in shots) == {0: 2, 1: 2, 2: 2}
+    items = matched.items()
+    assert len(items) == 239 and not set(items) & shots and Counter(it[0] for it in items) == {0: 79, 1: 80, 2: 80}
+    train, test = split_items("steps_matched", "train"), split_items("steps_matched", "test")
+    assert not set(train) & set(test) and len(train) + len(test) == 239 and set(Counter(it[0] for it in test)) == {0, 1, 2}
+    for item, reply in matched.examples:
+        assert parse_answer(reply) == matched.answer(item) == _solve(matched.question(item))
+    for row in make_real_dataset("steps_matched", 24, seed=3, split="train", as_list=True):
+        conv = row["prompt"]
+        q_level = 2 if "bags" in conv[-1]["content"] else 1 if "gives" in conv[-1]["content"] else 0
+        for m in conv[:-1:2]:  # the worked examples' questions
+            assert (2 if "bags" in m["content"] else 1 if "gives" in m["content"] else 0) == q_level
+        assert int(row["answer"]) == _solve(conv[-1]["content"])
+    assert len(STEPS.items()) == 240 and {ex[0] for ex, _ in STEPS.examples} == {1, 2}
+    assert STEPS.conversation(items[0])[0] == {"role": "user", "content": STEPS.question(STEPS.examples[0][0])}
+
+
+@pytest.mark.parametrize("name", ["steps", "steps_matched"])
 def test_registered_everywhere_the_others_are(name):
     from trl_ext.scripts_support import builtin_tasks, resolve_reward_funcs
 
     assert builtin_tasks()[name] == "real"
     assert resolve_reward_funcs(["accuracy", "format"], name) == [accuracy_reward, format_reward]
+
+
+def test_steps_levels_script_redraws_advises_rows(tmp_path):
+    """``benchmarks/steps_levels.py`` maps each saved sample to its question's level through advise's own draw."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "steps_levels.py")
+    spec = importlib.util.spec_from_file_location("steps_levels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = make_real_dataset("steps_matched", 12, seed=4, split="train", as_list=True)
+    levels = [mod.question_level(r["prompt"][-1]["content"]) for r in rows]
+    # a sample where level L's prompts get L + 1 of 4 right (a flat list of accuracy rewards, as advise saves them)
+    samples = [{"row_index": i, "rewards": [1.0] * (lv + 1) + [0.0] * (3 - lv)} for i, lv in enumerate(levels)]
+    payload = {"config": {"args": {"dataset": "steps_matched", "seed": 4, "split": None}}, "samples": samples}
+    table = mod.level_table(payload)
+    assert set(table) == set(levels)
+    for lv, row in table.items():
+        assert row["prompts"] == levels.count(lv) and row["correct_counts"] == {lv + 1: levels.count(lv)}
+        assert row["mean_pass_rate"] == (lv + 1) / 4 and row["k"] == [4]
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(payload))
+    assert mod.main(["--samples", str(f), "--output", str(tmp_path / "o.json")]) == 0
+    assert json.loads((tmp_path / "o.json").read_text())[str(levels[0])]["prompts"] == levels.count(levels[0])

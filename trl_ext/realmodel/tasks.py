@@ -24,6 +24,11 @@ Tasks
     completions copy the working. The first design (levels ``a + b - c`` / ``a + b + c`` / ``a + b x c - d`` with
     a in 10..19) was far too hard at T = 1 (mean pass rate 0.06 on 16 prompts, none above 0.25); this one was
     measured on 32 prompts: see "Regime of the SmolLM2 tasks" in ``docs/real_model.md``.
+``steps_matched``
+    The same three levels and question texts, but each question is preceded by two worked examples **of its own
+    level** (six worked examples in all, kept out of both splits), so a one-step question sees one-step
+    solutions. At T = 1 ``steps`` copied the examples' later steps into one-step questions; this variant tests
+    whether level-matched working spreads the pass rates (some prompts near 1, the products near 0).
 
 Each task's questions are split once by a seeded shuffle (:data:`SPLIT_SEED`): 20 % ``test``, the rest
 ``train``; the questions of the worked examples are in neither. :func:`make_real_dataset` draws ``n`` questions
@@ -90,11 +95,14 @@ class RealTask:
     items: Callable[[], list[tuple[int, ...]]]
     examples: tuple[tuple[tuple[int, ...], str], ...]  # (item, worked assistant reply)
     notes: dict[str, Any] = field(default_factory=dict)
+    #: Optional per-question choice of worked examples (``item -> examples``); ``examples`` then lists every
+    #: worked example the task can show (all of them are kept out of both splits).
+    examples_for: Callable[[tuple[int, ...]], tuple[tuple[tuple[int, ...], str], ...]] | None = None
 
     def conversation(self, item: tuple[int, ...]) -> list[dict[str, str]]:
-        """The prompt: the worked examples as earlier turns, then the question."""
+        """The prompt: the worked examples (this question's, with ``examples_for``) as earlier turns, then it."""
         msgs: list[dict[str, str]] = []
-        for ex_item, reply in self.examples:
+        for ex_item, reply in (self.examples_for(item) if self.examples_for else self.examples):
             msgs.append({"role": "user", "content": self.question(ex_item)})
             msgs.append({"role": "assistant", "content": reply})
         msgs.append({"role": "user", "content": self.question(item)})
@@ -117,6 +125,9 @@ _STEPS_OBJECTS = ("apples", "pencils", "stickers", "marbles", "cookies", "stamps
 _STEPS_PER_LEVEL = 80
 _STEPS_SEED = 2026
 _STEPS_SHOTS = ((1, 6, 5, 3, 0), (2, 7, 3, 4, 0))  # the worked examples' items: never drawn as questions
+# ``steps_matched``: two worked examples per level, shown only to questions of that level.
+_STEPS_MATCHED_SHOTS = {0: ((0, 6, 5, 0, 0), (0, 3, 8, 0, 0)), 1: ((1, 6, 5, 3, 0), (1, 8, 4, 5, 0)),
+                        2: ((2, 7, 3, 4, 0), (2, 5, 2, 3, 0))}
 
 
 def _steps_answer(t: tuple[int, ...]) -> int:
@@ -161,9 +172,10 @@ def _steps_reply(t: tuple[int, ...]) -> str:
     return "\n".join(lines)
 
 
-def _steps_items() -> list[tuple[int, ...]]:
+def _steps_items(shots: Sequence[tuple[int, ...]] = _STEPS_SHOTS) -> list[tuple[int, ...]]:
     """240 items ``(level, a, b, c, 0)``, 80 per level, each level a seeded sample of its full enumeration (the
-    worked examples' items excluded): level 0 is 80 of the 81 pairs of digits."""
+    worked examples' items ``shots`` excluded): level 0 is 80 of the 81 pairs of digits (79 with two level-0
+    shots)."""
     levels = [
         [(0, a, b, 0, 0) for a in range(1, 10) for b in range(1, 10)],
         [(1, a, b, c, 0) for a in range(1, 10) for b in range(1, 10) for c in range(1, min(10, a + b))],
@@ -172,10 +184,12 @@ def _steps_items() -> list[tuple[int, ...]]:
     rng = random.Random(_STEPS_SEED)
     out: list[tuple[int, ...]] = []
     for full in levels:
-        pool = [it for it in full if it not in _STEPS_SHOTS]
+        pool = [it for it in full if it not in shots]
         out += sorted(rng.sample(pool, min(_STEPS_PER_LEVEL, len(pool))))
     return out
 
+
+_MATCHED_SHOT_ITEMS = tuple(it for level in sorted(_STEPS_MATCHED_SHOTS) for it in _STEPS_MATCHED_SHOTS[level])
 
 REAL_TASKS: dict[str, RealTask] = {
     "sum3": RealTask(
@@ -212,6 +226,18 @@ REAL_TASKS: dict[str, RealTask] = {
         notes={"levels": {0: "a + b (digits)", 1: "a + b - c (digits, c < a + b)",
                           2: "a + b x c (a a digit, b bags in 2..4 of c in 2..5)"},
                "per_level": _STEPS_PER_LEVEL},
+    ),
+    "steps_matched": RealTask(
+        name="steps_matched",
+        description="steps with worked examples of the question's own level (two per level)",
+        question=_steps_question,
+        answer=_steps_answer,
+        items=lambda: _steps_items(_MATCHED_SHOT_ITEMS),
+        examples=tuple((it, _steps_reply(it)) for it in _MATCHED_SHOT_ITEMS),
+        examples_for=lambda item: tuple((it, _steps_reply(it)) for it in _STEPS_MATCHED_SHOTS[item[0]]),
+        notes={"levels": {0: "a + b (digits)", 1: "a + b - c (digits, c < a + b)",
+                          2: "a + b x c (a a digit, b bags in 2..4 of c in 2..5)"},
+               "per_level": _STEPS_PER_LEVEL, "examples": "two of the question's level"},
     ),
 }
 
