@@ -519,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model (default: on for --scale smollm2, off otherwise)")
     p.add_argument("--lora_r", type=_pos_int, default=None, help="LoRA rank (default 16)")
     p.add_argument("--lora_alpha", type=_pos_int, default=None, help="LoRA alpha (default 32)")
+    p.add_argument("--temperature", type=_pos_float, default=None,
+                   help="sampling temperature of training, the BASIS table and sampled evaluation (default 1.0); "
+                        "only for real-model and --dataset_fn tasks")
     p.add_argument("--use_vllm", action="store_true", help="passed to the trainer config")
     p.add_argument("--vllm_mode", default=None, help="passed to the trainer config (colocate / server)")
     p.add_argument("--config_overrides", default=None,
@@ -595,6 +598,10 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     if s["rollouts_per_step"] % 16:
         raise SystemExit(f"--rollouts_per_step must be divisible by 16 (G = 16, 8, 4 and 1 share it); "
                          f"got {s['rollouts_per_step']}")
+    s["temperature"] = 1.0 if args.temperature is None else args.temperature
+    if s["temperature"] != 1.0 and task not in REAL_TASK_NAMES and not args.dataset_fn:
+        raise SystemExit("--temperature is for the real-model tasks and --dataset_fn datasets (the testbed tasks' "
+                         "evaluation samples at T = 1)")
     if s["eval_mode"] == "sampled" and not s["eval_samples"]:
         raise SystemExit("--eval_mode sampled needs --eval_samples >= 1 (samples per question)")
     if s["eval_every_tokens"] > s["token_budget"]:
@@ -800,7 +807,7 @@ class Context:
             return evaluate_model(model, self.tokenizer, ds, self.task, greedy=greedy,
                                   num_samples=num_samples, max_new_tokens=self.max_new, seed=seed, batch_size=bs)
         return _generic_evaluate(model, self.tokenizer, ds, self.reward_funcs[0], greedy, num_samples,
-                                 self.max_new, seed, bs, EvalResult)
+                                 self.max_new, seed, bs, EvalResult, temperature=self.s.get("temperature", 1.0))
 
     @property
     def eval_reward_name(self) -> str:
@@ -818,7 +825,7 @@ class Context:
 
 
 #: Real-model chat tasks (``trl_ext.realmodel.tasks``) and their completion caps (the measured regime's, docs/real_model.md).
-REAL_TASK_MAX_NEW: dict[str, int] = {"sum3": 128, "largest": 128, "steps": 192}
+REAL_TASK_MAX_NEW: dict[str, int] = {"sum3": 128, "largest": 128, "steps": 192, "steps_matched": 192}
 REAL_TASK_NAMES = tuple(REAL_TASK_MAX_NEW)
 
 
@@ -849,9 +856,11 @@ def _prompt_text(prompt) -> str:
     return str(prompt[-1]["content"]) if isinstance(prompt, list) and prompt else str(prompt)
 
 
-def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_new, seed, batch_size, result_cls):
+def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_new, seed, batch_size, result_cls,
+                      temperature: float = 1.0):
     """Evaluation for ``--dataset_fn`` datasets and the real-model chat tasks (same record schema as
-    ``trl_ext.testbed.evaluate_model``); conversational prompts go through the tokenizer's chat template."""
+    ``trl_ext.testbed.evaluate_model``); conversational prompts go through the tokenizer's chat template. Sampled
+    evaluation uses ``temperature`` (the training temperature), top_k 0, top_p 1."""
     import torch
 
     rows = [dict(r) for r in dataset]
@@ -862,7 +871,7 @@ def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_n
     old_side, tok.padding_side = tok.padding_side, "left"
     device = next(model.parameters()).device
     kw = dict(max_new_tokens=max_new, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    kw.update(do_sample=False) if greedy else kw.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    kw.update(do_sample=False) if greedy else kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     records, total = [], 0
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -942,7 +951,8 @@ def setup_basis(ctx: Context) -> SetupResult:
     machine finds the committed table (and its ``.cost.json``) and neither rebuilds it nor loses its token count; an
     interrupted build left there is resumed by the next invocation.
 
-    ``value_table_samples`` completions per training prompt are sampled at T = 1 from the *starting* checkpoint
+    ``value_table_samples`` completions per training prompt are sampled at the training temperature (T = 1 unless
+    ``--temperature``) from the *starting* checkpoint
     (the frozen reference policy, BASIS Section 4 "Offline value", Appendix 10) and scored with the training reward,
     by the package's own builder :func:`trl_ext.priors.value_table.build_value_table` (the code behind
     ``trl-ext build-value-table``; resumable, so an interrupted build continues). The builder does not report what it
@@ -957,8 +967,9 @@ def setup_basis(ctx: Context) -> SetupResult:
         table_dir, model_id = os.path.join(ctx.s["output_dir"], VALUE_TABLE_DIR), ctx.s["start_checkpoint_sha"]
     else:
         table_dir, model_id = ctx.cache_dir, ctx.model_path
+    temp = ctx.s.get("temperature", 1.0)
     key = hashlib.sha256(f"{model_id}|{ctx.task}|{ctx.s['dataset_fn']}|{len(ctx.train_ds)}|{n}|"
-                         f"{ctx.max_new}|counted".encode()).hexdigest()[:12]
+                         f"{ctx.max_new}|counted{'' if temp == 1.0 else f'|T={temp}'}".encode()).hexdigest()[:12]
     path = os.path.join(table_dir, f"value_table-{key}.jsonl")
     done = os.path.join(table_dir, f"value_table-{key}.done")
     cost_path = os.path.join(table_dir, f"value_table-{key}.cost.json")
@@ -972,7 +983,7 @@ def setup_basis(ctx: Context) -> SetupResult:
     counter: dict = {}
     funcs = [counting_reward(ctx.reward_funcs[0], counter), *ctx.reward_funcs[1:]]
     table = build_value_table(model, ctx.tokenizer, ctx.train_ds, funcs, path, num_samples=n,
-                              max_new_tokens=ctx.max_new, batch_size=ctx.s.get("value_table_batch_size", 2048), seed=12345, model_id=ctx.model_path,
+                              max_new_tokens=ctx.max_new, temperature=temp, batch_size=ctx.s.get("value_table_batch_size", 2048), seed=12345, model_id=ctx.model_path,
                               use_vllm=False if ctx.s["use_cpu"] else "auto", progress=False)
     stats = table.metadata.get("build_stats", {})
     info = table_cost_record(counter.get("tokens", 0), int(stats.get("n_written", len(table))),
@@ -1039,6 +1050,8 @@ def _settings_key(s: dict, spec: MethodSpec, seed: int, lr: float | None = None,
         keep["grad_accum"] = s["grad_accum"]
     if s.get("eval_mode", "greedy") != "greedy":
         keep["eval_mode"] = s["eval_mode"]
+    if s.get("temperature", 1.0) != 1.0:
+        keep["temperature"] = s["temperature"]
     if s.get("use_peft"):  # added with the real-model preset: keys of full-model runs are unchanged
         keep["lora"] = (s["lora_r"], s["lora_alpha"])
     if s.get("protocol") == "v2":  # v2 keys also pin the start checkpoint's weights (a rebuilt warm model re-runs)
@@ -1068,7 +1081,7 @@ def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: 
         learning_rate=s["learning_rate"] if lr is None else lr,
         lr_scheduler_type="constant", warmup_steps=0, per_device_train_batch_size=per_device // ga,
         gradient_accumulation_steps=ga, steps_per_generation=ga, num_generations=spec.group_size,
-        max_completion_length=ctx.max_new, temperature=1.0, beta=0.0, use_cpu=s["use_cpu"], bf16=s["bf16"],
+        max_completion_length=ctx.max_new, temperature=s.get("temperature", 1.0), beta=0.0, use_cpu=s["use_cpu"], bf16=s["bf16"],
         gradient_checkpointing=False, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0,
     )
@@ -1236,7 +1249,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
 def evaluate_checkpoint(ctx: Context, model, seed: int, split: str):
     """``(primary, extra_sampled)`` evaluations of one checkpoint. ``eval_mode="greedy"`` (default): greedy
     accuracy, plus sampled accuracy with ``eval_samples`` samples per question when that is > 0. ``"sampled"``:
-    only the sampled evaluation (T = 1, ``eval_samples`` per question, sampling seed ``1000 + seed``: the same
+    only the sampled evaluation (at the training temperature, T = 1 by default; ``eval_samples`` per question, sampling seed ``1000 + seed``: the same
     noise stream for every method at one seed), which is then the primary accuracy."""
     s = ctx.s
     if s.get("eval_mode") == "sampled":
@@ -1260,6 +1273,8 @@ def start_evaluation(ctx: Context):
     s = ctx.s
     key = {k: s.get(k) for k in ("task", "n_eval", "eval_mode", "eval_samples", "model_name_or_path",
                                  "max_completion_length", "start_checkpoint_sha", "dataset_fn")}
+    if s.get("temperature", 1.0) != 1.0:  # keys of T = 1 evaluations are unchanged
+        key["temperature"] = s["temperature"]
     path = os.path.join(s["output_dir"], START_EVAL_FILE)
     if s["resume"] and os.path.exists(path):
         doc = read_json(path)

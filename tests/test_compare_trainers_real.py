@@ -57,6 +57,47 @@ def test_new_settings_enter_run_keys_only_when_not_default():
     assert ct._settings_key({**peft, "lora_r": 8}, spec, 0, 1e-4) != ct._settings_key(peft, spec, 0, 1e-4)
 
 
+def test_temperature_reaches_training_evaluation_and_keys_only_when_set(tmp_path):
+    """``--temperature``: the trainer config, sampled evaluation and the run / start-evaluation keys (only when it
+    is not 1, so the committed T = 1 runs keep their keys); refused for the testbed tasks."""
+    import torch
+
+    base = _settings("--scale", "smollm2", "--protocol", "v2", "--task", "steps_matched")
+    cold = _settings("--scale", "smollm2", "--protocol", "v2", "--task", "steps_matched", "--temperature", "0.7")
+    assert base["temperature"] == 1.0 and cold["temperature"] == 0.7
+    spec = ct.METHODS["grpo_g4"]
+    legacy = {k: v for k, v in base.items() if k != "temperature"}
+    assert ct._settings_key(base, spec, 0, 1e-4) == ct._settings_key(legacy, spec, 0, 1e-4)
+    assert ct._settings_key(cold, spec, 0, 1e-4) != ct._settings_key(base, spec, 0, 1e-4)
+    config_cls, trainer_cls = ct._load_object(spec.config), ct._load_object(spec.trainer)
+    config = ct.build_config(SimpleNamespace(s=cold, max_new=192), spec, config_cls, trainer_cls, 0, str(tmp_path),
+                             {}, lr=1e-4)[0]
+    assert config.temperature == 0.7 and config.max_completion_length == 192
+    with pytest.raises(SystemExit, match="--temperature"):
+        _settings("--task", "addition", "--temperature", "0.7")
+
+    seen = []
+
+    class _Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def generate(self, input_ids, attention_mask, num_return_sequences, **kw):
+            seen.append(kw.get("temperature"))
+            return torch.cat([input_ids.repeat_interleave(num_return_sequences, 0),
+                              torch.full((input_ids.shape[0] * num_return_sequences, 2), 5)], 1)
+
+    from trl_ext.testbed import EvalResult, build_tokenizer
+
+    tok = build_tokenizer()
+    ds = [{"prompt": "1+2=", "question_id": "q"}]
+    for temp in (0.7, 1.0):
+        ct._generic_evaluate(_Model(), tok, ds, lambda prompts, completions, **k: [0.0] * len(completions), False,
+                             2, 2, 0, 1, EvalResult, temperature=temp)
+    assert seen == [0.7, 1.0]
+
+
 @pytest.mark.parametrize("name", ["grpo_g8", "reinforce_pp", "pair"])
 def test_grad_accum_keeps_the_generation_batch(tmp_path, name):
     s = _settings("--scale", "smollm2", "--protocol", "v2")
@@ -136,9 +177,15 @@ def test_sampled_eval_mode_and_cached_start_evaluation(tmp_path):
     ctx.s["n_eval"] = 7  # another evaluation set: evaluated again
     ct.start_evaluation(ctx)
     assert len(ctx.calls) == 2
-    ctx.s["resume"] = False
+    ctx.s["temperature"] = 1.0  # the default temperature leaves the cached key as it was
+    ct.start_evaluation(ctx)
+    assert len(ctx.calls) == 2
+    ctx.s["temperature"] = 0.7  # another sampling temperature: evaluated again
     ct.start_evaluation(ctx)
     assert len(ctx.calls) == 3
+    ctx.s["resume"] = False
+    ct.start_evaluation(ctx)
+    assert len(ctx.calls) == 4
 
 
 def test_primary_accuracy_readers_fall_back_to_greedy_fields():
