@@ -90,11 +90,11 @@ Presets (``--scale`` x ``--task``; explicit arguments override)::
                       73-token completions, the other core busy): GRPO G=8 1.21 s per step of 4,672 tokens, greedy
                       evaluation 2.8 s per 250 questions. At a warm model's ~47 tokens per completion a GRPO G=8 run
                       is ~130 steps (160 s) + 4 evaluations (45 s): about 3.5 minutes
-    smollm2, sum3     the real pretrained chat model (SmolLM2-135M-Instruct, offline; ``--task largest`` / ``steps``
+    smollm2, sum3     the real pretrained chat model (SmolLM2-135M-Instruct, offline; ``--task largest`` / ``steps`` / ``steps_matched``
                       too) with a LoRA adapter (r 16, alpha 32, all linear layers; --use_peft/--lora_r/--lora_alpha):
                       16 rollouts/step in 4 micro-batches (grad_accum 4), 6,000 tokens per run, checkpoints every
                       2,000, 128 training prompts, 64 test and 48 validation questions, max_completion_length 128
-                      (192 for steps), **sampled** evaluation (eval_mode "sampled": T = 1, one sample per question,
+                      (192 for the steps tasks), **sampled** evaluation (eval_mode "sampled": T = 1 or --temperature, one sample per question,
                       per-question outcomes kept at every checkpoint for the two-level curve bootstrap), BASIS
                       tables of 4 samples per prompt, methods grpo_g8 grpo_g4 reinforce_pp dapo_dynamic basis
                       v05_osla pair; under v2 the grid is 1e-4 3e-4 (one edge extension) and seeds 0 1 2. About 20
