@@ -189,14 +189,51 @@ def test_curves_command_two_level_from_checkpoint_outcomes(tmp_path, capsys):
     out = tmp_path / "curves.json"
     assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",
                      "accuracy", "--questions", "--n_resamples", "300", "--output", str(out)]) == 0
-    assert "Two-level bootstrap" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "Two-level bootstrap" in text and "Accuracy at the budget" in text
     res = json.loads(out.read_text())
     assert res["n_questions_two_level"] == q
     lo, hi = res["methods"]["x"]["auc_diff_ci_two_level"]
     assert 0 < lo < res["methods"]["x"]["auc_diff"] < hi
     assert res["methods"]["grpo"]["auc_diff_ci_two_level"] == [0.0, 0.0]
+    lo, hi = res["methods"]["x"]["acc_at_budget_diff_ci_two_level"]
+    assert 0 < lo < res["methods"]["x"]["acc_at_budget_diff"] < hi  # 0.7 vs 0.4 at the budget
     del recs[0]["curve"][0]["outcomes"]
     (tmp_path / "runs.json").write_text(json.dumps({"runs": recs, "start_accuracy": 0.3}))
     assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",
                      "accuracy", "--questions", "--n_resamples", "100"]) == 2
     assert "no per-question `outcomes` file" in capsys.readouterr().err
+
+
+def test_accuracy_at_budget_is_equal_token_final_accuracy():
+    """Eq. C3: a run that overshoots the budget is read at the budget, not at its last checkpoint; the difference
+    to the baseline is paired by seed; the two-level bootstrap resamples the same statistic."""
+    # base: checkpoints at 100, 200 (on budget); over: the last step overshoots to 300 and gains there
+    runs = {"base": {s: ([100, 200], [0.5, 0.6 + 0.01 * s]) for s in range(4)},
+            "over": {s: ([100, 300], [0.5, 0.9 + 0.01 * s]) for s in range(4)}}
+    res = compare_curves(runs, budget=200, baseline="base", start_value=0.4, n_resamples=500)
+    over = res["methods"]["over"]
+    # linear between (100, 0.5) and (300, 0.9 + 0.01 s): at 200 it is 0.7 + 0.005 s, not the final 0.9 + 0.01 s
+    assert over["acc_at_budget"] == pytest.approx([0.7 + 0.005 * s for s in range(4)])
+    assert over["acc_at_budget_mean"] == pytest.approx(0.7075)
+    assert over["acc_at_budget_diff"] == pytest.approx(0.7075 - 0.615)
+    lo, hi = over["acc_at_budget_diff_ci"]  # paired differences 0.1 - 0.005 s: the interval is inside them
+    assert 0.085 - 1e-9 <= lo <= hi <= 0.1 + 1e-9
+    assert res["methods"]["base"]["acc_at_budget_diff_ci"] == (0.0, 0.0)
+    # the AUC's intervals do not move when the new statistic is computed (its own random stream)
+    auc_only = compare_curves(runs, budget=200, baseline="base", start_value=0.4, n_resamples=500)
+    assert auc_only["methods"]["over"]["auc_ci"] == over["auc_ci"]
+
+    rng = np.random.default_rng(11)
+    q = 200
+    o = (rng.random((3, 2, q)) < np.array([0.5, 0.9])[None, :, None]).astype(float)
+    tok = [[100, 300]] * 3
+    two = two_level_curve_bootstrap(o, tok, 200, start_outcomes=np.zeros(q), n_resamples=300,
+                                    statistic="acc_at_budget")
+    direct = np.mean([np.interp(200, [0, 100, 300], [0, *o[s].mean(axis=1)]) for s in range(3)])
+    assert two["acc_at_budget_mean"] == pytest.approx(direct, abs=1e-12)
+    assert two["ci"][0] < direct < two["ci"][1]
+    same = two_level_auc_difference(o, tok, o, tok, 200, n_resamples=20, statistic="acc_at_budget")
+    assert same["diff_mean"] == 0 and same["ci"] == (0.0, 0.0)
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        two_level_curve_bootstrap(o, tok, 200, statistic="final")

@@ -8,11 +8,14 @@ start checkpoint's accuracy ``a_0`` at ``t = 0``:
 * **normalized AUC** (eq. C1) on ``[0, B]``: :math:`\mathrm{AUC} = \frac{1}{B}\int_0^B a(t)\,dt`, the mean accuracy
   over the budget (higher = better earlier); the curve must reach ``B`` (the last checkpoint at or beyond ``B``,
   linear interpolation at ``B``);
+* **accuracy at the budget** (eq. C3): :math:`a(B)`, the curve interpolated at ``B``: final accuracy at *equal*
+  tokens, for runs whose last step overshoots the budget by different amounts (a step's tokens are not divisible:
+  at a budget of a few steps, V0.5's OSLA rounds or DAPO's refills can overshoot by a quarter);
 * **tokens to target** (eq. C2): :math:`T(\tau) = \min\{t : a(t) \ge \tau\}` on the interpolated curve, ``inf`` if
   never reached by the last checkpoint;
 
-and, over the seeds of a method, the mean AUC, the AUC difference to a baseline method (paired by seed when both
-have the same seeds), and the tokens-to-target of the **seed-mean curve** (the mean of the seeds' accuracies on a
+and, over the seeds of a method, the mean AUC and the mean accuracy at the budget, their differences to a baseline
+method (paired by seed when both have the same seeds), and the tokens-to-target of the **seed-mean curve** (the mean of the seeds' accuracies on a
 common token grid), each with a percentile bootstrap interval: over seeds with ``scipy.stats.bootstrap``; over seeds
 *and* questions (two-level: seeds with replacement, then questions with replacement, the same questions for every
 checkpoint of a run, which keeps their correlation along the curve) when per-question outcomes at every checkpoint
@@ -116,6 +119,25 @@ def _ci(res) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def _seed_mean_and_difference(values: dict[int, float], base: dict[int, float], is_baseline: bool,
+                              boot: dict) -> dict:
+    """Mean over seeds with its bootstrap interval, and the difference to the baseline's mean (paired by seed when
+    the seed sets match, else two independent samples) with its interval: ``mean``, ``ci``, ``diff``,
+    ``diff_ci``, ``paired``."""
+    seeds, b_seeds = sorted(values), sorted(base)
+    a, b = np.array([values[k] for k in seeds]), np.array([base[k] for k in b_seeds])
+    out = {"mean": float(a.mean()), "diff": float(a.mean() - b.mean()), "paired": seeds == b_seeds}
+    out["ci"] = _ci(stats.bootstrap((a,), np.mean, **boot)) if len(a) > 1 else (math.nan, math.nan)
+    if is_baseline or len(a) < 2 or len(b) < 2:
+        out["diff_ci"] = (0.0, 0.0) if is_baseline else (math.nan, math.nan)
+    elif out["paired"]:
+        out["diff_ci"] = _ci(stats.bootstrap((a - b,), np.mean, **boot))
+    else:
+        out["diff_ci"] = _ci(stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(x, axis) - np.mean(y, axis),
+                                             **boot))
+    return out
+
+
 def compare_curves(runs: dict[str, dict[int, tuple[Sequence[float], Sequence[float]]]], *, budget: float,
                    baseline: str, target: float | None = None, start_value: float | None = None,
                    confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> dict:
@@ -141,7 +163,8 @@ def compare_curves(runs: dict[str, dict[int, tuple[Sequence[float], Sequence[flo
     dict
         ``target``, ``budget`` and ``methods``: per method ``seeds``, ``auc`` (per seed), ``auc_mean`` with
         ``auc_ci``, ``auc_diff`` (mean minus the baseline's; paired by seed when the seed sets match) with
-        ``auc_diff_ci`` and ``auc_diff_paired``, ``t2t_mean_curve`` (tokens at which the seed-mean curve reaches the
+        ``auc_diff_ci`` and ``auc_diff_paired``; the same for the accuracy at the budget (eq. C3): ``acc_at_budget``
+        (per seed), ``acc_at_budget_mean`` / ``_ci`` / ``_diff`` / ``_diff_ci``; ``t2t_mean_curve`` (tokens at which the seed-mean curve reaches the
         target; ``inf`` if not) with ``t2t_ci``, and ``t2t_per_seed``.
     """
     if baseline not in runs:
@@ -153,24 +176,21 @@ def compare_curves(runs: dict[str, dict[int, tuple[Sequence[float], Sequence[flo
     grid = np.linspace(0.0, budget, 201)[1:]
     auc = {m: {s: curve_auc(t, v, budget, start_value=start_value) for s, (t, v) in per.items()}
            for m, per in norm.items()}
+    at_b = {m: {s: float(curve_on_grid(t, v, [budget], start_value=start_value)[0]) for s, (t, v) in per.items()}
+            for m, per in norm.items()}
     boot = dict(confidence_level=confidence, n_resamples=n_resamples, method="percentile", random_state=rng)
+    boot_at_b = {**boot, "random_state": np.random.default_rng([seed, 1])}
     out = {"target": target, "budget": budget, "baseline": baseline, "confidence": confidence, "methods": {}}
     for m, per in norm.items():
         seeds = sorted(per)
-        a = np.array([auc[m][s] for s in seeds])
-        rec = {"seeds": seeds, "auc": a.tolist(), "auc_mean": float(a.mean())}
-        rec["auc_ci"] = _ci(stats.bootstrap((a,), np.mean, **boot)) if len(a) > 1 else (math.nan, math.nan)
-        b_seeds = sorted(norm[baseline])
-        b = np.array([auc[baseline][s] for s in b_seeds])
-        rec["auc_diff"] = float(a.mean() - b.mean())
-        rec["auc_diff_paired"] = seeds == b_seeds
-        if m == baseline or len(a) < 2 or len(b) < 2:
-            rec["auc_diff_ci"] = (math.nan, math.nan) if m != baseline else (0.0, 0.0)
-        elif rec["auc_diff_paired"]:
-            rec["auc_diff_ci"] = _ci(stats.bootstrap((a - b,), np.mean, **boot))
-        else:
-            rec["auc_diff_ci"] = _ci(stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(x, axis) - np.mean(y, axis),
-                                                     **boot))
+        rec = {"seeds": seeds, "auc": [auc[m][s] for s in seeds], "acc_at_budget": [at_b[m][s] for s in seeds]}
+        # the accuracy at the budget draws from its own stream, so the AUC and tokens-to-target intervals are those
+        # of the same seed before it was added
+        for name, table, bt in (("auc", auc, boot), ("acc_at_budget", at_b, boot_at_b)):
+            st = _seed_mean_and_difference(table[m], table[baseline], m == baseline, bt)
+            rec.update({f"{name}_mean": st["mean"], f"{name}_ci": st["ci"], f"{name}_diff": st["diff"],
+                        f"{name}_diff_ci": st["diff_ci"]})
+            rec["auc_diff_paired"] = st["paired"]
         curves = [per[s] for s in seeds]
         rec["t2t_per_seed"] = [tokens_to_target(t, v, target, start_value=start_value) for t, v in curves]
         rec["t2t_mean_curve"] = _mean_curve_t2t(curves, grid, target, start_value)
@@ -189,9 +209,13 @@ def compare_curves(runs: dict[str, dict[int, tuple[Sequence[float], Sequence[flo
     return out
 
 
+#: Per-run curve statistics the two-level bootstrap can resample: eq. C1 and eq. C3.
+CURVE_STATISTICS = ("auc", "acc_at_budget")
+
+
 def two_level_curve_bootstrap(outcomes, tokens, budget: float, *, start_outcomes=None, n_resamples: int = 2000,
-                              confidence: float = 0.95, seed: int = 0) -> dict:
-    """Mean AUC of one method with a percentile interval over seeds **and** questions.
+                              confidence: float = 0.95, seed: int = 0, statistic: str = "auc") -> dict:
+    """Mean AUC (or accuracy at the budget) of one method with a percentile interval over seeds **and** questions.
 
     Parameters
     ----------
@@ -202,11 +226,14 @@ def two_level_curve_bootstrap(outcomes, tokens, budget: float, *, start_outcomes
     budget : float
     start_outcomes : array_like, shape (Q,), optional
         The start checkpoint's per-question outcomes (``t = 0``), resampled with the same questions.
+    statistic : {"auc", "acc_at_budget"}
+        The per-run statistic: the AUC (eq. C1) or the accuracy interpolated at the budget (eq. C3).
 
     Returns
     -------
     dict
-        ``auc_mean`` (on all questions), ``ci`` (two-level percentile interval), ``n_seeds``, ``n_questions``.
+        ``<statistic>_mean`` (on all seeds and questions), ``ci`` (two-level percentile interval), ``n_seeds``,
+        ``n_questions``.
     """
     o = np.asarray(outcomes, dtype=np.float64)
     if o.ndim != 3:
@@ -215,16 +242,27 @@ def two_level_curve_bootstrap(outcomes, tokens, budget: float, *, start_outcomes
     tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), (s_n, j_n))
     start = None if start_outcomes is None else np.asarray(start_outcomes, dtype=np.float64)
 
-    point, ci = _two_level_percentile(lambda si, qi: _mean_auc(o, tok, si, qi, budget, start), s_n, q_n,
-                                      n_resamples, confidence, seed)
-    return {"auc_mean": point, "ci": ci, "n_seeds": s_n, "n_questions": q_n}
+    _check_statistic(statistic)
+    point, ci = _two_level_percentile(lambda si, qi: _mean_curve_stat(o, tok, si, qi, budget, start, statistic),
+                                      s_n, q_n, n_resamples, confidence, seed)
+    return {f"{statistic}_mean": point, "ci": ci, "n_seeds": s_n, "n_questions": q_n}
 
 
-def _mean_auc(o: np.ndarray, tok: np.ndarray, seed_idx, q_idx, budget: float, start: np.ndarray | None) -> float:
-    """Mean over ``seed_idx`` of the AUC (eq. C1) of each seed's curve on the questions ``q_idx`` (the start value on
-    the same questions)."""
+def _check_statistic(statistic: str) -> None:
+    if statistic not in CURVE_STATISTICS:
+        raise ValueError(f"statistic must be one of {CURVE_STATISTICS}, got {statistic!r}.")
+
+
+def _mean_curve_stat(o: np.ndarray, tok: np.ndarray, seed_idx, q_idx, budget: float, start: np.ndarray | None,
+                     statistic: str) -> float:
+    """Mean over ``seed_idx`` of the AUC (eq. C1) or the accuracy at the budget (eq. C3) of each seed's curve on the
+    questions ``q_idx`` (the start value on the same questions)."""
     sv = None if start is None else float(start[q_idx].mean())
-    return float(np.mean([curve_auc(tok[s], o[s][:, q_idx].mean(axis=1), budget, start_value=sv) for s in seed_idx]))
+    if statistic == "auc":
+        vals = [curve_auc(tok[s], o[s][:, q_idx].mean(axis=1), budget, start_value=sv) for s in seed_idx]
+    else:
+        vals = [curve_on_grid(tok[s], o[s][:, q_idx].mean(axis=1), [budget], start_value=sv)[0] for s in seed_idx]
+    return float(np.mean(vals))
 
 
 def _two_level_percentile(stat, s_n: int, q_n: int, n_resamples: int, confidence: float, seed: int
@@ -240,8 +278,10 @@ def _two_level_percentile(stat, s_n: int, q_n: int, n_resamples: int, confidence
 
 
 def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget: float, *, start_outcomes=None,
-                             n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
-    """Mean AUC of method A minus method B with a two-level percentile interval, paired by seed and question.
+                             n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+                             statistic: str = "auc") -> dict:
+    """Mean AUC of method A minus method B with a two-level percentile interval, paired by seed and question
+    (``statistic="acc_at_budget"``: the accuracy at the budget, eq. C3, instead).
 
     Each replicate draws seed indices with replacement (the same indices for both methods: seed ``k`` of A is
     paired with seed ``k`` of B, which share the training seed and, in the comparison harness, the evaluation's
@@ -257,6 +297,7 @@ def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget:
     budget : float
     start_outcomes : array_like, shape (Q,), optional
         The shared start checkpoint's per-question outcomes (``t = 0``).
+    statistic : {"auc", "acc_at_budget"}
 
     Returns
     -------
@@ -277,8 +318,11 @@ def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget:
     tb = np.broadcast_to(np.asarray(tokens_b, dtype=np.float64), b.shape[:2])
     start = None if start_outcomes is None else np.asarray(start_outcomes, dtype=np.float64)
 
+    _check_statistic(statistic)
+
     def diff(seed_idx, q_idx):
-        return _mean_auc(a, ta, seed_idx, q_idx, budget, start) - _mean_auc(b, tb, seed_idx, q_idx, budget, start)
+        return (_mean_curve_stat(a, ta, seed_idx, q_idx, budget, start, statistic)
+                - _mean_curve_stat(b, tb, seed_idx, q_idx, budget, start, statistic))
 
     point, ci = _two_level_percentile(diff, s_n, q_n, n_resamples, confidence, seed)
     return {"diff_mean": point, "ci": ci, "n_seeds": s_n, "n_questions": q_n}

@@ -132,8 +132,9 @@ def question_level_arrays(runs_json: str, methods) -> tuple[dict, list | None, l
 
 
 def add_question_level(res: dict, args, budget: float) -> None:
-    """Adds ``auc_ci_two_level`` and ``auc_diff_ci_two_level`` (paired by seed and question) to every method."""
-    from .curves import two_level_auc_difference, two_level_curve_bootstrap
+    """Adds ``<stat>_ci_two_level`` and ``<stat>_diff_ci_two_level`` (paired by seed and question) to every method,
+    for the AUC (``auc``) and the accuracy at the budget (``acc_at_budget``)."""
+    from .curves import CURVE_STATISTICS, two_level_auc_difference, two_level_curve_bootstrap
 
     arrays, start, qids = question_level_arrays(args.runs_json, args.methods)
     res["n_questions_two_level"] = len(qids)
@@ -141,17 +142,16 @@ def add_question_level(res: dict, args, budget: float) -> None:
     n_res = min(args.n_resamples, 2000)
     for m, (o, t, seeds) in arrays.items():
         rec = res["methods"][m]
-        r = two_level_curve_bootstrap(o, t, budget, start_outcomes=start, n_resamples=n_res,
-                                      confidence=args.confidence, seed=args.seed)
-        rec["auc_ci_two_level"] = r["ci"]
-        if m == args.baseline:
-            rec["auc_diff_ci_two_level"] = (0.0, 0.0)
-        elif seeds == b_seeds:
-            d = two_level_auc_difference(o, t, b_o, b_t, budget, start_outcomes=start, n_resamples=n_res,
-                                         confidence=args.confidence, seed=args.seed)
-            rec["auc_diff_ci_two_level"] = d["ci"]
-        else:
-            rec["auc_diff_ci_two_level"] = (math.nan, math.nan)
+        for stat in CURVE_STATISTICS:
+            kw = dict(start_outcomes=start, n_resamples=n_res, confidence=args.confidence, seed=args.seed,
+                      statistic=stat)
+            rec[f"{stat}_ci_two_level"] = two_level_curve_bootstrap(o, t, budget, **kw)["ci"]
+            if m == args.baseline:
+                rec[f"{stat}_diff_ci_two_level"] = (0.0, 0.0)
+            elif seeds == b_seeds:
+                rec[f"{stat}_diff_ci_two_level"] = two_level_auc_difference(o, t, b_o, b_t, budget, **kw)["ci"]
+            else:
+                rec[f"{stat}_diff_ci_two_level"] = (math.nan, math.nan)
 
 
 def _fmt_t(x: float) -> str:
@@ -190,16 +190,30 @@ def main(args: argparse.Namespace) -> int:
         print(f"| {m} | {len(r['seeds'])} | {r['auc_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r['auc_diff']:+.2f} pts "
               f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}] | {'yes' if r['auc_diff_paired'] else 'no'} | "
               f"{_fmt_t(r['t2t_mean_curve'])} [{_fmt_t(tlo)}, {_fmt_t(thi)}] | {reach}/{len(r['seeds'])} |")
+    print(f"\nAccuracy at the budget (each curve interpolated at {budget:,.0f} tokens: equal tokens for runs whose "
+          f"last step overshoots it), {pct}% percentile bootstrap over seeds\n")
+    print(f"| method | accuracy at budget [{pct}% CI] | minus baseline [{pct}% CI] | last checkpoint, tokens (mean) |")
+    print("|---|---|---|---|")
+    for m, r in res["methods"].items():
+        lo, hi = r["acc_at_budget_ci"]
+        dlo, dhi = r["acc_at_budget_diff_ci"]
+        last = sum(runs[m][k][0][-1] for k in r["seeds"]) / len(r["seeds"])
+        print(f"| {m} | {r['acc_at_budget_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r['acc_at_budget_diff']:+.2f} pts "
+              f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}] | {last:,.0f} |")
     if args.questions:
         print(f"\nTwo-level bootstrap (seeds, then questions; {res['n_questions_two_level']} questions, differences "
               "paired by seed and question)\n")
-        print(f"| method | AUC [{pct}% CI, seeds x questions] | AUC - baseline [{pct}% CI, seeds x questions] |")
-        print("|---|---|---|")
+        print(f"| method | AUC [{pct}% CI, seeds x questions] | AUC - baseline [{pct}% CI, seeds x questions] | "
+              f"accuracy at budget [{pct}% CI] | minus baseline [{pct}% CI] |")
+        print("|---|---|---|---|---|")
         for m, r in res["methods"].items():
-            lo, hi = r["auc_ci_two_level"]
-            dlo, dhi = r["auc_diff_ci_two_level"]
-            print(f"| {m} | {r['auc_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r['auc_diff']:+.2f} pts "
-                  f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}] |")
+            cells = []
+            for stat in ("auc", "acc_at_budget"):
+                lo, hi = r[f"{stat}_ci_two_level"]
+                dlo, dhi = r[f"{stat}_diff_ci_two_level"]
+                cells.append(f"{r[f'{stat}_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r[f'{stat}_diff']:+.2f} pts "
+                             f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}]")
+            print(f"| {m} | {' | '.join(cells)} |")
     if args.output:
         with open(args.output, "w") as f:
             json.dump(res, f, indent=1, default=lambda x: None if isinstance(x, float) and math.isinf(x) else x)
