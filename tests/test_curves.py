@@ -33,8 +33,20 @@ def test_auc_errors_say_what_is_missing():
         curve_auc([100, 200], [0.1, 0.2], 200)
     with pytest.raises(ValueError, match="before the budget"):
         curve_auc([100, 200], [0.1, 0.2], 300, start_value=0.0)
-    with pytest.raises(ValueError, match="strictly increasing"):
+    with pytest.raises(ValueError, match="non-decreasing"):
         curve_auc([200, 100], [0.1, 0.2], 100, start_value=0.0)
+
+
+def test_a_step_that_crosses_two_checkpoints_counts_once():
+    """Two evaluations at one token count (one step crossed two nominal checkpoints): the later one is the
+    curve's value there, and the statistics equal those of the curve without the repeat."""
+    twice, once = ([100, 300, 300, 400], [0.5, 0.6, 0.7, 0.8]), ([100, 300, 400], [0.5, 0.7, 0.8])
+    assert curve_auc(*twice, 400, start_value=0.4) == curve_auc(*once, 400, start_value=0.4)
+    assert tokens_to_target(*twice, 0.65, start_value=0.4) == tokens_to_target(*once, 0.65, start_value=0.4)
+    assert list(curve_on_grid(*twice, [300, 350])) == list(curve_on_grid(*once, [300, 350]))
+    o = np.stack([np.array([[1, 0], [0, 0], [1, 1], [1, 1]], float)] * 2)  # (S=2, J=4, Q=2), a repeat at J=1,2
+    res = two_level_curve_bootstrap(o, [100, 300, 300, 400], 400, start_outcomes=np.zeros(2), n_resamples=20)
+    assert res["auc_mean"] == pytest.approx(curve_auc([100, 300, 400], [0.5, 1.0, 1.0], 400, start_value=0.0))
     with pytest.raises(ValueError, match="equally many"):
         curve_auc([100], [0.1, 0.2], 100, start_value=0.0)
 

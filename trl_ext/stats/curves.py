@@ -42,8 +42,13 @@ def _curve(tokens, values, start_value: float | None) -> tuple[np.ndarray, np.nd
         raise ValueError(f"a curve needs equally many tokens and values (>= 1), got {t.size} and {v.size}.")
     if not (np.all(np.isfinite(t)) and np.all(np.isfinite(v))):
         raise ValueError("curve tokens and values must be finite.")
-    if np.any(np.diff(t) <= 0) or t[0] <= 0:
-        raise ValueError("curve token checkpoints must be positive and strictly increasing.")
+    if np.any(np.diff(t) < 0) or t[0] <= 0:
+        raise ValueError("curve token checkpoints must be positive and non-decreasing.")
+    # Equal token counts: one step crossed two nominal checkpoints (a V0.5 OSLA step or a DAPO refill can generate
+    # more than the checkpoint spacing), so no tokens were generated between the evaluations; the last one is the
+    # latest weights at that count and is kept.
+    last = np.append(np.diff(t) > 0, True)
+    t, v = t[last], v[last]
     if start_value is not None:
         t, v = np.concatenate([[0.0], t]), np.concatenate([[float(start_value)], v])
     return t, v
@@ -55,7 +60,8 @@ def curve_on_grid(tokens, values, grid, *, start_value: float | None = None) -> 
     Parameters
     ----------
     tokens, values : array_like, shape (J,)
-        Checkpoints (strictly increasing, > 0) and the accuracy at each.
+        Checkpoints (non-decreasing, > 0; of equal token counts the last evaluation is used) and the accuracy at
+        each.
     grid : array_like
         Token positions.
     start_value : float, optional
