@@ -253,3 +253,11 @@ def test_report_only_trains_nothing_and_chooses_no_rate_from_partial_tuning(tmp_
     _, runs = ct.tune_learning_rates(ctx, {})
     lrs = {(r["method"], r["learning_rate"], r["status"]) for r in runs}
     assert ("grpo_g4", 1e-3, "pending") in lrs and not any(m == "grpo_g16" and lr < 1e-4 for m, lr, _ in lrs)
+
+
+def test_every_real_task_has_a_completion_cap_in_the_harness():
+    """A task added to ``trl_ext.realmodel.REAL_TASKS`` must get its measured completion cap here, else the harness
+    would treat it as a testbed task."""
+    from trl_ext.realmodel import REAL_TASKS
+
+    assert set(ct.REAL_TASK_MAX_NEW) == set(REAL_TASKS)
