@@ -152,3 +152,27 @@ def test_steps_levels_script_redraws_advises_rows(tmp_path):
     f.write_text(json.dumps(payload))
     assert mod.main(["--samples", str(f), "--output", str(tmp_path / "o.json")]) == 0
     assert json.loads((tmp_path / "o.json").read_text())[str(levels[0])]["prompts"] == levels.count(levels[0])
+
+
+def test_steps_levels_script_counts_a_value_tables_passes(tmp_path, capsys):
+    """``--value_table``: how many prompts had 0..n of their n samples right, from a binary-reward table."""
+    import importlib.util
+    import os
+
+    from trl_ext.priors.table_file import save_value_table
+    from trl_ext.priors.table_rows import ValueTable, ValueTableRow
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "steps_levels.py")
+    spec = importlib.util.spec_from_file_location("steps_levels_vt", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rewards = [[0.0] * 4, [1.0, 0.0, 0.0, 0.0], [1.0] * 4, [1.0] * 4, [0.0, 1.0, 1.0, 0.0]]
+    rows = [ValueTableRow(prompt_key=f"k{i}", n=4, mean_reward=sum(r) / 4, reward_range=(0.0, 1.0), rewards=r)
+            for i, r in enumerate(rewards)]
+    f = tmp_path / "t.jsonl"
+    save_value_table(str(f), ValueTable(rows))
+    res = mod.table_pass_counts(str(f))
+    assert res["correct_counts"] == {0: 1, 1: 1, 2: 1, 4: 2} and res["n"] == [4] and res["prompts"] == 5
+    assert res["mean_pass_rate"] == pytest.approx(11 / 20)
+    assert mod.main(["--value_table", str(f)]) == 0
+    assert "0 / 1 / ... / 4 of [4] right: 1 / 1 / 1 / 0 / 2" in capsys.readouterr().out
