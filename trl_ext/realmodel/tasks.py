@@ -190,6 +190,8 @@ def _steps_items(shots: Sequence[tuple[int, ...]] = _STEPS_SHOTS) -> list[tuple[
     return out
 
 
+_STEPS_LEVELS = {0: "a + b (digits)", 1: "a + b - c (digits, c < a + b)",
+                 2: "a + b x c (a a digit, b bags in 2..4 of c in 2..5)"}
 _MATCHED_SHOT_ITEMS = tuple(it for level in sorted(_STEPS_MATCHED_SHOTS) for it in _STEPS_MATCHED_SHOTS[level])
 
 REAL_TASKS: dict[str, RealTask] = {
@@ -224,9 +226,7 @@ REAL_TASKS: dict[str, RealTask] = {
         answer=_steps_answer,
         items=_steps_items,
         examples=tuple((it, _steps_reply(it)) for it in _STEPS_SHOTS),
-        notes={"levels": {0: "a + b (digits)", 1: "a + b - c (digits, c < a + b)",
-                          2: "a + b x c (a a digit, b bags in 2..4 of c in 2..5)"},
-               "per_level": _STEPS_PER_LEVEL},
+        notes={"levels": _STEPS_LEVELS, "per_level": _STEPS_PER_LEVEL},
     ),
     "steps_matched": RealTask(
         name="steps_matched",
@@ -236,9 +236,7 @@ REAL_TASKS: dict[str, RealTask] = {
         items=lambda: _steps_items(_MATCHED_SHOT_ITEMS),
         examples=tuple((it, _steps_reply(it)) for it in _MATCHED_SHOT_ITEMS),
         examples_for=lambda item: tuple((it, _steps_reply(it)) for it in _STEPS_MATCHED_SHOTS[item[0]]),
-        notes={"levels": {0: "a + b (digits)", 1: "a + b - c (digits, c < a + b)",
-                          2: "a + b x c (a a digit, b bags in 2..4 of c in 2..5)"},
-               "per_level": _STEPS_PER_LEVEL, "examples": "two of the question's level"},
+        notes={"levels": _STEPS_LEVELS, "per_level": _STEPS_PER_LEVEL, "examples": "two of the question's level"},
     ),
 }
 
