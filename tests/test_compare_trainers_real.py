@@ -229,7 +229,7 @@ def test_report_only_trains_nothing_and_chooses_no_rate_from_partial_tuning(tmp_
                      "--tune_extend", "0", "--report_only"), "output_dir": str(tmp_path), "start_checkpoint_sha": "abc"}
     assert s["report_only"]
     ctx = SimpleNamespace(s=s)
-    monkeypatch.setattr(ct, "run_one", lambda *a, **k: pytest.fail("--report_only must not train"))
+    monkeypatch.setattr(ct.harness_runs, "run_one", lambda *a, **k: pytest.fail("--report_only must not train"))
     # grpo_g4: both tuning runs finished (0.5 at 1e-4, 0.7 at 3e-4); grpo_g16: only 1e-4 finished
     for name, lrs in (("grpo_g4", {1e-4: 0.5, 3e-4: 0.7}), ("grpo_g16", {1e-4: 0.9})):
         spec = ct.METHODS[name]

@@ -501,7 +501,7 @@ def test_tuning_loop_extends_at_the_edge_and_stops(monkeypatch, tmp_path):
         return {"method": spec.name, "learning_rate": lr, "seed": seed, "status": "ok",
                 "final_greedy_accuracy": 1.0 - lr * 1e3, "tokens": 10.0}  # lower is always better
 
-    monkeypatch.setattr(ct, "run_or_reuse", fake_run)
+    monkeypatch.setattr(ct.harness_runs, "run_or_reuse", fake_run)
     s = {"output_dir": str(tmp_path), "methods": ["grpo_g8"], "tune_lr": [3e-5, 1e-4, 3e-4], "tune_seeds": [0],
          "tune_extend": 2, "task": "addition"}
     ctx = SimpleNamespace(s=s)
@@ -621,7 +621,7 @@ def test_lr_choice_of_a_concurrent_invocation_is_not_overwritten(monkeypatch, tm
         return {"method": spec.name, "learning_rate": lr, "seed": seed, "status": "ok",
                 "final_greedy_accuracy": 0.5, "tokens": 10.0}
 
-    monkeypatch.setattr(ct, "run_or_reuse", fake_run)
+    monkeypatch.setattr(ct.harness_runs, "run_or_reuse", fake_run)
     doc, _ = ct.tune_learning_rates(SimpleNamespace(s=s), {})
     on_disk = json.loads((tmp_path / ct.LR_CHOICE_FILE).read_text())
     assert on_disk["methods"]["rloo"]["chosen_lr"] == 3e-5 and on_disk["methods"]["grpo_g8"]["chosen_lr"] == 1e-4

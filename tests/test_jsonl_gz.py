@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import glob
 import gzip
-import importlib.util
 import json
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -144,14 +142,9 @@ def test_expand_prefers_plain_matches_and_keeps_a_pattern_matching_nothing(tmp_p
 
 
 def _load_bench():
-    mod = sys.modules.get("compare_trainers")
-    if mod is None:
-        path = os.path.join(ROOT, "benchmarks", "compare_trainers.py")
-        spec = importlib.util.spec_from_file_location("compare_trainers", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["compare_trainers"] = mod
-        spec.loader.exec_module(mod)
-    return mod
+    from bench_module import compare_trainers  # tests/ is on sys.path (pytest's rootdir insertion)
+
+    return compare_trainers()
 
 
 @pytest.mark.parametrize("stored", ["outcomes.jsonl", "outcomes.jsonl.gz"])

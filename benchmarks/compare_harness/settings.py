@@ -1,0 +1,199 @@
+"""Command-line arguments of ``compare_trainers.py`` and their resolution into one settings dict (presets <
+protocol < ``--smoke`` < explicit arguments), validated before anything trains."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from trl_ext._argtypes import nonneg_int as _nonneg_int
+from trl_ext._argtypes import positive_float as _pos_float
+from trl_ext._argtypes import positive_int as _pos_int
+
+from .presets import METHODS, PROTOCOLS, REAL_TASK_NAMES, SCALE_PROTOCOL, SCALES, SMOKE, TASK_PRESETS
+
+#: ``--help`` description (the script's module docstring has the full protocol).
+DESCRIPTION = ("Compute-matched comparison of every trl_ext trainer against plain GRPO and the published "
+               "baselines.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output_dir", required=True, help="where runs.json, tables, verdicts, plots and runs/ go")
+    p.add_argument("--protocol", choices=sorted(PROTOCOLS), default="v1",
+                   help="v1: one learning rate for all, seeds 0-2; v2: per-method learning rate tuned on a "
+                        "validation split, then seeds 0-4 (default v1)")
+    p.add_argument("--methods", nargs="+", default=None, metavar="M",
+                   help=f"methods to run (default all): {' '.join(METHODS)}")
+    p.add_argument("--seeds", nargs="+", type=_nonneg_int, default=None,
+                   help="training seeds of the main runs (default 0 1 2; v2: 0 1 2 3 4)")
+    p.add_argument("--scale", choices=sorted(SCALES), default="cpu", help="size preset (default cpu)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny end-to-end check: 2 methods, 1 seed, a few hundred tokens (overrides the preset)")
+    p.add_argument("--token_budget", type=_pos_float, default=None, help="generated training tokens per run")
+    p.add_argument("--eval_every_tokens", type=_pos_float, default=None, help="evaluation checkpoint spacing")
+    p.add_argument("--rollouts_per_step", type=_pos_int, default=None,
+                   help="rollouts per optimizer step for fixed-G methods (must be divisible by 16)")
+    p.add_argument("--learning_rate", type=_pos_float, default=None,
+                   help="one learning rate for every method (not with --tune_lr; v2 needs --no_tune with it)")
+    p.add_argument("--tune_lr", nargs="+", type=_pos_float, default=None, metavar="LR",
+                   help="tune each method's learning rate over these values on the validation split (v2 default: "
+                        "3e-5 1e-4 3e-4); lr_choice.json in --output_dir, if present, is read instead")
+    p.add_argument("--tune_seeds", nargs="+", type=_nonneg_int, default=None,
+                   help="training seeds of the tuning runs (default 0)")
+    p.add_argument("--tune_extend", type=_nonneg_int, default=None,
+                   help="when a method's best learning rate is the lowest or highest tried, tune the next one beyond "
+                        "it on the 1-3-10 ladder, at most this many times per method (v2 default 2, v1 0)")
+    p.add_argument("--no_tune", action="store_true", help="v2 without tuning: --learning_rate for every method")
+    p.add_argument("--n_eval", type=_pos_int, default=None, help="held-out evaluation questions (test split)")
+    p.add_argument("--n_val", type=_pos_int, default=None,
+                   help="validation questions for lr tuning (train split, disjoint from the training prompts)")
+    p.add_argument("--n_train", type=_pos_int, default=None, help="training prompts (the same pool for all)")
+    p.add_argument("--eval_samples", type=_nonneg_int, default=None,
+                   help="also measure sampled accuracy (T=1) with this many samples per question (0 = off)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="accuracy for 'tokens to threshold' (default v1: grpo_g16's mean final accuracy; v2: the best "
+                        "GRPO setting's; without them the start accuracy + 0.10)")
+    p.add_argument("--task", default=None,
+                   help="testbed task: addition (default), scratchpad, substitution; or a real-model chat task: "
+                        "sum3, largest, steps (trl_ext.realmodel.tasks; the SmolLM2 model unless "
+                        "--model_name_or_path)")
+    p.add_argument("--eval_mode", choices=("greedy", "sampled"), default=None,
+                   help="primary held-out accuracy: greedy (default) or sampled at T = 1 with --eval_samples per "
+                        "question (default for --scale smollm2)")
+    p.add_argument("--model_name_or_path", default=None,
+                   help="start checkpoint (default: the cached warm testbed model for --task, seed 0)")
+    p.add_argument("--warm_seed", type=_nonneg_int, default=0, help="warm-model seed (one checkpoint for all runs)")
+    p.add_argument("--dataset_fn", default=None,
+                   help="module:function returning (train_dataset, eval_dataset[, validation_dataset]) with "
+                        "prompt/answer/question_id columns, replacing the testbed task")
+    p.add_argument("--reward_fn", default=None,
+                   help="module:function, a TRL reward function (1 = correct); required with --dataset_fn")
+    p.add_argument("--graded_reward_fn", default=None,
+                   help="module:function, a graded reward in [0, 1] for the tiebreak method (default: the testbed "
+                        "task's, e.g. scratchpad_steps_reward; tiebreak is skipped without one)")
+    p.add_argument("--max_completion_length", type=_pos_int, default=None,
+                   help="default: the task's longest answer + 2")
+    p.add_argument("--value_table_samples", type=_pos_int, default=None,
+                   help="BASIS reference samples per training prompt (default 32)")
+    p.add_argument("--use_peft", action=argparse.BooleanOptionalAction, default=None,
+                   help="train a LoRA adapter (peft.LoraConfig on all linear layers, dropout 0) instead of the full "
+                        "model (default: on for --scale smollm2, off otherwise)")
+    p.add_argument("--lora_r", type=_pos_int, default=None, help="LoRA rank (default 16)")
+    p.add_argument("--lora_alpha", type=_pos_int, default=None, help="LoRA alpha (default 32)")
+    p.add_argument("--temperature", type=_pos_float, default=None,
+                   help="sampling temperature of training, the BASIS table and sampled evaluation (default 1.0); "
+                        "only for real-model and --dataset_fn tasks")
+    p.add_argument("--use_vllm", action="store_true", help="passed to the trainer config")
+    p.add_argument("--vllm_mode", default=None, help="passed to the trainer config (colocate / server)")
+    p.add_argument("--config_overrides", default=None,
+                   help="JSON object of extra config fields applied to every method (same for all)")
+    p.add_argument("--num_threads", type=_pos_int, default=1, help="torch threads (default 1)")
+    p.add_argument("--jobs", type=_pos_int, default=1,
+                   help="run the methods in this many worker processes side by side (each with --num_threads "
+                        "threads; methods are split by their estimated cost), then aggregate every run into one "
+                        "set of tables, verdicts and plots (default 1: one process)")
+    p.add_argument("--n_sim", type=_pos_int, default=None, help="Monte Carlo reruns for the smallest gap")
+    p.add_argument("--n_boot", type=_pos_int, default=None, help="paired bootstrap replicates")
+    p.add_argument("--cache_dir", default=None,
+                   help="where the BASIS value table is cached "
+                        "(default $TRL_EXT_CACHE/bench or ~/.cache/trl_ext/bench)")
+    p.add_argument("--no_resume", action="store_true", help="re-run runs whose result.json already exists")
+    p.add_argument("--report_only", action="store_true",
+                   help="train nothing: tables, verdicts and plots from the finished runs in --output_dir; runs not "
+                        "finished yet are recorded as pending, methods with pending tuning runs get no learning "
+                        "rate, and lr_choice.json is neither written nor changed (an interim report of a benchmark "
+                        "that runs across sessions)")
+    p.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--update_norms", action="store_true",
+                   help="record the parameter update norm ||theta_t - theta_{t-1}|| of every optimizer step in the "
+                        "run's trace (copies the trainable parameters once per step: fine for the testbed)")
+    return p
+
+
+def resolve_settings(args: argparse.Namespace) -> dict:
+    """Merge preset, protocol, ``--smoke`` and explicit arguments into one settings dict; validate it.
+
+    Precedence: scale preset < task preset (:data:`TASK_PRESETS`) < protocol (:data:`PROTOCOLS`) < ``--smoke`` <
+    explicit arguments.
+    """
+    task = args.task or SCALES[args.scale]["task"]
+    s = dict(SCALES[args.scale])
+    s.update(TASK_PRESETS.get((task, args.scale), {}))
+    s.update(task=task, methods=list(s.get("methods", METHODS)), n_sim=400, n_boot=2000)
+    s.setdefault("eval_mode", "greedy")
+    s.setdefault("use_peft", False)
+    s.setdefault("lora_r", 16)
+    s.setdefault("lora_alpha", 32)
+    s.update(PROTOCOLS[args.protocol])
+    s.update(SCALE_PROTOCOL.get((args.scale, args.protocol), {}))
+    if args.smoke:
+        s.update(SMOKE)
+    for key in ("token_budget", "eval_every_tokens", "rollouts_per_step", "learning_rate", "n_eval", "n_val",
+                "n_train", "eval_samples", "n_sim", "n_boot", "value_table_samples", "use_peft", "lora_r",
+                "lora_alpha", "eval_mode"):
+        if getattr(args, key, None) is not None:
+            s[key] = getattr(args, key)
+    if args.methods is not None:
+        s["methods"] = list(dict.fromkeys(args.methods))
+    if args.seeds is not None:
+        s["seeds"] = list(dict.fromkeys(args.seeds))
+    if args.tune_seeds is not None:
+        s["tune_seeds"] = list(dict.fromkeys(args.tune_seeds))
+    if args.tune_extend is not None:
+        s["tune_extend"] = args.tune_extend
+    if args.tune_lr is not None and args.no_tune:
+        raise SystemExit("--tune_lr and --no_tune exclude each other")
+    if args.tune_lr is not None and args.learning_rate is not None:
+        raise SystemExit("--tune_lr and --learning_rate exclude each other: tuning picks each method's learning rate "
+                         "(pass one of them)")
+    if args.tune_lr is not None:
+        s["tune_lr"] = sorted(set(args.tune_lr))
+    elif args.no_tune:
+        s["tune_lr"] = None
+    elif s["tune_lr"] and args.learning_rate is not None:
+        raise SystemExit(f"--protocol {args.protocol} tunes the learning rate per method; add --no_tune to train "
+                         "every method at --learning_rate instead")
+    unknown = [m for m in s["methods"] if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    if s["rollouts_per_step"] % 16:
+        raise SystemExit(f"--rollouts_per_step must be divisible by 16 (G = 16, 8, 4 and 1 share it); "
+                         f"got {s['rollouts_per_step']}")
+    s["temperature"] = 1.0 if args.temperature is None else args.temperature
+    if s["temperature"] != 1.0 and task not in REAL_TASK_NAMES and not args.dataset_fn:
+        raise SystemExit("--temperature is for the real-model tasks and --dataset_fn datasets (the testbed tasks' "
+                         "evaluation samples at T = 1)")
+    if s["eval_mode"] == "sampled" and not s["eval_samples"]:
+        raise SystemExit("--eval_mode sampled needs --eval_samples >= 1 (samples per question)")
+    if s["eval_every_tokens"] > s["token_budget"]:
+        raise SystemExit("--eval_every_tokens must not exceed --token_budget")
+    if bool(args.dataset_fn) != bool(args.reward_fn):
+        raise SystemExit("--dataset_fn and --reward_fn go together (the reward also scores the evaluation)")
+    overrides = {}
+    if args.config_overrides:
+        try:
+            overrides = json.loads(args.config_overrides)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--config_overrides is not valid JSON: {e}") from e
+        if not isinstance(overrides, dict):
+            raise SystemExit("--config_overrides must be a JSON object of config fields")
+    if "learning_rate" in overrides:
+        raise SystemExit("set the learning rate with --learning_rate or --tune_lr, not --config_overrides")
+    if args.use_vllm:
+        overrides["use_vllm"] = True
+    if args.vllm_mode:
+        overrides["vllm_mode"] = args.vllm_mode
+    s.update(update_norms=bool(getattr(args, "update_norms", False)), config_overrides=overrides, scale=args.scale,
+             protocol=args.protocol, smoke=bool(args.smoke),
+             threshold=args.threshold, model_name_or_path=args.model_name_or_path, warm_seed=args.warm_seed,
+             dataset_fn=args.dataset_fn, reward_fn=args.reward_fn, graded_reward_fn=args.graded_reward_fn,
+             max_completion_length=args.max_completion_length,
+             output_dir=os.path.abspath(args.output_dir), resume=not args.no_resume,
+             report_only=bool(getattr(args, "report_only", False)),
+             cache_dir=os.path.abspath(args.cache_dir or os.path.join(
+                 os.environ.get("TRL_EXT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trl_ext"),
+                 "bench")))
+    return s
