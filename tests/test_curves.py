@@ -143,7 +143,7 @@ def test_curves_command_on_a_runs_json(tmp_path, capsys):
                      "--output", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| x | 5 |" in text and "budget 400 tokens" in text
-    res = json.loads(out.read_text())
+    res = json.loads(out.read_text(), parse_constant=_reject_constant)  # strict JSON: no Infinity / NaN
     assert res["start_accuracy"] == 0.4 and set(res["methods"]) == {"grpo", "x"}
     assert cli.main(["curves", "--runs_json", str(path), "--baseline", "nope"]) == 2
     assert "baseline 'nope' has no runs" in capsys.readouterr().err
@@ -153,6 +153,18 @@ def test_curves_command_on_a_runs_json(tmp_path, capsys):
         (per_run / f"{i}.json").write_text(json.dumps(r))
     assert cli.main(["curves", "--run", f"all={per_run}/*.json", "--baseline", "all", "--start_accuracy", "0.4",
                      "--n_resamples", "200"]) == 2  # ten runs, but five share each seed number: refused
+
+
+def _reject_constant(name):
+    raise AssertionError(f"curves.json holds the non-JSON constant {name}")
+
+
+def test_json_safe_writes_unreached_targets_and_uncomputed_intervals_as_null():
+    from trl_ext.stats.curves_cli import json_safe
+
+    doc = {"t2t": math.inf, "ci": (math.nan, 0.5), "nested": [{"x": -math.inf}, 1.0, "s", None, True]}
+    assert json_safe(doc) == {"t2t": None, "ci": [None, 0.5], "nested": [{"x": None}, 1.0, "s", None, True]}
+    json.dumps(json_safe(doc), allow_nan=False)  # would raise on a non-finite float
 
 
 def test_two_level_difference_finds_a_planted_gap_and_is_zero_against_itself():
@@ -210,6 +222,14 @@ def test_curves_command_two_level_from_checkpoint_outcomes(tmp_path, capsys):
     assert res["methods"]["grpo"]["auc_diff_ci_two_level"] == [0.0, 0.0]
     lo, hi = res["methods"]["x"]["acc_at_budget_diff_ci_two_level"]
     assert 0 < lo < res["methods"]["x"]["acc_at_budget_diff"] < hi  # 0.7 vs 0.4 at the budget
+    # a method whose seed set differs from the baseline's: no two-level paired interval, said so, null in the JSON
+    short = {"runs": [r for r in recs if not (r["method"] == "x" and r["seed"] == 2)], "start_accuracy": 0.3}
+    (tmp_path / "runs.json").write_text(json.dumps(short))
+    assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",
+                     "accuracy", "--questions", "--n_resamples", "100", "--output", str(out)]) == 0
+    assert "[not paired: seed sets differ]" in capsys.readouterr().out
+    res = json.loads(out.read_text(), parse_constant=_reject_constant)
+    assert res["methods"]["x"]["auc_diff_ci_two_level"] == [None, None]
     del recs[0]["curve"][0]["outcomes"]
     (tmp_path / "runs.json").write_text(json.dumps({"runs": recs, "start_accuracy": 0.3}))
     assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",

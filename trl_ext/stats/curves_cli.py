@@ -154,6 +154,18 @@ def add_question_level(res: dict, args, budget: float) -> None:
                 rec[f"{stat}_diff_ci_two_level"] = (math.nan, math.nan)
 
 
+def json_safe(obj):
+    """``obj`` with every non-finite float (``inf``: a target not reached; ``nan``: an interval not computed)
+    replaced by ``None``, tuples as lists: what strict JSON can hold (``json.dump`` would write ``Infinity``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def _fmt_t(x: float) -> str:
     return "not reached" if math.isinf(x) else f"{x:,.0f}"
 
@@ -211,10 +223,13 @@ def main(args: argparse.Namespace) -> int:
             for stat in ("auc", "acc_at_budget"):
                 lo, hi = r[f"{stat}_ci_two_level"]
                 dlo, dhi = r[f"{stat}_diff_ci_two_level"]
+                diff_ci = ("[not paired: seed sets differ]" if math.isnan(dlo) else
+                           f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}]")
                 cells.append(f"{r[f'{stat}_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r[f'{stat}_diff']:+.2f} pts "
-                             f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}]")
+                             f"{diff_ci}")
             print(f"| {m} | {' | '.join(cells)} |")
     if args.output:
         with open(args.output, "w") as f:
-            json.dump(res, f, indent=1, default=lambda x: None if isinstance(x, float) and math.isinf(x) else x)
+            # strict JSON: "not reached" (inf) and "not computed" (nan) are written as null
+            json.dump(json_safe(res), f, indent=1, allow_nan=False)
     return 0
