@@ -464,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     threshold, threshold_rule = choose_threshold(runs, s["threshold"], start.accuracy, s["threshold_reference"])
     rows = summarize(runs, threshold, start.accuracy, tune_runs)
     verdicts = compute_verdicts(runs, rows, s)
-    plots = [] if args.no_plots else make_plots(runs, start.accuracy, out)
+    plots = [] if args.no_plots else make_plots(runs, start.accuracy, out, s.get("eval_mode", "greedy"))
     settings = {k: v for k, v in s.items()}
     doc = {"settings": settings, "start_checkpoint": ctx.model_path, "start_accuracy": start.accuracy,
            "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,

@@ -261,3 +261,19 @@ def test_every_real_task_has_a_completion_cap_in_the_harness():
     from trl_ext.realmodel import REAL_TASKS
 
     assert set(ct.REAL_TASK_MAX_NEW) == set(REAL_TASKS)
+
+
+def test_plots_name_the_primary_accuracy(tmp_path, monkeypatch):
+    """The y axis says which accuracy is plotted: sampled on the real-model preset, greedy on the testbed."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    labels = []
+    monkeypatch.setattr(Axes, "set_ylabel", lambda self, text, *a, **k: labels.append(text))
+    runs = [{"method": "grpo_g4", "label": "GRPO G=4", "family": "grpo", "status": "ok", "seed": s,
+             "curve": [{"tokens": 100.0 * k, "train_wall_s": 1.0 * k, "accuracy": 0.5 + 0.1 * k} for k in (1, 2)]}
+            for s in (0, 1)]
+    for mode in ("sampled", "greedy"):
+        paths = ct.make_plots(runs, 0.4, str(tmp_path), mode)
+        assert len(paths) == 2 and all(os.path.isfile(p) for p in paths)
+    assert [lab.split(" accuracy")[0] for lab in labels] == ["held-out sampled"] * 2 + ["held-out greedy"] * 2

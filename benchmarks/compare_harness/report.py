@@ -12,7 +12,7 @@ from .presets import AMORTIZE_OVER, DIFFICULTY_COLUMN, GRPO_REFERENCE, METHODS, 
 
 
 def tokens_to_threshold(curve: Sequence[dict], threshold: float) -> float | None:
-    """Actual tokens at the first checkpoint whose greedy accuracy is >= ``threshold`` (``None``: never).
+    """Actual tokens at the first checkpoint whose primary accuracy is >= ``threshold`` (``None``: never).
 
     Coarse by construction (checkpoint resolution); the start point (0 tokens) counts when it already qualifies.
     """
@@ -27,7 +27,7 @@ def _family(run: dict) -> str | None:
 
 
 def best_grpo_method(runs: Sequence[dict]) -> str | None:
-    """The best GRPO setting: the ``grpo``-family method (``grpo_g4/g8/g16``) with the highest mean final greedy
+    """The best GRPO setting: the ``grpo``-family method (``grpo_g4/g8/g16``) with the highest mean final primary
     accuracy over its finished seeds; ties go to the larger group size. ``None`` when none finished.
 
     Selected on the evaluation set itself, which favours the reference: a conservative bar for the challengers.
@@ -301,8 +301,9 @@ def verdicts_markdown(v: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> list[str]:
-    """Mean held-out greedy accuracy vs tokens and vs training wall time; shaded band = min..max over seeds."""
+def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str, eval_mode: str = "greedy") -> list[str]:
+    """Mean held-out primary accuracy (``eval_mode``: greedy or sampled, as the y label says) vs tokens and vs
+    training wall time; shaded band = min..max over seeds."""
     from trl_ext._plots import pyplot
 
     plt = pyplot("the plots of compare_trainers.py (--no_plots skips them)")
@@ -329,7 +330,7 @@ def make_plots(runs: Sequence[dict], start_accuracy: float, out_dir: str) -> lis
                     label=f"{ok[0]['label']} ({len(ok)} seeds)")
             ax.fill_between(xs, lo, hi, color=color, alpha=0.10)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("held-out greedy accuracy (band: min..max over seeds)")
+        ax.set_ylabel(f"held-out {eval_mode} accuracy (band: min..max over seeds)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
