@@ -255,6 +255,25 @@ def test_report_only_trains_nothing_and_chooses_no_rate_from_partial_tuning(tmp_
     assert ("grpo_g4", 1e-3, "pending") in lrs and not any(m == "grpo_g16" and lr < 1e-4 for m, lr, _ in lrs)
 
 
+def test_report_only_reports_a_recorded_skip_as_skipped_not_pending(tmp_path, monkeypatch):
+    """A method recorded as not defined for the task (tiebreak without a graded reward) stays ``skipped`` in an
+    interim report, with its reason; a missing or stale record is ``pending``."""
+    s = {**_settings("--protocol", "v2", "--smoke", "--methods", "tiebreak", "--tune_lr", "1e-4", "--report_only"),
+         "output_dir": str(tmp_path), "start_checkpoint_sha": "abc"}
+    monkeypatch.setattr(ct.harness_runs, "run_one", lambda *a, **k: pytest.fail("--report_only must not train"))
+    spec, ctx = ct.METHODS["tiebreak"], SimpleNamespace(s=s)
+    run_dir = tmp_path / "runs" / "tune" / "tiebreak" / "lr0.0001" / "seed0"
+    run_dir.mkdir(parents=True)
+    key = ct._settings_key(s, spec, 0, 1e-4, "validation")
+    ct._write_json(str(run_dir / "result.json"), {**ct._skip_record(spec, 0, "not defined for this task: no grade",
+                                                                     key), "learning_rate": 1e-4})
+    doc, runs = ct.tune_learning_rates(ctx, {})
+    assert [r["status"] for r in runs] == ["skipped"]
+    assert doc["methods"]["tiebreak"]["status"] == "skipped" and "no grade" in doc["methods"]["tiebreak"]["reason"]
+    ct._write_json(str(run_dir / "result.json"), {**ct._skip_record(spec, 0, "old", "stale-key")})
+    assert ct.harness_runs.run_or_reuse(ctx, spec, 0, str(run_dir), {}, 1e-4, "validation")["status"] == "pending"
+
+
 def test_every_real_task_has_a_completion_cap_in_the_harness():
     """A task added to ``trl_ext.realmodel.REAL_TASKS`` must get its measured completion cap here, else the harness
     would treat it as a testbed task."""

@@ -253,6 +253,9 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
             print(f"[{spec.name} seed {seed} lr {lr:g} {split}] reusing {res_path}", flush=True)
             return _trace_by_reference(_complete_reused(ctx, spec, old, setup_cache, lr, split), res_path,
                                        s["output_dir"])
+        if s.get("report_only") and old.get("settings_key") == key and old.get("status") == "skipped":
+            # a method not defined for the task (or not importable) was recorded as skipped: it is not pending
+            return old
     if s.get("report_only"):  # an interim report: nothing is trained or written
         return {**_skip_record(spec, seed, "not run yet (--report_only)", key), "status": "pending",
                 "learning_rate": lr, "eval_split": split}
