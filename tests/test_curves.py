@@ -160,11 +160,13 @@ def _reject_constant(name):
 
 
 def test_json_safe_writes_unreached_targets_and_uncomputed_intervals_as_null():
-    from trl_ext.stats.curves_cli import json_safe
+    from trl_ext._io import json_safe
 
     doc = {"t2t": math.inf, "ci": (math.nan, 0.5), "nested": [{"x": -math.inf}, 1.0, "s", None, True]}
     assert json_safe(doc) == {"t2t": None, "ci": [None, 0.5], "nested": [{"x": None}, 1.0, "s", None, True]}
     json.dumps(json_safe(doc), allow_nan=False)  # would raise on a non-finite float
+    np_doc = {1: np.array([np.inf, 2.0]), "s": np.float64(np.nan)}  # numpy values; the audit files' infinity
+    assert json_safe(np_doc, infinity=lambda v: "inf" if v > 0 else "-inf") == {"1": ["inf", 2.0], "s": None}
 
 
 def test_two_level_difference_finds_a_planted_gap_and_is_zero_against_itself():

@@ -9,7 +9,7 @@ import json
 import os
 
 __all__ = ["write_json", "sha256_file", "read_cache_meta", "resolve_jsonl", "open_text", "write_text_atomic",
-           "write_json_compact", "read_json", "read_jsonl"]
+           "write_json_compact", "read_json", "read_jsonl", "json_safe"]
 
 
 def resolve_jsonl(path: str | os.PathLike) -> str:
@@ -148,3 +148,22 @@ def read_json(path: str | os.PathLike):
     """The JSON document in ``path``, gunzipped when its name ends with ``.gz``."""
     with open_text(path) as f:
         return json.load(f)
+
+
+def json_safe(obj, *, infinity=None):
+    """``obj`` as strict JSON can hold it: dict keys as strings, tuples and numpy arrays as lists, numpy scalars as
+    Python numbers, NaN as ``None`` and +-inf as ``infinity`` (``None`` by default; a callable gets the value, e.g.
+    to write ``"inf"`` / ``"-inf"``). ``json.dump`` would otherwise write the non-JSON ``NaN`` / ``Infinity``."""
+    import math
+
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v, infinity=infinity) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v, infinity=infinity) for v in obj]
+    if hasattr(obj, "tolist") and type(obj).__module__ == "numpy":  # arrays and numpy scalars, without importing numpy
+        return json_safe(obj.tolist(), infinity=infinity)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        if math.isnan(obj):
+            return None
+        return infinity(obj) if callable(infinity) else infinity
+    return obj

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 import traceback
 from typing import Any
+
+from .._io import json_safe
 
 AUDITS = ("basis", "v05", "pair")
 DEFAULT_OUTPUT_DIR = os.path.join("benchmarks", "results")
@@ -32,20 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _jsonable(x: Any) -> Any:
-    """Convert numpy scalars/arrays and non-finite floats into JSON-safe values."""
-    import numpy as np
-
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, np.generic):
-        return _jsonable(x.item())
-    if isinstance(x, float) and not math.isfinite(x):
-        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
+    """JSON-safe values for the audit files: NaN as ``None``, +-inf as ``"inf"`` / ``"-inf"``."""
+    return json_safe(x, infinity=lambda v: "inf" if v > 0 else "-inf")
 
 
 def _load(name: str):

@@ -15,6 +15,8 @@ import math
 import os
 import sys
 
+from .._io import json_safe
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs_json", default=None, help="A comparison harness runs.json.")
@@ -152,18 +154,6 @@ def add_question_level(res: dict, args, budget: float) -> None:
                 rec[f"{stat}_diff_ci_two_level"] = two_level_auc_difference(o, t, b_o, b_t, budget, **kw)["ci"]
             else:
                 rec[f"{stat}_diff_ci_two_level"] = (math.nan, math.nan)
-
-
-def json_safe(obj):
-    """``obj`` with every non-finite float (``inf``: a target not reached; ``nan``: an interval not computed)
-    replaced by ``None``, tuples as lists: what strict JSON can hold (``json.dump`` would write ``Infinity``)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
 
 
 def _fmt_t(x: float) -> str:
