@@ -10,16 +10,21 @@ model.
 What each test asserts, on the testbed model (a tiny Llama saved with 512 positions) unless stated:
 
 * ``ext/generated_tokens`` of every step equals the number of tokens the engine returned for that step;
-* TRL's own per-step check, ``sampling/sampling_logp_difference/max`` (engine log-prob at sampling time vs the HF
-  policy's), stays within :data:`LOGP_TOL` at every step, i.e. the engine sampled from the trained weights;
-* after training the engine's log-probs match the policy's within :data:`LOGP_TOL` and are at least
-  :data:`SEPARATION` times closer to the policy than to the untrained model (so the check can fail);
+* TRL's own per-step check, ``sampling/sampling_logp_difference/mean`` (engine log-prob at sampling time vs the HF
+  policy's, averaged over the step's tokens), stays within :data:`LOGP_MEAN_TOL` at every step, i.e. the engine
+  sampled from the trained weights;
+* after training the engine's log-probs match the policy's (mean gap within :data:`LOGP_MEAN_TOL`, 90th percentile
+  within :data:`LOGP_P90_TOL`) and are at least :data:`SEPARATION` times closer to the policy than to the untrained
+  model on average (so the check can fail);
 * the method-specific behaviour: DAPO refill rounds, V0.5's unequal rollout counts per prompt, BASIS's G = 1 with a
   value table built by the real engine, PAIR's probe-then-continue requests, keyed per-request seeds, LoRA merging,
   checkpoint resume, two CPU ranks, and SmolLM2-135M with LoRA.
 
 The engine computes in bfloat16 on this CPU (TRL does not pass a dtype; vLLM's CPU backend picks bf16 where the CPU
-has AVX-512 BF16) while the policy is float32: that sets the tolerance.
+has AVX-512 BF16) while the policy is float32: that sets the tolerance. No test asserts on a *maximum* over tokens:
+the largest bf16 rounding difference among a few hundred tokens depends on the CPU's kernels (SmolLM2's per-step
+max was 0.20-0.25 on one machine and 0.518 on another of the same kind), while the mean and the 90th percentile
+are stable across machines and still 10-20x below what untrained weights give.
 """
 
 from __future__ import annotations
@@ -39,8 +44,11 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 DRIVER = os.path.join(SCRIPTS, "vllm_scenarios.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: max |engine log-prob - policy log-prob| per token (bf16 engine, fp32 policy); measured 0.002-0.007 on the testbed
-LOGP_TOL = 0.05
+#: mean |engine log-prob - policy log-prob| per token (bf16 engine, fp32 policy) on the testbed model, per step and
+#: after training. Measured MEAN_MEASURED; the bound is ~10x that and still far below the untrained model's mean gap.
+LOGP_MEAN_TOL = 0.01
+#: 90th percentile of the per-token gap after training (testbed; measured P90_MEASURED)
+LOGP_P90_TOL = 0.02
 #: the untrained model must be this many times farther (mean gap) from the engine than the trained policy
 SEPARATION = 10.0
 
@@ -99,8 +107,8 @@ def tokens_by_step(rec: dict) -> dict[int, int]:
     return out
 
 
-def check_common(rec: dict, *, tol: float = LOGP_TOL, separation: float = SEPARATION,
-                 steps: list[int] | None = None) -> None:
+def check_common(rec: dict, *, mean_tol: float = LOGP_MEAN_TOL, p90_tol: float = LOGP_P90_TOL,
+                 separation: float = SEPARATION, steps: list[int] | None = None) -> None:
     """Counter == engine tokens per step; engine sampled from the trained weights; post-training weight check.
 
     ``steps``: the steps this process generated (default: every logged step; a resumed run logs the restored ones).
@@ -112,9 +120,13 @@ def check_common(rec: dict, *, tol: float = LOGP_TOL, separation: float = SEPARA
     for step in steps:
         h = logs[step]
         assert h["ext/generated_tokens"] == engine[step], (step, h["ext/generated_tokens"], engine[step])
-        assert h["sampling/sampling_logp_difference/max"] < tol, (step, h)
+        assert h["sampling/sampling_logp_difference/mean"] < mean_tol, (step, h)
     w = rec["weights"]
-    assert w["tokens"] > 0 and w["max_gap_policy"] < tol, w
+    print(f"\n[vllm] logp gaps: per-step mean {[round(logs[s]['sampling/sampling_logp_difference/mean'], 5) for s in steps]}"
+          f" max {[round(logs[s]['sampling/sampling_logp_difference/max'], 4) for s in steps]}; after training over "
+          f"{w['tokens']} tokens: mean {w['mean_gap_policy']:.5f} p90 {w['p90_gap_policy']:.4f} "
+          f"p99 {w['p99_gap_policy']:.4f} max {w['max_gap_policy']:.4f}, untrained mean {w['mean_gap_untrained']:.4f}")
+    assert w["tokens"] > 0 and w["mean_gap_policy"] < mean_tol and w["p90_gap_policy"] < p90_tol, w
     assert w["mean_gap_untrained"] > separation * w["mean_gap_policy"], w
 
 
@@ -138,7 +150,7 @@ def test_grpo_counts_weights_and_resume(tiny_dir, tmp_path):
     logs = step_logs(res)
     assert res["global_step"] == 3 and sorted(logs) == [1, 2, 3]  # steps 1-2 came back with the checkpoint
     # the engine started from the checkpoint's weights (TRL re-syncs before the first generation after resume)
-    assert logs[3]["sampling/sampling_logp_difference/max"] < LOGP_TOL
+    assert logs[3]["sampling/sampling_logp_difference/mean"] < LOGP_MEAN_TOL
     assert logs[3]["ext/generated_tokens_total"] == total2 + tokens_by_step(res)[3]
 
 
@@ -230,9 +242,10 @@ def test_two_cpu_ranks_each_with_an_engine(tiny_dir, tmp_path):
     assert sorted(r["rank"] for r in recs) == [0, 1] and all(r["world_size"] == 2 for r in recs)
     for rec in recs:
         w = rec["weights"]
-        assert w["max_gap_policy"] < LOGP_TOL and w["mean_gap_untrained"] > SEPARATION * w["mean_gap_policy"], w
+        assert w["mean_gap_policy"] < LOGP_MEAN_TOL and w["p90_gap_policy"] < LOGP_P90_TOL, w
+        assert w["mean_gap_untrained"] > SEPARATION * w["mean_gap_policy"], w
         for h in step_logs(rec).values():
-            assert h["sampling/sampling_logp_difference/max"] < LOGP_TOL
+            assert h["sampling/sampling_logp_difference/mean"] < LOGP_MEAN_TOL
     # the logged counter is the sum over both ranks' engines
     for step in step_logs(recs[0]):
         assert step_logs(recs[0])[step]["ext/generated_tokens"] == sum(tokens_by_step(r)[step] for r in recs)
@@ -247,23 +260,25 @@ def smollm2_dir(vllm_installed):
     return get_real_model()
 
 
-#: SmolLM2 in the bf16 engine vs fp32 HF over 30 layers: a few tokens differ by up to 0.25 (measured 0.20 at step 1,
-#: before any update); the mean gap (0.004-0.005) is what separates the trained from the untrained weights
-#: (0.087-0.093 after 2 LoRA steps at lr 2e-3: 17-26x)
-SMOL_LOGP_TOL = 0.5
+#: SmolLM2 in the bf16 engine vs fp32 HF over 30 layers. The per-token maximum is machine-dependent (0.20-0.25 where
+#: this test was written, 0.518 at step 1 on another machine of the same kind); the mean gap (measured SMOL_MEAN) is
+#: what separates the trained from the untrained weights (SMOL_UNTRAINED after 2 LoRA steps at lr 2e-3).
+SMOL_LOGP_MEAN_TOL = 0.03
+#: 90th percentile of SmolLM2's per-token gap after training (measured SMOL_P90)
+SMOL_LOGP_P90_TOL = 0.06
 SMOL_SEPARATION = 5.0
 
 
 def test_smollm2_grpo_lora(smollm2_dir, tmp_path):
     (rec,) = run_scenario("smollm2_lora", tmp_path, smollm2_dir)
-    check_common(rec, tol=SMOL_LOGP_TOL, separation=SMOL_SEPARATION)
+    check_common(rec, mean_tol=SMOL_LOGP_MEAN_TOL, p90_tol=SMOL_LOGP_P90_TOL, separation=SMOL_SEPARATION)
     w = rec["weights"]
     print(f"\n[vllm] smollm2 lora: mean gap policy {w['mean_gap_policy']:.4f} untrained {w['mean_gap_untrained']:.4f}")
 
 
 def test_smollm2_pair_probe_prefixes(smollm2_dir, tmp_path):
     (rec,) = run_scenario("smollm2_pair", tmp_path, smollm2_dir)
-    check_common(rec, tol=SMOL_LOGP_TOL, separation=SMOL_SEPARATION)
+    check_common(rec, mean_tol=SMOL_LOGP_MEAN_TOL, p90_tol=SMOL_LOGP_P90_TOL, separation=SMOL_SEPARATION)
     for step in step_logs(rec):
         first, second = [c for c in rec["calls"] if c["step"] == step]
         assert set(first["max_tokens"]) == {8} and set(second["max_tokens"]) == {64 - 8}
@@ -348,6 +363,6 @@ def test_example_script_with_use_vllm_and_lora(script, tiny_dir, tmp_path):
     state = json.loads((out / "trainer_state.json").read_text())
     logs = [h for h in state["log_history"] if "loss" in h]
     assert state["global_step"] == 2 and len(logs) == 2
-    assert all(h["sampling/sampling_logp_difference/max"] < LOGP_TOL for h in logs), logs
+    assert all(h["sampling/sampling_logp_difference/mean"] < LOGP_MEAN_TOL for h in logs), logs
     assert all(h["ext/generated_tokens"] > 0 for h in logs)
     assert (out / "adapter_config.json").exists()

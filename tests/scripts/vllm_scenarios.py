@@ -66,9 +66,11 @@ def weight_check(trainer, base_model_dir: str, prompt_ids: list[list[int]], max_
 
     vg = trainer.vllm_generation
     vg.sync_weights()
+    # four seeded samples per prompt: enough tokens (4 x 8 x max_tokens) for a stable mean and 90th percentile
+    prompt_ids = [p for p in prompt_ids for _ in range(4)]
     outs = vg.llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
-                           SamplingParams(max_tokens=max_tokens, temperature=1.0, logprobs=0, seed=1234),
-                           use_tqdm=False)
+                           [SamplingParams(max_tokens=max_tokens, temperature=1.0, logprobs=0, seed=1234 + i)
+                            for i in range(len(prompt_ids))], use_tqdm=False)
     policy = trainer.accelerator.unwrap_model(trainer.model)
     untrained = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
 
@@ -89,8 +91,16 @@ def weight_check(trainer, base_model_dir: str, prompt_ids: list[list[int]], max_
         gaps_untrained += [abs(a - b) for a, b in zip(eng, logps(untrained, ids, comp))]
     policy.train()
     n = max(len(gaps_policy), 1)
+
+    def quantile(xs: list[float], q: float) -> float:
+        # nearest-rank quantile: no interpolation, so it is one of the measured gaps
+        return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+    # The tests assert on the mean and the 90th percentile; the max is recorded for the docs only (a maximum over
+    # tokens of a bf16 rounding difference depends on the CPU's kernels).
     return {"tokens": len(gaps_policy), "max_gap_policy": max(gaps_policy, default=0.0),
-            "mean_gap_policy": sum(gaps_policy) / n, "max_gap_untrained": max(gaps_untrained, default=0.0),
+            "mean_gap_policy": sum(gaps_policy) / n, "p90_gap_policy": quantile(gaps_policy, 0.9),
+            "p99_gap_policy": quantile(gaps_policy, 0.99), "max_gap_untrained": max(gaps_untrained, default=0.0),
             "mean_gap_untrained": sum(gaps_untrained) / n,
             "weight_syncs": getattr(vg, "trl_ext_weight_syncs", None),
             "tied_modules_reprocessed": getattr(vg, "trl_ext_tied_modules_reprocessed", None)}

@@ -187,6 +187,7 @@ def _load(path, *, allow_truncated_tail: bool, allow_incomplete: bool, warn_lega
             raise ValueError(f"{path}: line {i}: {e}") from e
     _check_integrity(table, integ, path, allow_incomplete=allow_incomplete, warn_legacy=warn_legacy)
     table.integrity = integ
+    table.legacy_format = integ is None
     if n_truncated:
         table.metadata["n_truncated_lines"] = n_truncated
     return table

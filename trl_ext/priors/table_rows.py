@@ -226,6 +226,8 @@ class ValueTable:
         #: The header's integrity record as loaded (``{"status": "complete", "n_rows": ..., "sha256": ...}`` or
         #: ``{"status": "in_progress"}``); None for an in-memory table or a trl_ext 0.1 file without one.
         self.integrity: dict[str, Any] | None = None
+        #: True for a table read from a trl_ext 0.1 file (no integrity record: a cut on a row boundary is undetectable)
+        self.legacy_format: bool = False
         self._rows: dict[str, ValueTableRow] = {}
         for row in rows:
             self.add(row)

@@ -383,10 +383,14 @@ def _make_glue_class():
         def _save_checkpoint(self, model, trial):
             # hook runs *before* Trainer's save: Trainer._save_checkpoint pushes the folder to the Hub
             # (push_to_hub) and rotates old checkpoints from inside, so a file added afterwards would be missing.
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{checkpoint_prefix()}-{self.state.global_step}")
             if self.args.should_save:
-                folder = f"{checkpoint_prefix()}-{self.state.global_step}"
-                self.ext_before_save_checkpoint(os.path.join(self._get_output_dir(trial=trial), folder))
-            super()._save_checkpoint(model, trial)
+                self.ext_before_save_checkpoint(folder)
+            try:
+                super()._save_checkpoint(model, trial)
+            except Exception as e:  # noqa: BLE001 - disk full reads "unexpected pos ..." (torch), SafetensorError
+                self.ext_save_failed(folder, e)
+                raise
 
         def _load_optimizer_and_scheduler(self, checkpoint):
             super()._load_optimizer_and_scheduler(checkpoint)
@@ -421,6 +425,9 @@ def _make_glue_class():
 
         def ext_before_save_checkpoint(self, checkpoint_dir: str) -> None:
             """Called on the saving process before ``checkpoint_dir`` is written (and pushed)."""
+
+        def ext_save_failed(self, checkpoint_dir: str, exc: BaseException) -> None:
+            """Called when the checkpoint save raised ``exc`` (may raise a clearer error; else ``exc`` propagates)."""
 
         def ext_after_load_checkpoint(self, checkpoint_dir: str) -> None:
             """Called on every process after the optimizer and scheduler were restored from ``checkpoint_dir``."""

@@ -36,6 +36,7 @@ are public names that its :class:`~trl_ext.trainers._trl_compat.TRLGlue` forward
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -66,6 +67,16 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
 )
 from .keyed_sampling import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutIO
+from .preemption import PreemptionHandler
+from .resume import (
+    apply_learning_rate_change,
+    atomic_torch_save,
+    check_config_changes,
+    check_output_dir_writable,
+    checkpoint_problem,
+    config_fingerprint,
+    write_failure,
+)
 from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
 from .state import _EXT_STATE_VERSION, EXT_STATE_FILE, _last_complete_checkpoint
 
@@ -223,6 +234,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         train_dataset = _add_row_index(train_dataset)
         eval_dataset = _add_row_index(eval_dataset)
         check_before_trl_init(args)
+        check_output_dir_writable(args.output_dir)  # here, not at the first save after steps were computed
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         _check_process_layout(self.accelerator.num_processes)
         self.keyed_sampler = KeyedSampler(self) if args.keyed_sampling else None
@@ -385,7 +397,39 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         """
         return {"trl_ext_version": _EXT_STATE_VERSION, "trainer_class": type(self).__name__,
                 "global_step": int(self.state.global_step), **self._ext_totals,
-                "rollout_strategy": {"name": self.rollout_strategy.name, "state": self.rollout_strategy.state_dict()}}
+                "rollout_strategy": {"name": self.rollout_strategy.name, "state": self.rollout_strategy.state_dict()},
+                "config_fingerprint": json.dumps(self.config_fingerprint(), sort_keys=True)}
+
+    def ext_config_identity(self) -> dict:
+        """What identifies the run beyond its config fields, recorded in each checkpoint's fingerprint: the model
+        (``name_or_path``) and adapter (PEFT type, rank, alpha, dropout, target modules), the reward function
+        names and the number of processes. Method trainers add theirs (BASIS: the value table's row hash)."""
+        model = self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
+        adapter = None
+        peft = getattr(model, "peft_config", None)
+        if isinstance(peft, dict):
+            keep = ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save")
+            adapter = {}
+            for name, cfg in sorted(peft.items()):
+                d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+                adapter[name] = {k: (sorted(d[k]) if isinstance(d.get(k), set | list | tuple) else d.get(k))
+                                 for k in keep if k in d}
+        out = {"model": getattr(getattr(model, "config", None), "_name_or_path", None), "adapter": adapter,
+               "reward_funcs": list(self.reward_func_names), "num_processes": int(self.accelerator.num_processes)}
+        prior = getattr(self.rollout_strategy, "prior", None)  # V0.5's value prior (preset or by config)
+        if prior is not None:
+            out["value_prior"] = type(prior).__name__
+        # BASIS's value table, or the table of V0.5's table prior
+        table = getattr(self.rollout_strategy, "table", None) or getattr(prior, "table", None)
+        if table is not None and hasattr(table, "content_hash"):
+            if getattr(self, "_ext_table_hash", None) is None:
+                self._ext_table_hash = table.content_hash  # the rows' canonical hash, computed once
+            out["value_table_sha256"] = self._ext_table_hash
+        return out
+
+    def config_fingerprint(self) -> dict:
+        """The fields that change what training means (:func:`trl_ext.trainers.resume.config_fingerprint`)."""
+        return config_fingerprint(self.args, self.ext_config_identity())
 
     def load_ext_state_dict(self, state: dict) -> None:
         """Restore what :meth:`ext_state_dict` saved (extend with ``super().load_ext_state_dict(state)``)."""
@@ -450,10 +494,18 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
 
     def _ext_write_state(self, folder: str) -> None:
         """``trl_ext_state.pt`` into ``folder``, atomically (temp file + rename): a crash leaves none or a whole one."""
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, EXT_STATE_FILE)
-        torch.save(self.ext_state_dict(), path + ".tmp")
-        os.replace(path + ".tmp", path)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise write_failure(folder, e) from e
+        atomic_torch_save(self.ext_state_dict(), os.path.join(folder, EXT_STATE_FILE))
+
+    def ext_save_failed(self, checkpoint_dir: str, exc: BaseException) -> None:
+        """TRL / transformers' checkpoint save raised ``exc``: re-raise it naming the folder and, when the disk is
+        full, saying so (torch reports a short write as ``unexpected pos ...``). Other errors propagate unchanged."""
+        text = str(exc)
+        if isinstance(exc, OSError | RuntimeError) or "No space left" in text or "os error" in text:
+            raise write_failure(checkpoint_dir, exc) from exc
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """:meth:`transformers.Trainer.save_model`, plus ``trl_ext_state.pt`` in the same folder (written first:
@@ -480,6 +532,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 f"state. Replace it with the {EXT_STATE_FILE} of checkpoint-{self.state.global_step}, or delete it to "
                 "start the trl_ext state fresh."
             )
+        self._ext_check_resumed_config(state, checkpoint_dir)
         self.load_ext_state_dict(state)
         if self.keyed_sampler is not None and self.args.keyed_sampling_log:
             dropped = self.keyed_sampler.drop_records_from_step(int(self.state.global_step))
@@ -487,13 +540,64 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 logger.warning("keyed_sampling: removed %d logged rollouts of steps >= %d from %s; the resumed run "
                                "generates them again.", dropped, self.state.global_step, self.keyed_sampler.log_path())
 
+    def _ext_check_resumed_config(self, state: dict, checkpoint_dir: str) -> None:
+        """Refuse a resume whose config differs from the checkpoint's (unless accepted); apply accepted changes."""
+        saved = state.get("config_fingerprint") if isinstance(state, dict) else None
+        accepted = check_config_changes(json.loads(saved) if saved else None, self.config_fingerprint(),
+                                        list(self.args.resume_config_changes), checkpoint_dir)
+        if not accepted:
+            return
+        if "learning_rate" in accepted:
+            old, new = accepted["learning_rate"]
+            apply_learning_rate_change(self.optimizer, self.lr_scheduler, old, new)
+        lines = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in accepted.items())
+        logger.warning("Resuming from %s with accepted configuration changes (resume_config_changes): %s; they apply "
+                       "from step %d on.", checkpoint_dir, lines, self.state.global_step + 1)
+        self.resume_config_changes_applied = accepted
+
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """:meth:`transformers.Trainer.train`; ``resume_from_checkpoint=True`` resumes from the latest **complete**
-        checkpoint (one holding ``trainer_state.json``), skipping with a warning any newer folder a crash left
-        incomplete."""
+        """:meth:`transformers.Trainer.train`, with checkpoints that are checked before they are used and a clean
+        stop on SIGTERM / SIGINT.
+
+        ``resume_from_checkpoint=True`` resumes from the newest checkpoint whose files all parse
+        (:func:`~trl_ext.trainers.resume.checkpoint_problem`), skipping with a warning any newer folder a crash or
+        a full disk left incomplete; an explicit path with a problem is refused naming the file. With
+        ``save_on_preemption`` (default) a signal finishes the current step, saves and raises
+        ``SystemExit(preemption_exit_code)`` (see :mod:`trl_ext.trainers.preemption`).
+        """
         if resume_from_checkpoint is True:
             resume_from_checkpoint = _last_complete_checkpoint(self.args.output_dir)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        elif isinstance(resume_from_checkpoint, str | os.PathLike):
+            problem = checkpoint_problem(os.fspath(resume_from_checkpoint)) \
+                if os.path.isdir(resume_from_checkpoint) else "it is not a directory"
+            if problem:
+                raise ValueError(f"Cannot resume from {os.fspath(resume_from_checkpoint)}: {problem}. Pass another "
+                                 "checkpoint, or resume_from_checkpoint=True for the newest complete one.")
+        self.preempted = False
+        handler = None
+        if self.args.save_on_preemption:
+            handler = PreemptionHandler(self.accelerator)
+            if handler.install():
+                self.add_callback(handler)
+            else:
+                handler = None
+        try:
+            out = super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            if handler is not None:
+                handler.uninstall()
+                self.remove_callback(handler)
+        if handler is not None and handler.stopped_at is not None:
+            self.preempted = True
+            folder = os.path.join(self.args.output_dir, f"{compat.checkpoint_prefix()}-{handler.stopped_at}")
+            got = "this process received a signal" if handler.signalled else "another process received a signal"
+            logger.warning("trl_ext: stopped after step %d because %s (preemption); checkpoint written to %s. Resume "
+                           "with train(resume_from_checkpoint=True).", handler.stopped_at, got, folder)
+            if self.args.preemption_exit_code is not None:
+                raise SystemExit(self.args.preemption_exit_code)
+        elif handler is not None and handler.signalled is not None:
+            os.kill(os.getpid(), handler.signalled)  # arrived after the last step: deliver it as if we were not here
+        return out
 
     # ------------------------------------------------------------------------------------------ internals
     def warn_once(self, key: str, msg: str) -> None:

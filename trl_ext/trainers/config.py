@@ -160,6 +160,29 @@ class ExtGRPOConfig(trl.GRPOConfig):
                                         "<output_dir>/rollouts/rank<r>.jsonl (for trl-ext replay)."},
     )
 
+    resume_config_changes: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Fields allowed to differ from the configuration a resumed checkpoint was written with "
+                          "(e.g. ['learning_rate']). Every checkpoint records the fields that change what training "
+                          "means (learning rate and schedule, batch and group sizes, estimator and rollout strategy "
+                          "with their options, loss type, sampling settings, value prior and table identity, reward "
+                          "functions and weights, model and adapter identity, number of processes); a difference not "
+                          "listed here is refused on resume with old and new values. Listed changes take effect from "
+                          "the resumed step (a new learning_rate rescales the restored optimizer and schedule) and "
+                          "are logged. See docs/bad_input.md."},
+    )
+    save_on_preemption: bool = field(
+        default=True,
+        metadata={"help": "On SIGTERM or SIGINT (what SLURM and Kubernetes send before preemption), finish the "
+                          "current optimizer step, write a complete checkpoint, log why and exit with "
+                          "preemption_exit_code; all ranks agree on the step. A second signal stops at once."},
+    )
+    preemption_exit_code: int | None = field(
+        default=75,
+        metadata={"help": "Exit code after a preemption checkpoint (75 = EX_TEMPFAIL, 'try again'; requeue on it). "
+                          "None: train() returns instead and trainer.preempted is True."},
+    )
+
     uses_advantage_estimator: ClassVar[bool] = True
     """False for method configs whose trainer computes its own advantages (V0.5, BASIS, PAIR): then
     ``advantage_estimator`` must stay at its default."""
@@ -379,7 +402,33 @@ def validate_ext_config(o) -> None:
             raise ValueError(
                 "tie_break_confidence_scaling=True needs scorer_noise_floor (measure it with `trl-ext noise-floor`)."
             )
+    _validate_resume_options(o)
     if not math.isfinite(float(o.gate_success_threshold)):
         raise ValueError(f"gate_success_threshold must be finite, got {o.gate_success_threshold!r}.")
     if not (math.isfinite(float(o.gate_atol)) and o.gate_atol >= 0):
         raise ValueError(f"gate_atol must be a finite number >= 0, got {o.gate_atol!r}.")
+
+
+def _validate_resume_options(o) -> None:
+    import difflib
+
+    from .resume import fingerprint_field_names
+
+    changes = o.resume_config_changes
+    if changes is None:
+        changes = []
+    if isinstance(changes, str):  # a single name or a JSON list given as text
+        changes = json.loads(changes) if changes.strip().startswith("[") else [c for c in changes.split(",") if c]
+    if not isinstance(changes, list | tuple) or not all(isinstance(c, str) for c in changes):
+        raise ValueError(f"resume_config_changes must be a list of field names, got {o.resume_config_changes!r}.")
+    known = fingerprint_field_names(type(o))
+    for name in changes:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            raise ValueError(f"resume_config_changes names {name!r}, which a checkpoint does not record"
+                             + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
+                             + f". Recorded fields: {sorted(known)}.")
+    o.resume_config_changes = list(changes)
+    code = o.preemption_exit_code
+    if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not 0 < code < 256):
+        raise ValueError(f"preemption_exit_code must be an int in 1..255 (or None), got {code!r}.")

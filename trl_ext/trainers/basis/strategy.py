@@ -192,6 +192,16 @@ class ValueTableLookup(FixedGroups):
                 "this train_dataset."
             )
         frac = n_missing / len(prompts)
+        if frac > max_missing_fraction and getattr(self.table, "legacy_format", False):
+            # a trl_ext 0.1 table records no row count: a file cut on a row boundary reads as a shorter table
+            raise ValueError(
+                f"{n_missing} of {len(prompts)} training prompts ({frac:.1%}) are missing from the value table, more "
+                f"than basis_max_missing_fraction={max_missing_fraction}. The table is in the trl_ext 0.1 format, "
+                "which records no row count, so it was most likely cut short (an interrupted copy or a full disk "
+                "leaves whole rows); a cut cannot be told apart from a table for another dataset in this format. "
+                "Rebuild it with `trl-ext build-value-table` on this train_dataset (the new format detects a cut), "
+                "or raise basis_max_missing_fraction to train with the fallback baseline on the missing prompts."
+            )
         if frac > max_missing_fraction:
             warnings.warn(
                 f"{n_missing} of {len(prompts)} training prompts ({frac:.1%}) are missing from the value table, more "
