@@ -469,8 +469,9 @@ def main() -> int:
         import trl
 
         with open(os.path.join(out, "RECORDED_ON.json"), "w", encoding="utf-8") as f:  # where the test compares
-            json.dump({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-                       "transformers": transformers.__version__, "trl": trl.__version__}, f, indent=1)
+            # a list: platforms where a rerun matched are appended by hand (see tests/test_golden_trajectories.py)
+            json.dump([{"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+                        "transformers": transformers.__version__, "trl": trl.__version__}], f, indent=1)
         return 0
     errors = []
     for scenario, w, r, _ in written:  # default mode: compare the fresh run with the committed goldens
