@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 
 from base_helpers import make_trainer  # noqa: E402
 
+from trl_ext.checkpoints.resume import checkpoint_problem  # noqa: E402
 from trl_ext.trainers.base import EXT_STATE_FILE  # noqa: E402
-from trl_ext.trainers.resume import checkpoint_problem  # noqa: E402
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,10 +132,10 @@ def test_unknown_resume_config_change_is_refused_at_construction(tmp_path):
 
 
 def test_another_value_table_is_refused(tmp_path):
+    from base_helpers import hash_reward, tiny_dataset, tiny_model_and_tokenizer
+
     from trl_ext import BASISConfig, BASISTrainer
     from trl_ext.priors.table_format import ValueTable, ValueTableRow
-
-    from base_helpers import hash_reward, tiny_dataset, tiny_model_and_tokenizer
 
     ds = tiny_dataset(16)
 
@@ -229,7 +229,7 @@ def test_full_disk_during_save_says_so(tmp_path, monkeypatch):
         finally:
             _umount(disk)
     # everywhere: a torch.save that fails as a short write does (what torch reports on a full disk)
-    import trl_ext.trainers.resume as resume
+    import trl_ext.checkpoints.resume as resume
 
     real_save = torch.save
 
@@ -350,10 +350,10 @@ def test_preemption_off_keeps_pythons_default(tmp_path):
 
 # --------------------------------------------------------------------------------------------- legacy value table
 def test_legacy_table_cut_on_a_row_boundary_is_refused_at_construction(tmp_path):
+    from base_helpers import hash_reward, tiny_dataset, tiny_model_and_tokenizer
+
     from trl_ext import BASISConfig, BASISTrainer
     from trl_ext.priors.table_format import ValueTable, ValueTableRow, save_value_table
-
-    from base_helpers import hash_reward, tiny_dataset, tiny_model_and_tokenizer
 
     ds = tiny_dataset(16)
     rows = [ValueTableRow.from_rewards(p, [1.0, 0.0], (0.0, 1.0)) for p in ds["prompt"]]

@@ -25,6 +25,7 @@ _LAZY = {
     "BASISConfig": "trl_ext.trainers.basis",
     "PAIRTrainer": "trl_ext.trainers.pair",
     "PAIRConfig": "trl_ext.trainers.pair",
+    "DropInDifferenceWarning": "trl_ext.trainers.base",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -144,10 +144,21 @@ def write_json_compact(path: str | os.PathLike, obj) -> str:
     return write_text_atomic(path, json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str))
 
 
-def read_json(path: str | os.PathLike):
-    """The JSON document in ``path``, gunzipped when its name ends with ``.gz``."""
-    with open_text(path) as f:
-        return json.load(f)
+def read_json(path: str | os.PathLike, *, error: type[Exception] = ValueError):
+    """The JSON document in ``path``, gunzipped when its name ends with ``.gz``.
+
+    Raises ``error`` naming the file, the line and column and what to do for a file that is not valid JSON (a run
+    record cut short, a hand edit), or not UTF-8 text; ``FileNotFoundError`` when it does not exist."""
+    try:
+        with open_text(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise error(f"{os.fspath(path)}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg}); the file is "
+                    "truncated or was edited by hand: regenerate it with the command that wrote it.") from None
+    except (UnicodeDecodeError, EOFError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise error(f"{os.fspath(path)}: cannot be read as JSON text ({type(e).__name__}: {e}).") from None
 
 
 def json_safe(obj, *, infinity=None):

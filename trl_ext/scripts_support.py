@@ -250,15 +250,16 @@ def builtin_reward_funcs(dataset_name: str | None) -> dict[str, Callable]:
     return {**funcs, **{f.__name__: f for f in funcs.values()}}
 
 
-def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None) -> list[Callable]:
+def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None, *,
+                         flag: str = "--reward_funcs") -> list[Callable]:
     """Reward functions for ``--reward_funcs`` (see :class:`ExtScriptArguments`); a built-in task's default when
-    ``specs`` is empty."""
+    ``specs`` is empty. ``flag``: the option the calling command takes them from (its messages name it)."""
     from trl_ext._refs import RefError, resolve_callable
 
     builtin = builtin_reward_funcs(dataset_name)
     if not specs:
         if not builtin:
-            raise ValueError(f"--reward_funcs is required for dataset {dataset_name!r} (only the built-in tasks "
+            raise ValueError(f"{flag} is required for dataset {dataset_name!r} (only the built-in tasks "
                              f"{_names()} have default rewards): pass 'package.module:function' or "
                              "'path/to/file.py:function'.")
         return [next(iter(builtin.values()))]
@@ -276,7 +277,7 @@ def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None) -> l
             raise ValueError(f"unknown reward function {spec!r}: {names}; or 'package.module:function', "
                              "'path/to/file.py:function', 'package.module.function'.")
         try:
-            funcs.append(resolve_callable(ref, option="--reward_funcs"))
+            funcs.append(resolve_callable(ref, option=flag))
         except RefError as e:
             raise ValueError(str(e)) from e
     return funcs

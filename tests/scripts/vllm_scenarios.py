@@ -179,6 +179,11 @@ def build(scenario: str, model_dir: str, out_dir: str, steps: int, world: int, t
         from trl_ext import PAIRConfig, PAIRTrainer
 
         probe = 8 if smol else 3
+        if smol:
+            # PAIR trains at lr x sqrt(pair_budget_ratio) on fewer completed rollouts: at GRPO's 2e-3 two steps moved
+            # SmolLM2 so little that the untrained weights were only 5.1x farther from the engine than the trained
+            # ones (0.047 vs 0.0092), at the edge of SMOL_SEPARATION; at twice the rate 9.3x (0.059 vs 0.0064, 2026-12-04).
+            common = {**common, "learning_rate": 4e-3}
         args = PAIRConfig(per_device_train_batch_size=per_device, num_generations=4, pair_prefix_tokens=probe,
                           pair_head_min_labels=4, pair_head_fit_steps=5, **common)
         return PAIRTrainer(args=args, **kw)

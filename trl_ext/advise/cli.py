@@ -161,7 +161,7 @@ def load_inputs(args):
         if not os.path.isdir(model):
             raise ValueError(f"--model {args.model!r} is not a local folder, 'testbed:TASK', 'testbed-warm' or "
                              "'smollm2' (nothing is downloaded).")
-    funcs = resolve_reward_funcs(args.reward, args.dataset if args.dataset in tasks else None)
+    funcs = resolve_reward_funcs(args.reward, args.dataset if args.dataset in tasks else None, flag="--reward")
     if args.dataset in tasks:
         split = args.split or "train"
         if tasks[args.dataset] == "testbed":

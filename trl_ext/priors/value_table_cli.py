@@ -96,6 +96,21 @@ def read_jsonl(path: str) -> list[dict]:
     return rows
 
 
+def _check_model_argument(model: str) -> None:
+    """A ``--model`` that looks like a local path (absolute, ``./``, ``~``, or with an OS separator beyond one Hub
+    ``namespace/name``) must exist: otherwise transformers reports a Hub repo-id error that never names the path."""
+    import os
+
+    expanded = os.path.expanduser(model)
+    looks_local = os.path.isabs(expanded) or model.startswith((".", "~")) or model.count("/") > 1 \
+        or (os.sep != "/" and os.sep in model)
+    if looks_local and not os.path.exists(expanded):
+        raise ValueError(f"--model {model!r}: no such local folder (nothing is downloaded from the Hub here). Pass the "
+                         "folder of a saved model (save_pretrained; `trl-ext fetch-real-model` prints SmolLM2's).")
+    if os.path.exists(expanded) and not os.path.isdir(expanded):
+        raise ValueError(f"--model {model!r} is a file; pass the model's folder (the one holding config.json).")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``trl-ext build-value-table``; see the module docstring."""
     import os
@@ -105,6 +120,7 @@ def main(args: argparse.Namespace) -> int:
 
     prog = "trl-ext build-value-table"
     try:
+        _check_model_argument(args.model)
         if args.task is not None:
             from trl_ext.testbed import TASKS, get_reward_funcs, make_dataset
 

@@ -36,9 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="RNG seed for bootstrap and Monte Carlo.")
 
 
-def _expand(patterns: list[str]) -> list[str]:
+def _expand(patterns: list[str], flag: str = "--a") -> list[str]:
     """Expand quoted glob patterns; a ``*.jsonl`` pattern matching nothing is retried as ``*.jsonl.gz``; a pattern
-    matching nothing is kept so the reader reports it as missing."""
+    matching nothing at all is a ``ValueError`` naming the flag and the pattern (a plain path is kept, so the reader
+    reports it as missing)."""
     out: list[str] = []
     for p in patterns:
         hits = []
@@ -46,6 +47,10 @@ def _expand(patterns: list[str]) -> list[str]:
             hits = sorted(glob.glob(p))
             if not hits and p.endswith(".jsonl"):
                 hits = sorted(glob.glob(p + ".gz"))
+            if not hits:
+                raise ValueError(f"{flag} pattern {p!r} matches no file"
+                                 + (" (nor its .jsonl.gz twin)" if p.endswith(".jsonl") else "")
+                                 + ": check the path, or quote the pattern so the shell does not expand it first.")
         out.extend(hits or [p])
     return out
 
@@ -56,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         report = compare_outcome_files(
-            _expand(args.a), _expand(args.b), intersect=args.intersect, score=args.score, alpha=args.alpha,
+            _expand(args.a, "--a"), _expand(args.b, "--b"), intersect=args.intersect, score=args.score, alpha=args.alpha,
             power=args.power, n_boot=args.n_boot, n_sim=args.n_sim, seed=args.seed,
         )
     except (OutcomeFormatError, ValueError) as exc:

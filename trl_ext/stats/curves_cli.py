@@ -15,7 +15,7 @@ import math
 import os
 import sys
 
-from .._io import json_safe
+from .._io import json_safe, read_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +58,10 @@ def _runs_from(args) -> tuple[dict, float | None]:
         per[int(rec["seed"])] = ([p[0] for p in pts], [p[1] for p in pts])
 
     if args.runs_json:
-        with open(args.runs_json) as f:
-            data = json.load(f)
+        data = read_json(args.runs_json)
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+            raise ValueError(f"{args.runs_json}: not a comparison harness runs.json (no 'runs' list); pass the "
+                             "runs.json that benchmarks/compare_trainers.py wrote, or --run METHOD=GLOB.")
         for rec in data["runs"]:
             if rec.get("status", "ok") == "ok":
                 add(rec["method"], rec)
@@ -73,8 +75,7 @@ def _runs_from(args) -> tuple[dict, float | None]:
         if not files:
             raise ValueError(f"--run {spec!r}: no file matches")
         for path in files:
-            with open(path) as f:
-                add(method, json.load(f))
+            add(method, read_json(path))
     if args.methods:
         missing = [m for m in args.methods if m not in runs]
         if missing:
@@ -97,8 +98,7 @@ def question_level_arrays(runs_json: str, methods) -> tuple[dict, list | None, l
     from ..testbed.evaluation import read_outcomes_jsonl as read_outcome_records
 
     base = os.path.dirname(os.path.abspath(runs_json))
-    with open(runs_json) as f:
-        data = json.load(f)
+    data = read_json(runs_json)
     per: dict[str, dict[int, list]] = {}
     for rec in data["runs"]:
         if rec.get("status", "ok") != "ok" or (methods and rec["method"] not in methods):
@@ -113,8 +113,7 @@ def question_level_arrays(runs_json: str, methods) -> tuple[dict, list | None, l
     start_path = os.path.join(base, "start_eval.json")
     start_map = None
     if os.path.exists(start_path):
-        with open(start_path) as f:
-            start_map = {r["question_id"]: _score(r) for r in json.load(f)["records"]}
+        start_map = {r["question_id"]: _score(r) for r in read_json(start_path)["records"]}
     qsets = [set(f) for m in per.values() for _, files in m.values() for f in files]
     if start_map is not None:
         qsets.append(set(start_map))

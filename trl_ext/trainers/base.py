@@ -46,6 +46,16 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from ..checkpoints.preemption import train_with_preemption
+from ..checkpoints.resume import (
+    atomic_torch_save,
+    check_output_dir_writable,
+    check_resumed_config,
+    config_fingerprint,
+    resolve_resume_checkpoint,
+    run_identity,
+    write_failure,
+)
 from ..estimators.baselines import (
     ESTIMATORS_SEEING_UNSCORABLE,
     estimator_side_inputs,
@@ -67,21 +77,18 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
 )
 from .keyed_sampling import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutIO
-from .preemption import PreemptionHandler
-from .resume import (
-    apply_learning_rate_change,
-    atomic_torch_save,
-    check_config_changes,
-    check_output_dir_writable,
-    checkpoint_problem,
-    config_fingerprint,
-    write_failure,
-)
 from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
-from .state import _EXT_STATE_VERSION, EXT_STATE_FILE, _last_complete_checkpoint
+from .state import _EXT_STATE_VERSION, EXT_STATE_FILE
 
 __all__ = ["ExtGRPOConfig", "GRPOTrainer", "RolloutBatch", "trl_grpo_advantages", "EXT_STATE_FILE",
-           "as_config", "parse_kwargs_field"]
+           "as_config", "parse_kwargs_field", "DropInDifferenceWarning"]
+
+
+class DropInDifferenceWarning(UserWarning):
+    """Warned once at construction where a trainer's compute per step, prompts per step or effective learning rate
+    differs from what TRL's ``GRPOTrainer`` does with the same arguments; the message names the field that restores
+    TRL's behaviour (``docs/migrating.md`` lists every case). Silence it with
+    ``warnings.filterwarnings("ignore", category=trl_ext.DropInDifferenceWarning)``."""
 
 logger = logging.getLogger(__name__)
 
@@ -133,9 +140,11 @@ def _check_process_layout(num_processes: int) -> None:
     if world > 1 and num_processes == 1:
         raise RuntimeError(
             f"The launcher started {world} processes (WORLD_SIZE={world}) but this trainer sees 1: every process would "
-            "train alone and write the same output_dir. On a machine without GPUs set use_cpu=True in the config (or "
-            "launch with `accelerate launch --cpu --multi_gpu --num_processes N` or "
-            "examples/accelerate_configs/cpu_two_processes.yaml); on GPUs check that CUDA is visible to every process."
+            "train alone and write the same output_dir. On a machine without GPUs set use_cpu=True in the trainer "
+            "config (--use_cpu on the example scripts) and keep one of these launchers (each needs use_cpu=True): "
+            f"`torchrun --nproc_per_node {world} script.py`, `accelerate launch --multi_gpu --num_processes {world} "
+            "script.py`, or `accelerate launch --config_file examples/accelerate_configs/cpu_two_processes.yaml "
+            "script.py`. On GPUs check that CUDA is visible to every process."
         )
 
 
@@ -290,6 +299,15 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                              else f"{self.train_estimator} (evaluation: {estimator})")
             logger.info("%s: %s; advantage estimator %s.", type(self).__name__,
                         self.rollout_strategy.describe(self), estimator)
+            for message in self.rollout_strategy.dropin_differences(self):
+                self.warn_dropin_difference(message)
+
+    def warn_dropin_difference(self, message: str) -> None:
+        """One :class:`DropInDifferenceWarning` (main process) plus the same line at INFO, for a way this trainer
+        differs from TRL with the same arguments; ``message`` names the field that restores TRL's behaviour."""
+        if self.accelerator.is_main_process:
+            logger.info("%s: %s", type(self).__name__, message)
+            warnings.warn(f"{type(self).__name__}: {message}", DropInDifferenceWarning, stacklevel=3)
 
     def create_rollout_strategy(self) -> RolloutStrategy:
         """The train-mode rollout allocation: the strategy registered under the config's ``rollout_strategy``
@@ -328,7 +346,12 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         elif not feeds and estimator_side_inputs(name):  # evaluation batches the config's strategy cannot feed
             name, kwargs = "grpo", {}
         if feeds:
-            kwargs = {**self.rollout_strategy.estimator_kwargs(self), **kwargs}
+            given = self.rollout_strategy.estimator_kwargs(self)
+            undeclared = set(given) - set(self.rollout_strategy.estimator_kwarg_names)
+            if undeclared:  # the config-time check reads the declaration: keep the two in step
+                raise RuntimeError(f"rollout strategy {self.rollout_strategy.name!r} returned estimator_kwargs "
+                                   f"{sorted(undeclared)} it does not declare in estimator_kwarg_names.")
+            kwargs = {**given, **kwargs}
         if name == "grpo" and not kwargs:
             gid = torch.where(batch.is_pad, torch.full_like(batch.group_ids, -1), batch.group_ids)
             adv, _ = trl_grpo_advantages(
@@ -401,34 +424,14 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 "config_fingerprint": json.dumps(self.config_fingerprint(), sort_keys=True)}
 
     def ext_config_identity(self) -> dict:
-        """What identifies the run beyond its config fields, recorded in each checkpoint's fingerprint: the model
-        (``name_or_path``) and adapter (PEFT type, rank, alpha, dropout, target modules), the reward function
-        names and the number of processes. Method trainers add theirs (BASIS: the value table's row hash)."""
-        model = self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
-        adapter = None
-        peft = getattr(model, "peft_config", None)
-        if isinstance(peft, dict):
-            keep = ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save")
-            adapter = {}
-            for name, cfg in sorted(peft.items()):
-                d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
-                adapter[name] = {k: (sorted(d[k]) if isinstance(d.get(k), set | list | tuple) else d.get(k))
-                                 for k in keep if k in d}
-        out = {"model": getattr(getattr(model, "config", None), "_name_or_path", None), "adapter": adapter,
-               "reward_funcs": list(self.reward_func_names), "num_processes": int(self.accelerator.num_processes)}
-        prior = getattr(self.rollout_strategy, "prior", None)  # V0.5's value prior (preset or by config)
-        if prior is not None:
-            out["value_prior"] = type(prior).__name__
-        # BASIS's value table, or the table of V0.5's table prior
-        table = getattr(self.rollout_strategy, "table", None) or getattr(prior, "table", None)
-        if table is not None and hasattr(table, "content_hash"):
-            if getattr(self, "_ext_table_hash", None) is None:
-                self._ext_table_hash = table.content_hash  # the rows' canonical hash, computed once
-            out["value_table_sha256"] = self._ext_table_hash
-        return out
+        """What identifies the run beyond its config fields, recorded in each checkpoint's fingerprint
+        (:func:`trl_ext.checkpoints.resume.run_identity`: model, adapter, reward names, processes, value prior and
+        table). Extend it for a method-specific identity."""
+        return run_identity(self.accelerator.unwrap_model(self.model), self.reward_func_names,
+                            self.accelerator.num_processes, self.rollout_strategy)
 
     def config_fingerprint(self) -> dict:
-        """The fields that change what training means (:func:`trl_ext.trainers.resume.config_fingerprint`)."""
+        """The fields that change what training means (:func:`trl_ext.checkpoints.resume.config_fingerprint`)."""
         return config_fingerprint(self.args, self.ext_config_identity())
 
     def load_ext_state_dict(self, state: dict) -> None:
@@ -532,7 +535,9 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 f"state. Replace it with the {EXT_STATE_FILE} of checkpoint-{self.state.global_step}, or delete it to "
                 "start the trl_ext state fresh."
             )
-        self._ext_check_resumed_config(state, checkpoint_dir)
+        self.resume_config_changes_applied = check_resumed_config(
+            state, self.config_fingerprint(), self.args, self.optimizer, self.lr_scheduler, checkpoint_dir,
+            int(self.state.global_step))  # refused changes raise here, before any step
         self.load_ext_state_dict(state)
         if self.keyed_sampler is not None and self.args.keyed_sampling_log:
             dropped = self.keyed_sampler.drop_records_from_step(int(self.state.global_step))
@@ -540,64 +545,19 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 logger.warning("keyed_sampling: removed %d logged rollouts of steps >= %d from %s; the resumed run "
                                "generates them again.", dropped, self.state.global_step, self.keyed_sampler.log_path())
 
-    def _ext_check_resumed_config(self, state: dict, checkpoint_dir: str) -> None:
-        """Refuse a resume whose config differs from the checkpoint's (unless accepted); apply accepted changes."""
-        saved = state.get("config_fingerprint") if isinstance(state, dict) else None
-        accepted = check_config_changes(json.loads(saved) if saved else None, self.config_fingerprint(),
-                                        list(self.args.resume_config_changes), checkpoint_dir)
-        if not accepted:
-            return
-        if "learning_rate" in accepted:
-            old, new = accepted["learning_rate"]
-            apply_learning_rate_change(self.optimizer, self.lr_scheduler, old, new)
-        lines = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in accepted.items())
-        logger.warning("Resuming from %s with accepted configuration changes (resume_config_changes): %s; they apply "
-                       "from step %d on.", checkpoint_dir, lines, self.state.global_step + 1)
-        self.resume_config_changes_applied = accepted
-
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """:meth:`transformers.Trainer.train`, with checkpoints that are checked before they are used and a clean
         stop on SIGTERM / SIGINT.
 
         ``resume_from_checkpoint=True`` resumes from the newest checkpoint whose files all parse
-        (:func:`~trl_ext.trainers.resume.checkpoint_problem`), skipping with a warning any newer folder a crash or
+        (:func:`~trl_ext.checkpoints.resume.checkpoint_problem`), skipping with a warning any newer folder a crash or
         a full disk left incomplete; an explicit path with a problem is refused naming the file. With
         ``save_on_preemption`` (default) a signal finishes the current step, saves and raises
-        ``SystemExit(preemption_exit_code)`` (see :mod:`trl_ext.trainers.preemption`).
+        ``SystemExit(preemption_exit_code)`` (see :mod:`trl_ext.checkpoints.preemption`).
         """
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = _last_complete_checkpoint(self.args.output_dir)
-        elif isinstance(resume_from_checkpoint, str | os.PathLike):
-            problem = checkpoint_problem(os.fspath(resume_from_checkpoint)) \
-                if os.path.isdir(resume_from_checkpoint) else "it is not a directory"
-            if problem:
-                raise ValueError(f"Cannot resume from {os.fspath(resume_from_checkpoint)}: {problem}. Pass another "
-                                 "checkpoint, or resume_from_checkpoint=True for the newest complete one.")
-        self.preempted = False
-        handler = None
-        if self.args.save_on_preemption:
-            handler = PreemptionHandler(self.accelerator)
-            if handler.install():
-                self.add_callback(handler)
-            else:
-                handler = None
-        try:
-            out = super().train(resume_from_checkpoint, *args, **kwargs)
-        finally:
-            if handler is not None:
-                handler.uninstall()
-                self.remove_callback(handler)
-        if handler is not None and handler.stopped_at is not None:
-            self.preempted = True
-            folder = os.path.join(self.args.output_dir, f"{compat.checkpoint_prefix()}-{handler.stopped_at}")
-            got = "this process received a signal" if handler.signalled else "another process received a signal"
-            logger.warning("trl_ext: stopped after step %d because %s (preemption); checkpoint written to %s. Resume "
-                           "with train(resume_from_checkpoint=True).", handler.stopped_at, got, folder)
-            if self.args.preemption_exit_code is not None:
-                raise SystemExit(self.args.preemption_exit_code)
-        elif handler is not None and handler.signalled is not None:
-            os.kill(os.getpid(), handler.signalled)  # arrived after the last step: deliver it as if we were not here
-        return out
+        resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir,
+                                                           compat.checkpoint_prefix())
+        return train_with_preemption(self, super().train, resume_from_checkpoint, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------ internals
     def warn_once(self, key: str, msg: str) -> None:

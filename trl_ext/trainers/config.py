@@ -15,7 +15,12 @@ from typing import Any, ClassVar
 
 import trl
 
-from ..estimators.baselines import ESTIMATOR_USED_BY, estimator_min_group_size, estimator_side_inputs
+from ..estimators.baselines import (
+    ESTIMATOR_USED_BY,
+    estimator_keywords,
+    estimator_min_group_size,
+    estimator_side_inputs,
+)
 from . import _trl_compat as compat
 from .rollouts import get_rollout_strategy, validate_dynamic_sampling
 
@@ -227,6 +232,54 @@ def check_side_inputs(estimator: str, strategy_cls: type) -> None:
     )
 
 
+def estimator_keywords(name: str) -> set[str] | None:
+    """The keyword options the estimator ``name`` takes beyond rewards, group ids and its side inputs (``None``: it
+    takes ``**kwargs``, anything goes)."""
+    import inspect
+
+    params = inspect.signature(get_advantage_estimator(name)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    named = {n for n, p in params.items() if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                           inspect.Parameter.KEYWORD_ONLY)}
+    return named - {"rewards", "group_ids"} - set(estimator_side_inputs(name))
+
+
+def check_estimator_kwargs(estimator: str, kwargs: dict, strategy_cls: type) -> None:
+    """Refuse, when the config is built, keyword arguments the estimator would reject at the first step with a raw
+    ``TypeError``: unknown ``advantage_estimator_kwargs`` keys (close names suggested), and the options a rollout
+    strategy passes through its ``estimator_kwargs`` (:attr:`RolloutStrategy.estimator_kwarg_names`) to an
+    estimator that does not take them (``rollout_strategy="v05_osla"`` with ``advantage_estimator="grpo"``)."""
+    import difflib
+
+    accepted = estimator_keywords(estimator)
+    if accepted is None:
+        return
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        hints = [f"{k!r} (did you mean {difflib.get_close_matches(k, sorted(accepted), n=1)[0]!r}?)"
+                 if difflib.get_close_matches(k, sorted(accepted), n=1) else repr(k) for k in unknown]
+        raise ValueError(f"advantage_estimator_kwargs has key(s) {', '.join(hints)} that advantage_estimator="
+                         f"{estimator!r} does not take; it takes {sorted(accepted) or 'no options'}.")
+    passed = set(getattr(strategy_cls, "estimator_kwarg_names", ()))
+    extra = sorted(passed - accepted - set(estimator_side_inputs(estimator)))
+    if extra:
+        from ..estimators.baselines import ADVANTAGE_ESTIMATORS
+
+        offered = set(getattr(strategy_cls, "provides", ())) | set(getattr(strategy_cls, "provides_objects", ()))
+
+        def serves(n: str) -> bool:
+            keywords = estimator_keywords(n)
+            side = set(estimator_side_inputs(n))
+            return side <= offered and (keywords is None or passed - side <= keywords)
+
+        fits = sorted(n for n in ADVANTAGE_ESTIMATORS if serves(n))
+        hint = f" It feeds advantage_estimator in {fits}." if fits else ""
+        raise ValueError(f"rollout_strategy={strategy_cls.name!r} passes {extra} to the advantage estimator, which "
+                         f"advantage_estimator={estimator!r} does not take.{hint} Set advantage_estimator to the "
+                         "estimator the strategy serves, or pick another rollout strategy.")
+
+
 def method_config_view(config: Any, kwargs: dict, config_class: type, prefix: str, strategy: str):
     """The ``config_class`` object that ``config`` plus a method's options ``kwargs`` describe: what a method's
     strategy reads when it is selected by config (``rollout_strategy=strategy``) on a trainer whose config has no
@@ -342,6 +395,7 @@ def validate_ext_config(o) -> None:
                              "@trl_ext.trainers.rollouts.register_rollout_strategy(name) before building the config."
                              ) from None
         check_side_inputs(o.advantage_estimator, strategy_cls)
+        check_estimator_kwargs(o.advantage_estimator, o.advantage_estimator_kwargs, strategy_cls)
         strategy_cls.validate_kwargs(o.rollout_strategy_kwargs, o)
         if o.dynamic_sampling and strategy != "dynamic_sampling":
             raise ValueError(f"dynamic_sampling=True selects the dynamic_sampling rollout strategy, but "
@@ -412,7 +466,7 @@ def validate_ext_config(o) -> None:
 def _validate_resume_options(o) -> None:
     import difflib
 
-    from .resume import fingerprint_field_names
+    from ..checkpoints.resume import fingerprint_field_names
 
     changes = o.resume_config_changes
     if changes is None:
@@ -432,3 +486,32 @@ def _validate_resume_options(o) -> None:
     code = o.preemption_exit_code
     if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not 0 < code < 256):
         raise ValueError(f"preemption_exit_code must be an int in 1..255 (or None), got {code!r}.")
+
+
+def accept_renamed_fields(cls: type, renames: dict[str, str]) -> type:
+    """Let ``cls(...)`` take the old names of renamed fields for one minor release: each is mapped to its new name
+    with a ``FutureWarning`` naming both (``docs/migrating.md`` lists them); old and new together is a
+    ``ValueError``. Returns ``cls`` (its dataclass ``__init__`` wrapped; ``dataclasses.fields`` and the command-line
+    parser see the new names only)."""
+    import functools
+    import warnings
+
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        for old, new in renames.items():
+            if old not in kwargs:
+                continue
+            if new in kwargs:
+                raise ValueError(f"{cls.__name__} got both {old!r} (its old name) and {new!r}; pass {new!r} only.")
+            warnings.warn(f"{cls.__name__}({old}=...) is deprecated: the field is now {new!r} (method options carry "
+                          "their method's prefix). The old name is accepted until the next minor release; see "
+                          "docs/migrating.md.", FutureWarning, stacklevel=2)
+            kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    cls.renamed_fields = dict(renames)
+    return cls
+

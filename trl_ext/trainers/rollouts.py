@@ -116,6 +116,9 @@ class RolloutStrategy:
     provides: frozenset[str] = frozenset()
     """Estimator side inputs this strategy supplies (:meth:`side_inputs` or ``finish_rollouts(side_inputs=...)``);
     checked at construction against the estimator's registered ``side_inputs``."""
+    estimator_kwarg_names: frozenset[str] = frozenset()
+    """The keywords :meth:`estimator_kwargs` returns; checked against the configured estimator's signature when the
+    config is built (and against what :meth:`estimator_kwargs` really returns at every batch)."""
     provides_objects: frozenset[str] = frozenset()
     """Estimator inputs of level ``"strategy"`` this strategy passes through :meth:`estimator_kwargs` (objects the
     batch cannot carry, e.g. PAIR's designed draws); checked at construction like :attr:`provides`."""
@@ -154,6 +157,12 @@ class RolloutStrategy:
         ``trainer.score_fixed_groups(inputs)`` (TRL's path) or call ``trainer.finish_rollouts(...)`` exactly once.
         """
         raise NotImplementedError
+
+    def dropin_differences(self, trainer: GRPOTrainer) -> list[str]:
+        """Ways this strategy's generation differs from TRL's for the same arguments (compute or prompts per step),
+        each naming the field that restores TRL's behaviour; the base trainer warns each once at construction
+        (:class:`~trl_ext.trainers.base.DropInDifferenceWarning`). Default: none."""
+        return []
 
     def estimator_kwargs(self, trainer: GRPOTrainer) -> dict:
         """Keyword arguments this strategy adds to the estimator call on train batches (and evaluation batches of

@@ -1,8 +1,7 @@
-"""Checkpointed trl_ext state: the file name, its format version, and finding the newest complete checkpoint."""
+"""Checkpointed trl_ext state: the file name and its format version (checkpoint validity, the configuration
+fingerprint and preemption live in :mod:`trl_ext.checkpoints`)."""
 
 from __future__ import annotations
-
-from . import _trl_compat as compat
 
 __all__ = ["EXT_STATE_FILE"]
 
@@ -11,10 +10,3 @@ EXT_STATE_FILE = "trl_ext_state.pt"
 
 _EXT_STATE_VERSION = 1
 
-
-def _last_complete_checkpoint(output_dir: str) -> str:
-    """The newest ``checkpoint-N`` folder of ``output_dir`` whose files all parse
-    (:func:`trl_ext.trainers.resume.last_valid_checkpoint`); newer unusable folders are reported and skipped."""
-    from .resume import last_valid_checkpoint
-
-    return last_valid_checkpoint(output_dir, compat.checkpoint_prefix())

@@ -100,6 +100,8 @@ class ValueTableLookup(FixedGroups):
     """
 
     provides = frozenset({"p_hat"})
+    estimator_kwarg_names = frozenset({"beta_grid", "variant", "objective", "eps", "fallback", "min_active_fraction",
+                                       "normalize", "norm_eps", "reward_range"})
     feeds_evaluation = True
 
     def __init__(self, table: ValueTable, beta_grid=None, **options):

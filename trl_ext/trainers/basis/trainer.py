@@ -38,6 +38,7 @@ from ...estimators.basis import BASIS_OPTION_DEFAULTS, validate_basis_options
 from ...priors.table_format import ValueTable
 from .. import model_card
 from ..base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
+from ..config import accept_renamed_fields
 from .strategy import ValueTableLookup, resolve_value_table
 
 __all__ = ["BASISConfig", "BASISTrainer", "BASIS_PAPER", "basis_model_card_details", "card_table_source", "file_sha256"]
@@ -139,6 +140,11 @@ class BASISConfig(ExtGRPOConfig):
         _check_single_rollout(cfg, upgraded=True)
         validate_ext_config(cfg)
         _validate_basis_options(cfg)
+
+
+# renamed in the one-naming-convention change (method options prefixed); accepted with a FutureWarning for one release
+accept_renamed_fields(BASISConfig, {name: f"basis_{name}" for name in (
+    "value_table_path", "max_missing_fraction", "strict_table_check")})
 
 
 def _check_single_rollout(cfg, upgraded: bool = False) -> None:

@@ -178,6 +178,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     """
 
     provides_objects = frozenset({"draws"})  # the "pair_draw" estimator's designed draws, through estimator_kwargs
+    estimator_kwarg_names = frozenset({"draws", "w_max", "self_normalize", "standardize"})
 
     def __init__(self, delimiter_ids: set[int] | None = None, *, heads: DesignHeads | None = None,
                  features: Callable[[list[list[int]]], torch.Tensor] | None = None, options=None):

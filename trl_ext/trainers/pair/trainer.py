@@ -190,11 +190,12 @@ class PAIRTrainer(GRPOTrainer):
         # an optimizer passed in through `optimizers` is the caller's: never rescaled
         self._pair_scale_optimizer = self.optimizer is None
         factor = pair_lr_factor(args)
-        if factor != 1.0 and self.accelerator.is_main_process:
-            logger.info("PAIRTrainer: optimizer learning rate = learning_rate x %.3g = %.3g (pair_lr_scaling=%r: PAIR "
-                        "trains on ~pair_budget_ratio = %s of the rollouts per step; set pair_lr_scaling='none' to "
-                        "keep learning_rate).", factor, factor * args.learning_rate, args.pair_lr_scaling,
-                        args.pair_budget_ratio)
+        if factor != 1.0 and self._pair_scale_optimizer:
+            self.warn_dropin_difference(
+                f"optimizer learning rate = learning_rate x {factor:.3g} = {factor * args.learning_rate:.3g} "
+                f"(pair_lr_scaling={args.pair_lr_scaling!r}: PAIR trains on ~pair_budget_ratio = "
+                f"{args.pair_budget_ratio} of the rollouts per step); set pair_lr_scaling='none' to train at "
+                "learning_rate as TRL does.")
 
     def create_optimizer(self, model=None):
         """Transformers' optimizer, with every parameter group's learning rate multiplied by

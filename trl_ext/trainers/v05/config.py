@@ -14,7 +14,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...estimators.v05 import DEFAULT_SIGMA_FLOOR, V05_K_INIT, V05_PAPER_COST, osla_cap
-from ..config import ExtGRPOConfig, method_config_view, parse_kwargs_field, validate_ext_config
+from ..config import (
+    ExtGRPOConfig,
+    accept_renamed_fields,
+    method_config_view,
+    parse_kwargs_field,
+    validate_ext_config,
+)
 
 __all__ = ["V05GRPOConfig", "v05_config_view", "validate_v05_config", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
 
@@ -186,6 +192,13 @@ class V05GRPOConfig(ExtGRPOConfig):
         validate_ext_config(config)
         config.v05_value_prior_kwargs = parse_kwargs_field(config.v05_value_prior_kwargs, "v05_value_prior_kwargs")
         validate_v05_config(config)
+
+
+# renamed in the one-naming-convention change (method options prefixed); accepted with a FutureWarning for one release
+accept_renamed_fields(V05GRPOConfig, {name: f"v05_{name}" for name in (
+    "k_init", "k_step", "rollout_cost", "global_stop_fraction", "dispatch_multiple", "buffer_capacity", "context_size",
+    "value_prior", "value_prior_kwargs", "reward_low", "reward_high", "sigma_floor", "allow_small_k_init",
+    "allow_unsupported_loss_type", "check_buffer_sync")})
 
 
 def v05_config_view(config: Any, kwargs: dict) -> V05GRPOConfig:

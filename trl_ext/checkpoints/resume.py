@@ -10,8 +10,9 @@
 * :func:`atomic_torch_save` and :func:`write_failure` -- trl_ext's own files written through a temporary file and a
   rename, with an error that names the path and says when the disk is full.
 
-Nothing here imports TRL; the trainer calls it from :mod:`trl_ext.trainers.base`. Behaviour per field:
-``docs/bad_input.md`` ("Resume").
+Nothing here imports TRL; the trainer calls it from :mod:`trl_ext.trainers.base` (:func:`run_identity`,
+:func:`check_resumed_config`, :func:`resolve_resume_checkpoint`). Behaviour per field: ``docs/bad_input.md``
+("Resume").
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["FINGERPRINT_TRL_FIELDS", "FROZEN_ON_RESUME", "IDENTITY_FIELDS", "config_fingerprint",
            "fingerprint_field_names", "check_config_changes", "apply_learning_rate_change", "checkpoint_problem",
-           "last_valid_checkpoint", "atomic_torch_save", "write_failure", "check_output_dir_writable"]
+           "last_valid_checkpoint", "atomic_torch_save", "write_failure", "check_output_dir_writable", "run_identity",
+           "check_resumed_config", "resolve_resume_checkpoint"]
 
 #: TRL / transformers fields that change what a training step means (the rest -- logging, saving, hub, dataloader
 #: and reporting options, ``max_steps`` / ``num_train_epochs`` -- may change on resume freely).
@@ -134,7 +136,7 @@ def check_config_changes(saved: dict[str, Any] | None, current: dict[str, Any], 
         old and new values and the one-line way to accept them.
     """
     if saved is None:
-        warnings.warn(f"{checkpoint} records no configuration (written by plain TRL or trl_ext < 0.4): changed "
+        warnings.warn(f"{checkpoint} records no configuration (written by plain TRL or an earlier trl_ext): changed "
                       "settings cannot be checked on this resume.", stacklevel=3)
         return {}
     diffs = {k: (saved[k], current[k]) for k in sorted(set(saved) & set(current)) if saved[k] != current[k]}
@@ -179,6 +181,64 @@ def apply_learning_rate_change(optimizer: Any, scheduler: Any, old: float, new: 
         sched.base_lrs = [lr * ratio for lr in sched.base_lrs]
         if hasattr(sched, "_last_lr"):
             sched._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def run_identity(model: Any, reward_func_names: list[str], num_processes: int, strategy: Any) -> dict[str, Any]:
+    """The :data:`IDENTITY_FIELDS` of a run: the model (``name_or_path``) and adapter (PEFT type, rank, alpha,
+    dropout, target modules), the reward function names, the number of processes, V0.5's value-prior class and the
+    value table's row hash (BASIS's table or V0.5's table prior; ``content_hash`` is computed once and cached on the
+    table)."""
+    adapter = None
+    peft = getattr(model, "peft_config", None)
+    if isinstance(peft, dict):
+        keep = ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save")
+        adapter = {}
+        for name, cfg in sorted(peft.items()):
+            d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+            adapter[name] = {k: (sorted(d[k]) if isinstance(d.get(k), set | list | tuple) else d.get(k))
+                             for k in keep if k in d}
+    out = {"model": getattr(getattr(model, "config", None), "_name_or_path", None), "adapter": adapter,
+           "reward_funcs": list(reward_func_names), "num_processes": int(num_processes)}
+    prior = getattr(strategy, "prior", None)
+    if prior is not None:
+        out["value_prior"] = type(prior).__name__
+    table = getattr(strategy, "table", None) or getattr(prior, "table", None)
+    if table is not None and hasattr(table, "content_hash"):
+        if getattr(table, "_trl_ext_rows_sha256", None) is None:
+            table._trl_ext_rows_sha256 = table.content_hash
+        out["value_table_sha256"] = table._trl_ext_rows_sha256
+    return out
+
+
+def check_resumed_config(state: Any, current: dict[str, Any], args: Any, optimizer: Any, scheduler: Any,
+                         checkpoint: str, global_step: int) -> dict[str, tuple[Any, Any]]:
+    """:func:`check_config_changes` on a loaded ``trl_ext_state.pt``, then the accepted changes applied (the learning
+    rate rescaled in the restored optimizer and scheduler) and logged. Returns the accepted ``{field: (old, new)}``."""
+    saved = state.get("config_fingerprint") if isinstance(state, dict) else None
+    accepted = check_config_changes(json.loads(saved) if saved else None, current,
+                                    list(args.resume_config_changes), checkpoint)
+    if "learning_rate" in accepted:
+        apply_learning_rate_change(optimizer, scheduler, *accepted["learning_rate"])
+    if accepted:
+        lines = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in accepted.items())
+        logger.warning("Resuming from %s with accepted configuration changes (resume_config_changes): %s; they apply "
+                       "from step %d on.", checkpoint, lines, global_step + 1)
+    return accepted
+
+
+def resolve_resume_checkpoint(value: Any, output_dir: str, prefix: str = "checkpoint") -> Any:
+    """``Trainer.train``'s ``resume_from_checkpoint`` with every checkpoint checked before use: ``True`` -> the newest
+    valid folder (:func:`last_valid_checkpoint`); a path with a :func:`checkpoint_problem` -> ``ValueError`` naming the
+    file; anything else unchanged."""
+    if value is True:
+        return last_valid_checkpoint(output_dir, prefix)
+    if isinstance(value, str | os.PathLike):
+        path = os.fspath(value)
+        problem = checkpoint_problem(path) if os.path.isdir(path) else "it is not a directory"
+        if problem:
+            raise ValueError(f"Cannot resume from {path}: {problem}. Pass another checkpoint, or "
+                             "resume_from_checkpoint=True for the newest complete one.")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------- checkpoint validity

@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PREEMPTION_SIGNALS", "PreemptionHandler"]
+__all__ = ["PREEMPTION_SIGNALS", "PreemptionHandler", "train_with_preemption"]
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -88,3 +88,38 @@ class PreemptionHandler(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+def train_with_preemption(trainer, train, resume_from_checkpoint, *args, **kwargs):
+    """Run ``train(resume_from_checkpoint, *args, **kwargs)`` (transformers' ``Trainer.train``) with a
+    :class:`PreemptionHandler` installed when ``trainer.args.save_on_preemption``; sets ``trainer.preempted``.
+
+    After a preemption stop it logs the step and checkpoint and raises ``SystemExit(preemption_exit_code)`` (or
+    returns when that is ``None``); a signal that arrived after the last step is re-delivered to the previous handler.
+    """
+    trainer.preempted = False
+    handler = None
+    if trainer.args.save_on_preemption:
+        handler = PreemptionHandler(trainer.accelerator)
+        if handler.install():
+            trainer.add_callback(handler)
+        else:
+            handler = None
+    try:
+        out = train(resume_from_checkpoint, *args, **kwargs)
+    finally:
+        if handler is not None:
+            handler.uninstall()
+            trainer.remove_callback(handler)
+    if handler is not None and handler.stopped_at is not None:
+        trainer.preempted = True
+        folder = os.path.join(trainer.args.output_dir, f"checkpoint-{handler.stopped_at}")
+        got = "this process received a signal" if handler.signalled else "another process received a signal"
+        logger.warning("trl_ext: stopped after step %d because %s (preemption); checkpoint written to %s. Resume with "
+                       "train(resume_from_checkpoint=True).", handler.stopped_at, got, folder)
+        if trainer.args.preemption_exit_code is not None:
+            raise SystemExit(trainer.args.preemption_exit_code)
+    elif handler is not None and handler.signalled is not None:
+        os.kill(os.getpid(), handler.signalled)  # arrived after the last step: deliver it as if we were not here
+    return out
+
