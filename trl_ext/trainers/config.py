@@ -17,9 +17,9 @@ import trl
 
 from ..estimators.baselines import (
     ESTIMATOR_USED_BY,
-    estimator_keywords,
     estimator_min_group_size,
     estimator_side_inputs,
+    get_advantage_estimator,
 )
 from . import _trl_compat as compat
 from .rollouts import get_rollout_strategy, validate_dynamic_sampling
