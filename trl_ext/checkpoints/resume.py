@@ -61,7 +61,7 @@ IDENTITY_FIELDS = ("model", "adapter", "reward_funcs", "num_processes", "value_p
 _NOT_FINGERPRINTED = frozenset({
     "log_shut_gate", "gate_success_threshold", "gate_atol", "log_rollout_metadata", "keyed_sampling_log",
     "resume_config_changes", "save_on_preemption", "preemption_exit_code", "v05_check_buffer_sync",
-    "pair_summary_last_k", "basis_strict_table_check",
+    "pair_summary_last_k", "basis_strict_table_check", "basis_allow_sampling_mismatch",
 })
 
 

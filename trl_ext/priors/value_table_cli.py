@@ -49,10 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt_column", "--prompt-column", dest="prompt_column", default="prompt")
     parser.add_argument("--num_samples", "--num-samples", dest="num_samples", type=int, default=32,
                         help="Reference samples per prompt (paper: 32 or 64; default 32).")
+    parser.add_argument("--training_config", "--training-config", dest="training_config", default=None,
+                        help="The training run's config (a JSON or YAML file of GRPOConfig fields, e.g. the --config "
+                             "file of a TRL script): its max_completion_length, temperature and top_p become the "
+                             "defaults of --max_new_tokens, --temperature and --top_p, so the table is sampled as "
+                             "training samples (BASIS refuses a table sampled otherwise).")
     parser.add_argument("--max_new_tokens", "--max-new-tokens", dest="max_new_tokens", type=int, default=None,
-                        help="Completion cap (default: testbed answer length + 1, else 256).")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top_p", "--top-p", dest="top_p", type=float, default=1.0)
+                        help="Completion cap (default: --training_config's max_completion_length, else the testbed "
+                             "answer length + 1, else 512 = TRL's GRPOConfig default).")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="Sampling temperature (default: --training_config's, else 1.0 = TRL's).")
+    parser.add_argument("--top_p", "--top-p", dest="top_p", type=float, default=None,
+                        help="Nucleus mass (default: --training_config's, else 1.0 = TRL's).")
     parser.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=64,
                         help="Sequences per generate call (transformers) / prompts per call (vLLM).")
     parser.add_argument("--seed", type=int, default=0, help="Sampling seed (default 0).")
@@ -96,6 +104,42 @@ def read_jsonl(path: str) -> list[dict]:
     return rows
 
 
+TRL_DEFAULT_MAX_COMPLETION_LENGTH = 512
+"""``trl.GRPOConfig().max_completion_length`` in TRL 1.16: the cap a table is sampled with when nothing says otherwise."""
+
+
+def _apply_training_config(args: argparse.Namespace) -> None:
+    """Fill ``--max_new_tokens`` / ``--temperature`` / ``--top_p`` left unset from ``--training_config`` (JSON or
+    YAML), then from TRL's defaults (temperature 1, top-p 1; the cap's default depends on the task)."""
+    if args.training_config:
+        path = args.training_config
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError(f"--training_config {path!r}: cannot be read ({e.strerror or e}).") from None
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            cfg = yaml.safe_load(text)
+        else:
+            import json
+
+            try:
+                cfg = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--training_config {path}: not valid JSON at line {e.lineno} ({e.msg}); pass a "
+                                 "JSON or .yaml file of GRPOConfig fields.") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--training_config {path}: expected a mapping of GRPOConfig fields.")
+        for flag, key in (("max_new_tokens", "max_completion_length"), ("temperature", "temperature"),
+                          ("top_p", "top_p")):
+            if getattr(args, flag) is None and cfg.get(key) is not None:
+                setattr(args, flag, (int if flag == "max_new_tokens" else float)(cfg[key]))
+    args.temperature = 1.0 if args.temperature is None else args.temperature
+    args.top_p = 1.0 if args.top_p is None else args.top_p
+
+
 def _check_model_argument(model: str) -> None:
     """A ``--model`` that looks like a local path (absolute, ``./``, ``~``, or with an OS separator beyond one Hub
     ``namespace/name``) must exist: otherwise transformers reports a Hub repo-id error that never names the path."""
@@ -121,6 +165,7 @@ def main(args: argparse.Namespace) -> int:
     prog = "trl-ext build-value-table"
     try:
         _check_model_argument(args.model)
+        _apply_training_config(args)
         if args.task is not None:
             from trl_ext.testbed import TASKS, get_reward_funcs, make_dataset
 
@@ -141,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
                 if args.num_prompts < 1:
                     raise ValueError("--num_prompts must be >= 1.")
                 dataset = dataset[: args.num_prompts]
-            max_new = args.max_new_tokens or 256
+            max_new = args.max_new_tokens or TRL_DEFAULT_MAX_COMPLETION_LENGTH
             ds_name = os.path.abspath(args.dataset)
         if args.overwrite and os.path.exists(args.output):
             os.remove(args.output)

@@ -122,7 +122,8 @@ class ValueTableLookup(FixedGroups):
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """Config-time check of ``rollout_strategy_kwargs``: ``value_table_path`` (required), ``beta_grid``,
         ``strict_table_check`` and the :data:`BASIS_OPTION_DEFAULTS` options (``ValueError`` saying what to change)."""
-        allowed = {"value_table_path", "beta_grid", "strict_table_check", *BASIS_OPTION_DEFAULTS}
+        allowed = {"value_table_path", "beta_grid", "strict_table_check", "allow_sampling_mismatch",
+                   *BASIS_OPTION_DEFAULTS}
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
             raise ValueError(f"rollout_strategy='value_table' got unknown rollout_strategy_kwargs {unknown}; "
@@ -132,25 +133,53 @@ class ValueTableLookup(FixedGroups):
             raise ValueError("rollout_strategy='value_table' needs rollout_strategy_kwargs={'value_table_path': "
                              "<JSON Lines value table>} (build one with `trl-ext build-value-table`).")
         validate_basis_options({**BASIS_OPTION_DEFAULTS, **{k: v for k, v in kwargs.items()
-                                                            if k not in ("value_table_path", "strict_table_check")}})
+                                                            if k not in ("value_table_path", "strict_table_check",
+                                                                         "allow_sampling_mismatch")}})
 
     @classmethod
-    def from_trainer(cls, trainer, value_table_path=None, beta_grid=None, strict_table_check=False, **options):
+    def from_trainer(cls, trainer, value_table_path=None, beta_grid=None, strict_table_check=False,
+                     allow_sampling_mismatch=False, **options):
         """The strategy selected by config on any trainer (``rollout_strategy="value_table"``): the table at
         ``value_table_path``, checked against the trainer's reward functions and model (table header) and its
         training prompts, as :class:`~trl_ext.trainers.basis.BASISTrainer` checks it."""
         strategy = cls(resolve_value_table(value_table_path), beta_grid=beta_grid, **options)
-        strategy.check_setup(trainer, strict=bool(strict_table_check))
+        strategy.check_setup(trainer, strict=bool(strict_table_check),
+                             allow_sampling_mismatch=bool(allow_sampling_mismatch))
         return strategy
 
-    def check_setup(self, trainer, strict: bool = False, model_id: str | None = None) -> None:
-        """The table's header against the trainer's reward functions and model, and its coverage of the training
-        prompts (:meth:`check_coverage`)."""
+    def check_setup(self, trainer, strict: bool = False, model_id: str | None = None,
+                    allow_sampling_mismatch: bool = False) -> None:
+        """The table's header against the trainer's reward functions and model, its sampling settings against the
+        training config (:meth:`check_sampling`), and its coverage of the training prompts (:meth:`check_coverage`)."""
         if model_id is None:
             model_id = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
         self.table.check_compatible(reward_funcs=list(trainer.reward_func_names), model=model_id or None,
                                     strict=strict)
+        self.check_sampling(trainer.args, allow=allow_sampling_mismatch)
         self.check_coverage(trainer.train_dataset, self.options["max_missing_fraction"])
+
+    def check_sampling(self, args, allow: bool = False) -> None:
+        """Refuse a table sampled under other settings than training samples with: the header's ``temperature``,
+        ``top_p`` and ``max_new_tokens`` against ``temperature``, ``top_p`` and ``max_completion_length`` (p_hat is
+        the reference policy's success rate *under those settings*; another temperature or cap is another value).
+        Settings the header does not record (in-memory or hand-made tables) are not checked. ``allow`` (the
+        documented override, ``basis_allow_sampling_mismatch``) turns the refusal into a warning."""
+        md = self.table.metadata
+        want = {"temperature": ("temperature", float(args.temperature)),
+                "top_p": ("top_p", 1.0 if args.top_p is None else float(args.top_p)),
+                "max_new_tokens": ("max_completion_length", args.max_completion_length)}
+        bad = [f"{key}={md[key]!r} in the table vs {name}={value!r} in training" for key, (name, value) in want.items()
+               if md.get(key) is not None and value is not None and md[key] != value]
+        if not bad:
+            return
+        msg = (f"The value table was sampled under other settings than this training run: {'; '.join(bad)}. Its "
+               "p_hat values are success rates under the table's settings. Rebuild it with the training settings "
+               "(`trl-ext build-value-table ... --training_config <your config>` or --temperature / --top_p / "
+               "--max_new_tokens; examples/scripts/basis.py --build_value_table uses the run's own), or set "
+               "basis_allow_sampling_mismatch=True to use it deliberately.")
+        if not allow:
+            raise ValueError(msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
     def describe(self, trainer):
         lo, hi = self.reward_range

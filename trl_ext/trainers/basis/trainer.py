@@ -128,6 +128,13 @@ class BASISConfig(ExtGRPOConfig):
                           "training setup."},
     )
 
+    basis_allow_sampling_mismatch: bool = field(
+        default=False,
+        metadata={"help": "Use a value table whose header records other sampling settings (temperature, top_p, "
+                          "max_new_tokens) than the training config's temperature, top_p and max_completion_length, "
+                          "with a warning instead of the refusal (deliberate reuse)."},
+    )
+
     def __post_init__(self):
         _check_single_rollout(self)
         # ExtGRPOConfig.__post_init__ validates with a placeholder group size (TRL rejects num_generations < 2)
@@ -284,7 +291,8 @@ class BASISTrainer(GRPOTrainer):
                           "reward functions.", UserWarning, stacklevel=2)
         # table compatibility (header metadata vs. the training setup) and coverage of the training prompts
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        self.rollout_strategy.check_setup(self, strict=bool(args.basis_strict_table_check), model_id=model_id or "")
+        self.rollout_strategy.check_setup(self, strict=bool(args.basis_strict_table_check), model_id=model_id or "",
+                                          allow_sampling_mismatch=bool(args.basis_allow_sampling_mismatch))
 
     def create_rollout_strategy(self) -> ValueTableLookup:
         """The ``"value_table"`` strategy over this trainer's value table."""
