@@ -146,8 +146,10 @@ _PROBE = """
 import os, sys
 sys.path.insert(0, {scripts!r})
 from base_helpers import make_trainer
-tr = make_trainer({out!r} + "/" + os.environ.get("RANK", "0"), use_cpu={use_cpu})
-print("PROCESSES", tr.accelerator.num_processes)
+rank = os.environ.get("RANK", "0")
+tr = make_trainer({out!r} + "/" + rank, use_cpu={use_cpu})
+with open({out!r} + f"/seen_{{rank}}.txt", "w") as f:  # a file per rank: printed lines of two ranks interleave
+    f.write(str(tr.accelerator.num_processes))
 """
 
 
@@ -166,6 +168,7 @@ def _launch(cmd: str, script: str) -> subprocess.CompletedProcess:
 def test_the_guard_suggests_only_launch_commands_that_work(tmp_path):
     scripts = os.path.join(ROOT, "tests", "scripts")
     bad = tmp_path / "bad.py"
+    (tmp_path / "bad").mkdir()
     bad.write_text(_PROBE.format(scripts=scripts, out=str(tmp_path / "bad"), use_cpu=False))
     proc = _launch("torchrun --nproc_per_node 2 script.py", str(bad))
     assert proc.returncode != 0 and "this trainer sees 1" in proc.stderr, proc.stderr[-3000:]
@@ -173,10 +176,13 @@ def test_the_guard_suggests_only_launch_commands_that_work(tmp_path):
     commands = re.findall(r"`([^`]+ script\.py)`", message)
     assert len(commands) == 3 and not any("--cpu" in c for c in commands), commands
     good = tmp_path / "good.py"
-    good.write_text(_PROBE.format(scripts=scripts, out=str(tmp_path / "good"), use_cpu=True))
-    for cmd in commands:  # each suggestion, with use_cpu=True as the message says, starts two ranks that see two
+    for i, cmd in enumerate(commands):  # each suggestion, with use_cpu=True as the message says, starts two ranks
+        out = tmp_path / f"good{i}"
+        out.mkdir()
+        good.write_text(_PROBE.format(scripts=scripts, out=str(out), use_cpu=True))
         res = _launch(cmd, str(good))
-        assert res.returncode == 0 and res.stdout.count("PROCESSES 2") == 2, (cmd, res.stdout, res.stderr[-3000:])
+        seen = sorted(p.read_text() for p in out.glob("seen_*.txt"))
+        assert res.returncode == 0 and seen == ["2", "2"], (cmd, seen, res.stderr[-3000:])
 
 
 # ---------------------------------------------------------------------------------------------------- CLIs

@@ -129,7 +129,7 @@ def test_compare_cli_reads_gz_files_and_falls_back_for_paths_and_patterns(tmp_pa
     assert rc == 2 and "c/seed0/outcomes.jsonl: file not found" in err, err
 
 
-def test_expand_prefers_plain_matches_and_keeps_a_pattern_matching_nothing(tmp_path):
+def test_expand_prefers_plain_matches_and_refuses_a_pattern_matching_nothing(tmp_path):
     for s in (0, 1):
         write_outcomes_jsonl(tmp_path / f"seed{s}" / "outcomes.jsonl.gz", _records())
     write_outcomes_jsonl(tmp_path / "seed0" / "outcomes.jsonl", _records())
@@ -138,7 +138,10 @@ def test_expand_prefers_plain_matches_and_keeps_a_pattern_matching_nothing(tmp_p
     (tmp_path / "seed0" / "outcomes.jsonl").unlink()
     assert compare_cli._expand([pat]) == [str(tmp_path / f"seed{s}" / "outcomes.jsonl.gz") for s in (0, 1)]
     missing = str(tmp_path / "none*" / "outcomes.jsonl")
-    assert compare_cli._expand([missing]) == [missing]
+    with pytest.raises(ValueError, match="--b pattern .* matches no file"):
+        compare_cli._expand([missing], "--b")
+    plain = str(tmp_path / "absent.jsonl")  # a plain path is kept: the reader reports it as missing
+    assert compare_cli._expand([plain]) == [plain]
 
 
 def _load_bench():

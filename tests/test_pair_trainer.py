@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 import zlib
 
 import numpy as np
@@ -645,12 +646,16 @@ def test_learning_rate_scaling_reaches_the_optimizer_and_the_logs(tmp_path, capl
     import logging
 
     assert PAIRConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none").pair_lr_scaling == "sqrt_budget"
-    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.pair"):
+    from trl_ext import DropInDifferenceWarning
+
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.base"), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
         tr = make_trainer(tmp_path, pair_lr_scaling=mode, lr_scheduler_type="constant")
     said = [r.getMessage() for r in caplog.records if "optimizer learning rate" in r.getMessage()]
-    assert len(said) == (mode != "none")
+    warned = [str(x.message) for x in w if issubclass(x.category, DropInDifferenceWarning)]
+    assert len(said) == len(warned) == (mode != "none")  # the INFO line and one warning users see
     if said:
-        assert f"{factor * 1e-3:.3g}" in said[0] and mode in said[0]
+        assert f"{factor * 1e-3:.3g}" in said[0] and mode in said[0] and said[0] in warned[0]
     before = [p.detach().clone() for p in tr.model.parameters()]
     tr.train()
     assert all(g["lr"] == pytest.approx(1e-3 * factor) for g in tr.optimizer.param_groups)

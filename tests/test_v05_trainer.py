@@ -613,12 +613,16 @@ def test_config_escape_hatches_and_defaults(tmp_path):
                                  "buffer_capacity", "context_size", "value_prior", "value_prior_kwargs", "reward_low",
                                  "reward_high", "sigma_floor", "allow_small_k_init", "allow_unsupported_loss_type",
                                  "check_buffer_sync"])
-def test_unprefixed_field_names_of_0_1_are_rejected(tmp_path, old):
-    # 0.1 names were renamed to v05_<name>; an old name must fail loudly, not be silently ignored
+def test_unprefixed_field_names_of_0_1_are_mapped_with_a_deprecation(tmp_path, old):
+    # 0.1 names were renamed to v05_<name>; an old name is mapped with a FutureWarning for one minor release (never
+    # silently ignored: the new field gets the value)
     assert not hasattr(V05GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"), old)
     assert "v05_" + old in V05GRPOConfig.__dataclass_fields__
-    with pytest.raises(TypeError, match=old):
-        V05GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{old: None})
+    default = V05GRPOConfig.__dataclass_fields__["v05_" + old].default
+    with pytest.warns(FutureWarning, match=f"the field is now 'v05_{old}'"):
+        cfg = V05GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{old: default})
+    plain = V05GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{"v05_" + old: default})
+    assert not hasattr(cfg, old) and getattr(cfg, "v05_" + old) == getattr(plain, "v05_" + old)
 
 
 def test_plain_grpo_config_is_upgraded(tmp_path):

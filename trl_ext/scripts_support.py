@@ -139,8 +139,18 @@ def set_model_init_kwargs(model_args: Any, training_args: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ datasets
+def is_rg_spec(name: Any) -> bool:
+    """Whether ``--dataset_name`` is a reasoning-gym spec (``reasoning_gym:<task>[:options]``)."""
+    return isinstance(name, str) and name.startswith("reasoning_gym:")
+
+
 def _builtin_split(task: str, split: str, n: int | None, seed: int):
-    """``n`` prompts of a built-in task's split (all when None; an eval count above the split's size is capped)."""
+    """``n`` prompts of a built-in task's split (all when None; an eval count above the split's size is capped);
+    reasoning-gym specs too."""
+    if is_rg_spec(task):
+        from trl_ext.external_tasks.reasoning_gym import make_rg_dataset
+
+        return make_rg_dataset(task, split, n, seed=seed)
     testbed = builtin_tasks()[task] == "testbed"
     if testbed:
         from trl_ext.testbed import make_dataset, split_size
@@ -187,6 +197,12 @@ def load_datasets(script_args: ExtScriptArguments, training_args: Any = None):
     if not name:
         raise ValueError(f"--dataset_name is required: a built-in task ({_names()}), a local "
                          "dataset file or folder, or a Hub dataset id.")
+    if is_rg_spec(name):  # reasoning-gym: train / test splits disjoint by construction
+        from trl_ext.external_tasks.reasoning_gym import make_rg_dataset
+
+        train = make_rg_dataset(name, "train", script_args.dataset_num_prompts, seed=script_args.dataset_seed)
+        test = make_rg_dataset(name, "test", min(script_args.eval_num_prompts, 200)) if want_eval else None
+        return train, test
     if name in builtin_tasks():
         train = _builtin_split(name, "train", script_args.dataset_num_prompts, script_args.dataset_seed)
         test = _builtin_split(name, "test", script_args.eval_num_prompts, 0) if want_eval else None
@@ -236,6 +252,11 @@ def builtin_reward_funcs(dataset_name: str | None) -> dict[str, Callable]:
     Real-model tasks: ``accuracy`` and ``format`` (:mod:`trl_ext.realmodel.tasks`). Testbed tasks: ``accuracy``, the
     task's own reward (e.g. ``addition_reward``). Each is also reachable by its function's name.
     """
+    if is_rg_spec(dataset_name):
+        from trl_ext.external_tasks.reasoning_gym import RG_REWARD_FUNCS
+
+        funcs = dict(RG_REWARD_FUNCS)
+        return {**funcs, **{f.__name__: f for f in funcs.values()}}
     kind = builtin_tasks().get(dataset_name or "")
     if kind == "real":
         from trl_ext.realmodel.tasks import accuracy_reward, format_reward

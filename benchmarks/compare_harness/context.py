@@ -104,7 +104,7 @@ class Context:
                 raise SystemExit("--model_name_or_path is required with --dataset_fn")
             self.model_path = s["model_name_or_path"]
             self.max_new = s["max_completion_length"] or 256
-        elif s["task"] in REAL_TASK_NAMES:
+        elif s["task"] in REAL_TASK_NAMES or str(s["task"]).startswith("reasoning_gym:"):
             self._init_real_task(s)
         else:
             from trl_ext.testbed import TASKS, get_reward_funcs, get_warm_model, make_dataset, split_size
@@ -135,6 +135,21 @@ class Context:
         from trl_ext.realmodel.tasks import get_real_reward_funcs, split_items
 
         self.task = s["task"]
+        if self.task.startswith("reasoning_gym:"):  # a task no one here wrote: its own splits and scorer
+            from trl_ext.external_tasks.reasoning_gym import make_rg_dataset, rg_accuracy_reward
+
+            def rg_split(split, n):
+                rows = make_rg_dataset(self.task, split, None, as_list=True)[:n]
+                return Dataset.from_list([{**r, "question_id": f"{r['rg_split']}:{r['rg_index']}"} for r in rows])
+
+            from datasets import Dataset
+
+            self.train_ds, self.eval_ds = rg_split("train", s["n_train"]), rg_split("test", s["n_eval"])
+            self._val_ds = rg_split("validation", s["n_val"])  # disjoint from both by construction
+            self.reward_funcs = [rg_accuracy_reward]
+            self.model_path = s["model_name_or_path"] or get_real_model()
+            self.max_new = s["max_completion_length"] or 128
+            return
         self.train_ds = real_task_dataset(self.task, min(s["n_train"], len(split_items(self.task, "train"))),
                                           split="train", seed=0)
         self.eval_ds = real_task_dataset(self.task, min(s["n_eval"], len(split_items(self.task, "test"))),
@@ -181,7 +196,7 @@ class Context:
 
         bs = self.s["eval_batch_size"]
         ds = self.dataset(split)
-        if self.task is not None and self.task not in REAL_TASK_NAMES:
+        if self.task is not None and self.task not in REAL_TASK_NAMES and not self.task.startswith("reasoning_gym:"):
             return evaluate_model(model, self.tokenizer, ds, self.task, greedy=greedy,
                                   num_samples=num_samples, max_new_tokens=self.max_new, seed=seed, batch_size=bs)
         return _generic_evaluate(model, self.tokenizer, ds, self.reward_funcs[0], greedy, num_samples,

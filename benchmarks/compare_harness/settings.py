@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=None,
                    help="testbed task: addition (default), scratchpad, substitution; or a real-model chat task: "
                         "sum3, largest, steps (trl_ext.realmodel.tasks; the SmolLM2 model unless "
+                        "--model_name_or_path); or reasoning_gym:<task>[:options] (train / validation / test "
+                        "splits of reasoning-gym, its scorer; the SmolLM2 model unless "
                         "--model_name_or_path)")
     p.add_argument("--eval_mode", choices=("greedy", "sampled"), default=None,
                    help="primary held-out accuracy: greedy (default) or sampled at T = 1 with --eval_samples per "
@@ -163,7 +165,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--rollouts_per_step must be divisible by 16 (G = 16, 8, 4 and 1 share it); "
                          f"got {s['rollouts_per_step']}")
     s["temperature"] = 1.0 if args.temperature is None else args.temperature
-    if s["temperature"] != 1.0 and task not in REAL_TASK_NAMES and not args.dataset_fn:
+    if s["temperature"] != 1.0 and task not in REAL_TASK_NAMES and not args.dataset_fn \
+            and not str(task).startswith("reasoning_gym:"):
         raise SystemExit("--temperature is for the real-model tasks and --dataset_fn datasets (the testbed tasks' "
                          "evaluation samples at T = 1)")
     if s["eval_mode"] == "sampled" and not s["eval_samples"]:

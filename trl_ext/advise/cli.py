@@ -38,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``advise`` options."""
     a = parser.add_argument
     a("--model", required=True, help="Local model folder, 'testbed:TASK', 'testbed-warm' or 'smollm2'.")
-    a("--dataset", required=True, help="A built-in task name or a local .jsonl/.json/.csv/.parquet file or "
-                                       "save_to_disk folder with a prompt column (text or messages).")
+    a("--dataset", required=True, help="A built-in task name, a reasoning-gym spec (reasoning_gym:<task>[:level=N,"
+                                       "...]; pip install 'trl-ext[reasoning-gym]') or a local .jsonl/.json/.csv/"
+                                       ".parquet file or save_to_disk folder with a prompt column (text or messages).")
     a("--reward", action="append", default=None, metavar="REF",
       help="Reward function f(prompts, completions, **columns) -> list[float | None]: 'package.module:function', "
            "'path/to/file.py:function' or a built-in reward name. Repeatable (weighted sum). Default for a built-in "
@@ -152,7 +153,13 @@ def _resolve_model(name: str) -> str:
 
 def load_inputs(args):
     """``(model_path, rows, row_indices, reward_funcs, dataset label, default max_new_tokens)``; raises ValueError."""
-    from trl_ext.scripts_support import _builtin_split, builtin_tasks, resolve_model_name, resolve_reward_funcs
+    from trl_ext.scripts_support import (
+        _builtin_split,
+        builtin_tasks,
+        is_rg_spec,
+        resolve_model_name,
+        resolve_reward_funcs,
+    )
 
     tasks = builtin_tasks()
     model = _resolve_model(args.model)
@@ -161,7 +168,12 @@ def load_inputs(args):
         if not os.path.isdir(model):
             raise ValueError(f"--model {args.model!r} is not a local folder, 'testbed:TASK', 'testbed-warm' or "
                              "'smollm2' (nothing is downloaded).")
-    funcs = resolve_reward_funcs(args.reward, args.dataset if args.dataset in tasks else None, flag="--reward")
+    builtin = args.dataset in tasks or is_rg_spec(args.dataset)
+    funcs = resolve_reward_funcs(args.reward, args.dataset if builtin else None, flag="--reward")
+    if is_rg_spec(args.dataset):  # reasoning-gym: its split, the task's own scorer
+        split = args.split or "train"
+        rows = [dict(r) for r in _builtin_split(args.dataset, split, args.num_prompts, args.seed)]
+        return model, rows, list(range(len(rows))), funcs, f"{args.dataset}/{split} (seed {args.seed})", 256
     if args.dataset in tasks:
         split = args.split or "train"
         if tasks[args.dataset] == "testbed":

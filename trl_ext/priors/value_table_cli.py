@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--task", default=None, help="Testbed task (trl_ext.testbed.make_dataset), e.g. 'addition'.")
     src.add_argument("--dataset", default=None,
-                     help="Your dataset: a .jsonl/.json/.csv/.parquet file or a datasets save_to_disk folder.")
+                     help="Your dataset: a .jsonl/.json/.csv/.parquet file or a datasets save_to_disk folder, or a "
+                          "reasoning-gym spec reasoning_gym:<task>[:options] (its --split; default reward: the task's "
+                          "scorer).")
     parser.add_argument("--split", default="train",
                         help="Testbed split (train/test; default train), or the split of a saved DatasetDict.")
     parser.add_argument("--num_prompts", "--num-prompts", dest="num_prompts", type=int, default=None,
@@ -175,6 +177,13 @@ def main(args: argparse.Namespace) -> int:
             funcs = [load_reward(s) for s in args.reward] if args.reward else get_reward_funcs(args.task)
             max_new = args.max_new_tokens or TASKS[args.task].max_answer_chars(**TASKS[args.task].defaults) + 1
             ds_name = f"testbed:{args.task}/{args.split}/n={args.num_prompts}/seed={args.dataset_seed}"
+        elif args.dataset.startswith("reasoning_gym:"):
+            from trl_ext.external_tasks.reasoning_gym import make_rg_dataset, rg_accuracy_reward
+
+            dataset = make_rg_dataset(args.dataset, args.split, args.num_prompts, seed=args.dataset_seed)
+            funcs = [load_reward(s) for s in args.reward] if args.reward else [rg_accuracy_reward]
+            max_new = args.max_new_tokens or TRL_DEFAULT_MAX_COMPLETION_LENGTH
+            ds_name = f"{args.dataset}/{args.split}/n={len(dataset)}/seed={args.dataset_seed}"
         else:
             from trl_ext._refs import ACCEPTED_FORMS, load_dataset_rows
 
