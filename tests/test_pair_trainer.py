@@ -971,10 +971,12 @@ def test_example_runs_with_peft_and_writes_summary(tmp_path):
                             "--eval_samples", "1", "--prefix_tokens", "1", "--use_peft"])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
-    tok = summary["train_generated_tokens"]
-    assert summary["trainer"] == "pair" and summary["use_peft"]
+    tok = summary["method"]["train_generated_tokens"]
+    assert summary["schema"] == "trl_ext.testbed_summary/v1"  # the one schema of every testbed example
+    assert summary["trainer"] == "pair" and summary["method"]["use_peft"]
     assert tok["generated"] == tok["prefix"] + tok["suffix"] and tok["prefix"] == 2 * 2 * 4  # steps x rows x tau
-    assert (out / "trainer_state.json").exists()
+    assert summary["generated_tokens"]["train_completion_tokens"] == tok["generated"]
+    assert (out / "trainer_state.json").exists() and (out / "outcomes_after_sampled.jsonl").exists()
 
 
 # ------------------------------------------------------------------------------------------- PAIR selected by config

@@ -39,6 +39,15 @@ def test_quickstart_v05_runs_the_v05_example(quickstart, tmp_path):
                           "--prior", "constant"])  # fmt: skip
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert "accuracy_before" in summary and "accuracy_after" in summary["v05"]
+    assert summary["schema"] == "trl_ext.testbed_summary/v1" and summary["trainer"] == "v05"
+    assert set(summary["accuracy_before"]) == set(summary["accuracy_after"]) == {"greedy", "sampled"}
+    assert summary["generated_tokens"]["train_completion_tokens"] > 0 and len(summary["curve"]) == 2
+    for name in summary["outcomes"].values():  # per-question outcomes trl-ext compare reads, and the plot
+        assert (out / name).exists()
+    assert (out / "accuracy_vs_tokens.png").exists()
+    from trl_ext.cli import main as cli
+
+    assert cli(["compare", "--a", str(out / "outcomes_before_sampled.jsonl"), "--b",
+                str(out / "outcomes_after_sampled.jsonl"), "--n-boot", "200", "--n-sim", "50"]) == 0
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 1 and state["log_history"]

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from trl_ext.testbed import TASKS, get_reward_funcs, get_warm_model, make_dataset, write_outcomes_jsonl
+    from trl_ext.testbed import TASKS, get_reward_funcs, get_warm_model, make_dataset
     from trl_ext.trainers.basis import BASISConfig, BASISTrainer
 
     state = PartialState(cpu=True)  # without cpu=True a CPU torchrun rank believes it is alone
@@ -179,31 +179,19 @@ def main(argv=None) -> int:
 
     if is_main:
         after = evaluate(trainer.model, tok, test_ds, args, max_new)
-        for tag, res in (("before", before), ("after", after)):
-            write_outcomes_jsonl(os.path.join(args.output_dir, f"outcomes_{tag}_greedy.jsonl"), res[0].records)
-            write_outcomes_jsonl(os.path.join(args.output_dir, f"outcomes_{tag}_sampled.jsonl"), res[1].records)
         hist = trainer.state.log_history
         gen_tokens = sum(h.get("ext/generated_tokens", 0.0) for h in hist)
         rollouts = sum(h.get("ext/rollouts", 0.0) for h in hist)
         active = [h["basis/active_fraction"] for h in hist if "basis/active_fraction" in h]
-        summary = {
-            "task": TASK,
-            "trainer": "basis",
-            "variant": args.variant,
-            "accuracy_before": {"greedy": before[0].accuracy, "sampled": before[1].accuracy},
-            "accuracy_after": {"greedy": after[0].accuracy, "sampled": after[1].accuracy},
-            "generated_tokens": {"train_completion_tokens": int(gen_tokens), "train_rollouts": int(rollouts),
-                                 "eval_tokens_before": before[0].generated_tokens + before[1].generated_tokens,
-                                 "eval_tokens_after": after[0].generated_tokens + after[1].generated_tokens},
-            "beta_history": trainer.beta_history,
-            "mean_active_fraction": sum(active) / len(active) if active else None,
-            "wall_time_s": {"total": time.time() - t_start, "train": train_time},
-            "world_size": world,
-            "warm_model": warm_path,
-            "value_table": args.table_path,
-            "config": vars(args),
-        }
-        _common.write_json(os.path.join(args.output_dir, "summary.json"), summary)
+        summary = _common.write_run_outputs(
+            args.output_dir, trainer="basis", task=TASK, before=before, after=after,
+            curve=[(0, 0.0, before[0].accuracy, before[1].accuracy),
+                   (args.max_steps, gen_tokens, after[0].accuracy, after[1].accuracy)],
+            train_tokens=gen_tokens, train_rollouts=rollouts, wall_total=time.time() - t_start,
+            wall_train=train_time, world=world, warm_model=warm_path, config=vars(args),
+            method={"variant": args.variant, "beta_history": trainer.beta_history,
+                    "mean_active_fraction": sum(active) / len(active) if active else None,
+                    "value_table": os.path.basename(args.table_path)})
         b = trainer.beta_history
         print(f"\nheld-out accuracy ({args.n_eval} questions)   before   after")
         print(f"  greedy                              {before[0].accuracy:.3f}    {after[0].accuracy:.3f}")
@@ -211,7 +199,7 @@ def main(argv=None) -> int:
               f"{after[1].accuracy:.3f}")
         print(f"training: {int(rollouts)} rollouts (G = 1), {int(gen_tokens)} completion tokens; beta "
               f"{b[0] if b else float('nan'):.2f} -> {b[-1] if b else float('nan'):.2f}; mean active fraction "
-              f"{summary['mean_active_fraction']}")
+              f"{summary['method']['mean_active_fraction']}")
         print(f"wall time {summary['wall_time_s']['total']:.0f} s (training {train_time:.0f} s); outputs in "
               f"{args.output_dir}")
     state.wait_for_everyone()

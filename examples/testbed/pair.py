@@ -164,16 +164,16 @@ def main(argv=None) -> int:
         else:
             tokens = {"generated": total("ext/generated_tokens")}
             diag = {}
-        summary = {
-            "trainer": args.trainer, "task": TASK, "seed": args.seed, "max_steps": args.max_steps,
-            "num_generations": args.num_generations, "prompts_per_step": args.prompts_per_step,
-            "learning_rate": args.learning_rate, "world_size": world, "use_peft": args.use_peft,
-            "accuracy_before": {"greedy": before[0].accuracy, "sampled": before[1].accuracy},
-            "accuracy_after": {"greedy": after[0].accuracy, "sampled": after[1].accuracy},
-            "train_generated_tokens": tokens, "pair_diagnostics_mean": diag,
-            "wall_time_s": {"total": time.time() - t0, "train": train_time},
-        }
-        _common.write_json(os.path.join(args.output_dir, "summary.json"), summary)
+        rollouts = total("ext/rollouts")
+        _common.write_run_outputs(
+            args.output_dir, trainer=args.trainer, task=TASK, before=before, after=after,
+            curve=[(0, 0.0, before[0].accuracy, before[1].accuracy),
+                   (args.max_steps, tokens["generated"], after[0].accuracy, after[1].accuracy)],
+            train_tokens=tokens["generated"], train_rollouts=rollouts or None, wall_total=time.time() - t0,
+            wall_train=train_time, world=world, warm_model=warm, config=vars(args),
+            method={"train_generated_tokens": tokens, "pair_diagnostics_mean": diag, "use_peft": args.use_peft,
+                    "num_generations": args.num_generations, "prompts_per_step": args.prompts_per_step,
+                    "learning_rate": args.learning_rate})
         print(f"{args.trainer}: held-out greedy {before[0].accuracy:.3f} -> {after[0].accuracy:.3f}, sampled "
               f"{before[1].accuracy:.3f} -> {after[1].accuracy:.3f}; training generated "
               f"{tokens['generated']:.0f} tokens in {train_time:.0f} s", flush=True)

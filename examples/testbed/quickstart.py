@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from trl_ext.testbed import TASKS, get_warm_model, make_dataset, split_size, write_outcomes_jsonl
+    from trl_ext.testbed import TASKS, get_warm_model, make_dataset, split_size
 
     state = PartialState(cpu=True)  # without cpu=True a CPU torchrun rank believes it is alone (rank 0 of 1)
     is_main = state.is_main_process
@@ -192,30 +192,13 @@ def main(argv=None) -> int:
     if is_main:
         after = evaluate(trainer.model, tok, test_ds, args, max_new)
         points.append((args.max_steps, callback.tokens, after[0].accuracy, after[1].accuracy))
-        for tag, res in (("before", before), ("after", after)):
-            write_outcomes_jsonl(os.path.join(args.output_dir, f"outcomes_{tag}_greedy.jsonl"), res[0].records)
-            write_outcomes_jsonl(os.path.join(args.output_dir, f"outcomes_{tag}_sampled.jsonl"), res[1].records)
         num_tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
-        summary = {
-            "task": TASK,
-            "trainer": args.trainer,
-            "accuracy_before": {"greedy": before[0].accuracy, "sampled": before[1].accuracy},
-            "accuracy_after": {"greedy": after[0].accuracy, "sampled": after[1].accuracy},
-            "sampled_improved": after[1].accuracy > before[1].accuracy,
-            "generated_tokens": {
-                "train_completion_tokens": int(round(callback.tokens)),
-                "train_prompt_plus_completion_tokens": int(num_tokens[-1]) if num_tokens else None,
-                "eval_tokens_before": before[0].generated_tokens + before[1].generated_tokens,
-                "eval_tokens_after": after[0].generated_tokens + after[1].generated_tokens,
-            },
-            "curve": [{"step": s, "generated_tokens": t, "greedy": g, "sampled": sa} for s, t, g, sa in points],
-            "wall_time_s": {"total": time.time() - t_start, "train": train_time},
-            "world_size": world,
-            "warm_model": warm_path,
-            "config": vars(args),
-        }
-        _common.write_json(os.path.join(args.output_dir, "summary.json"), summary)
-        plot(points, os.path.join(args.output_dir, "accuracy_vs_tokens.png"), args.trainer)
+        summary = _common.write_run_outputs(
+            args.output_dir, trainer=args.trainer, task=TASK, before=before, after=after, curve=points,
+            train_tokens=callback.tokens, train_rollouts=None, wall_total=time.time() - t_start,
+            wall_train=train_time, world=world, warm_model=warm_path, config=vars(args),
+            method={"train_prompt_plus_completion_tokens": int(num_tokens[-1]) if num_tokens else None,
+                    "sampled_improved": after[1].accuracy > before[1].accuracy})
         print(f"\nheld-out accuracy ({args.n_eval} questions)   before   after")
         print(f"  greedy                              {before[0].accuracy:.3f}    {after[0].accuracy:.3f}")
         print(f"  sampled (T=1, {args.eval_samples}/question)            {before[1].accuracy:.3f}    "
@@ -228,27 +211,6 @@ def main(argv=None) -> int:
     state.wait_for_everyone()
     _common.shutdown_distributed()
     return 0
-
-
-def plot(points, path: str, label: str) -> None:
-    """Held-out greedy and sampled accuracy against training completion tokens generated."""
-    from trl_ext._plots import pyplot
-
-    plt = pyplot("accuracy_vs_tokens.png")
-    pts = sorted(points, key=lambda p: p[0])
-    x = [p[1] for p in pts]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(x, [p[2] for p in pts], "o-", label=f"{label}: greedy")
-    ax.plot(x, [p[3] for p in pts], "s--", label=f"{label}: sampled (T=1)")
-    ax.set_xlabel("training completion tokens generated")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("addition: held-out accuracy vs generated tokens")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,11 @@ def evaluate(model, tok, test_ds, args, max_new):
     g = evaluate_model(model, tok, test_ds, args.task, greedy=True, max_new_tokens=max_new)
     s = evaluate_model(model, tok, test_ds, args.task, greedy=False, num_samples=args.eval_samples,
                        max_new_tokens=max_new, temperature=1.0, seed=args.seed + 1)
-    return {"greedy": g.accuracy, "sampled": s.accuracy}
+    return g, s
+
+
+def _acc(res) -> dict:
+    return {"greedy": res[0].accuracy, "sampled": res[1].accuracy}
 
 
 def common_config(args, max_new, out_dir):
@@ -151,10 +155,10 @@ def main(argv=None) -> int:
     def fresh_model():
         return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
 
-    summary = {"model": model_path, "task": args.task, "config": vars(args), "world_size": world}
+    before = after = None
     if state.is_main_process:
-        summary["accuracy_before"] = evaluate(fresh_model(), tok, test_ds, args, max_new)
-        _common.log(f"before: {summary['accuracy_before']}")
+        before = evaluate(fresh_model(), tok, test_ds, args, max_new)
+        _common.log(f"before: {_acc(before)}")
 
     prior_kwargs = {"table": args.prior_table, "missing": "default"} if args.prior == "table" else {}
     # TRL's batch arguments: per_device_train_batch_size counts rollouts; round 1 = prompts_per_step x v05_k_init
@@ -170,6 +174,7 @@ def main(argv=None) -> int:
                              processing_class=tok, peft_config=peft_config(args))
     trainer.remove_callback(PrinterCallback)
     trainer.train()
+    train_time = time.time() - t
     trainer.save_state()  # trainer_state.json (with log_history) in --output_dir, like every example
     trainer.save_model(v05_cfg.output_dir)
     hist = trainer.state.log_history
@@ -177,12 +182,12 @@ def main(argv=None) -> int:
             "v05/rollouts_per_prompt_max", "v05/rounds", "v05/early_stop", "v05/rejection_rate", "v05/mean_weight",
             "v05/prior_brier", "v05/baseline_mse_proxy", "v05/discarded_rollouts", "v05/prompt_weight_max",
             "v05/extra_rollouts", "v05/budget_exhausted", "v05/unscorable_rollouts", "reward"]
-    summary["v05"] = {"train_s": time.time() - t, "logs": summarize_logs(hist, keys)}
+    logs = summarize_logs(hist, keys)
+    method = {"prior": args.prior, "logs": logs}
     if state.is_main_process:
         model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
-        summary["v05"]["accuracy_after"] = evaluate(model, tok, test_ds, args, max_new)
-        _common.log(f"V0.5 after: {summary['v05']['accuracy_after']}, generated tokens "
-                    f"{summary['v05']['logs']['ext/generated_tokens']['sum']:.0f}")
+        after = evaluate(model, tok, test_ds, args, max_new)
+        _common.log(f"V0.5 after: {_acc(after)}, generated tokens {logs['ext/generated_tokens']['sum']:.0f}")
     if args.push_to_hub:
         trainer.push_to_hub()
 
@@ -195,16 +200,22 @@ def main(argv=None) -> int:
                            processing_class=tok, peft_config=peft_config(args))
         base.remove_callback(PrinterCallback)
         base.train()
-        summary[f"grpo_g{g}"] = {"train_s": time.time() - t,
-                                 "logs": summarize_logs(base.state.log_history, ["ext/generated_tokens", "reward"])}
+        method[f"grpo_g{g}"] = {"train_s": time.time() - t,
+                                "logs": summarize_logs(base.state.log_history, ["ext/generated_tokens", "reward"])}
         if state.is_main_process:
             model = base.model.merge_and_unload() if args.use_peft else base.model
-            summary[f"grpo_g{g}"]["accuracy_after"] = evaluate(model, tok, test_ds, args, max_new)
-            _common.log(f"GRPO G={g} after: {summary[f'grpo_g{g}']['accuracy_after']}, generated tokens "
-                        f"{summary[f'grpo_g{g}']['logs']['ext/generated_tokens']['sum']:.0f}")
-    summary["wall_time_s"] = time.time() - t0
+            method[f"grpo_g{g}"]["accuracy_after"] = _acc(evaluate(model, tok, test_ds, args, max_new))
+            _common.log(f"GRPO G={g} after: {method[f'grpo_g{g}']['accuracy_after']}, generated tokens "
+                        f"{method[f'grpo_g{g}']['logs']['ext/generated_tokens']['sum']:.0f}")
     if state.is_main_process:
-        _common.write_json(os.path.join(args.output_dir, "summary.json"), summary)
+        tokens = logs["ext/generated_tokens"]["sum"]
+        _common.write_run_outputs(
+            args.output_dir, trainer="v05", task=args.task, before=before, after=after,
+            curve=[(0, 0.0, before[0].accuracy, before[1].accuracy),
+                   (args.max_steps, tokens, after[0].accuracy, after[1].accuracy)],
+            train_tokens=tokens, train_rollouts=logs.get("ext/rollouts", {}).get("sum"),
+            wall_total=time.time() - t0, wall_train=train_time, world=world, warm_model=model_path,
+            config=vars(args), method=method)
         _common.log(f"summary: {os.path.join(args.output_dir, 'summary.json')}")
     state.wait_for_everyone()
     _common.shutdown_distributed()
