@@ -60,9 +60,11 @@ def run_one(spec: str, out: str) -> tuple[str, float, int]:
     t0 = time.monotonic()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "trl_ext.cli", "advise", "--model", "smollm2", "--dataset", spec, *ADVISE_ARGS,
-           "--output", path + ".tmp"]
-    with open(os.path.join(out, "logs", f"{slug(spec)}.log"), "w") as log:
+           "--output", os.path.relpath(path + ".tmp", ROOT)]  # relative: the log names no machine path
+    log_path = os.path.join(out, "logs", f"{slug(spec)}.log")
+    with open(log_path, "w") as log:
         rc = subprocess.run(["nice", "-n", "5", *cmd], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    scrub_log(log_path)
     if rc == 0:
         with open(path + ".tmp") as f:
             data = json.load(f)
@@ -72,6 +74,14 @@ def run_one(spec: str, out: str) -> tuple[str, float, int]:
             json.dump(data, f, indent=1, sort_keys=True)
         os.remove(path + ".tmp")
     return spec, time.monotonic() - t0, rc
+
+
+def scrub_log(path: str) -> None:
+    """Drop the repository's absolute path and the progress-bar noise from a worker log."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [ln for ln in f.read().replace(ROOT + os.sep, "").splitlines() if "it/s]" not in ln]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def scrub(data: dict) -> None:
