@@ -5,7 +5,7 @@ Not a benchmark (a few steps, one seed): it shows that a task no one here wrote 
 what each step logged (rewards, generated tokens, V0.5's rollouts per prompt) in ``OUT/smoke.json``::
 
     python benchmarks/rg_smoke.py --methods_task reasoning_gym:letter_counting:level=0 \\
-        --grpo_task reasoning_gym:basic_arithmetic:level=0 --max_steps 4
+        --grpo_task reasoning_gym:spell_backward:level=0,size=500 --max_steps 4
 """
 
 from __future__ import annotations
