@@ -265,3 +265,24 @@ def test_build_value_table_defaults_follow_the_training_config(tmp_path):
                 "--num_samples", "2", "--training_config", str(cfg), "--temperature", "1.0", "--output", str(out2),
                 "--no_progress", "--use_vllm", "false"]) == 0
     assert json.loads(out2.read_text().splitlines()[0])["metadata"]["temperature"] == 1.0
+
+
+def test_value_table_records_the_chat_template_and_basis_compares_it(tmp_path):
+    from datasets import Dataset
+
+    from trl_ext.priors.table_format import ValueTable, ValueTableRow, load_value_table
+    from trl_ext.priors.value_table import build_value_table, chat_template_sha256
+
+    model, tok = tiny_model_and_tokenizer(0)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i}="}]} for i in range(3)])
+    out = tmp_path / "chat_table.jsonl"
+    build_value_table(model, tok, ds, [hash_reward], out, num_samples=2, max_new_tokens=5, progress=False)
+    md = load_value_table(out).metadata
+    assert md["chat_template_sha256"] == chat_template_sha256(tok) and len(md["chat_template_sha256"]) == 64
+    # BASIS refuses a table built under another chat template than its tokenizer's (the testbed one has none)
+    rows = [ValueTableRow.from_rewards(p, [1.0, 0.0], (0.0, 1.0)) for p in tiny_dataset(16)["prompt"]]
+    table = ValueTable(rows, {"reward_funcs": ["hash_reward"], "model": None, "chat_template_sha256": "ab" * 32})
+    with pytest.raises(ValueError, match=r"chat template sha256 abababababab\.\.\. in the table vs none"):
+        _basis(tmp_path, table)
+

@@ -88,6 +88,7 @@ __all__ = [
     "DEFAULT_REWARD_RANGE",
     "VALUE_TABLE_SEED_VERSION",
     "build_value_table",
+    "chat_template_sha256",
     "reward_func_name",
     "value_table_seed",
 ]
@@ -300,6 +301,9 @@ def _plan_build(model, tokenizer, dataset, reward_funcs, *, num_samples, max_new
     md = _table_metadata(metadata, model_id=mid, seed=seed, funcs=funcs, weights=weights, reward_range=(low, high),
                          num_samples=num_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                          backend=backend, sampler=sampler, prompt_column=prompt_column)
+    if any(not isinstance(rows[i][prompt_column], str) for i in unique_idx):  # the template shapes chat prompts
+        tok = tokenizer if tokenizer is not None else (llm.get_tokenizer() if llm is not None else None)
+        md["chat_template_sha256"] = chat_template_sha256(tok)
     job = _ChunkSampler(rows=rows, keys=keys, prompt_column=prompt_column, funcs=funcs, weights=weights, low=low,
                         high=high, num_samples=num_samples, temperature=float(temperature), top_p=float(top_p),
                         max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, sampler=sampler,
@@ -343,6 +347,16 @@ def _write_rows(job: _ChunkSampler, output_path: str | os.PathLike, md: dict, *,
         if was_training:
             job.model.train()
     return stats, finished
+
+
+def chat_template_sha256(tokenizer) -> str | None:
+    """SHA-256 of a tokenizer's chat template (``None`` without one): the table records it for conversational
+    prompts, and BASIS compares it with the training tokenizer's."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _table_metadata(metadata: Mapping[str, Any] | None, *, model_id: str, seed: int, funcs: Sequence[Callable],

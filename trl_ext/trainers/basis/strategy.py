@@ -155,12 +155,14 @@ class ValueTableLookup(FixedGroups):
             model_id = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
         self.table.check_compatible(reward_funcs=list(trainer.reward_func_names), model=model_id or None,
                                     strict=strict)
-        self.check_sampling(trainer.args, allow=allow_sampling_mismatch)
+        self.check_sampling(trainer.args, allow=allow_sampling_mismatch,
+                            tokenizer=getattr(trainer, "processing_class", None))
         self.check_coverage(trainer.train_dataset, self.options["max_missing_fraction"])
 
-    def check_sampling(self, args, allow: bool = False) -> None:
+    def check_sampling(self, args, allow: bool = False, tokenizer=None) -> None:
         """Refuse a table sampled under other settings than training samples with: the header's ``temperature``,
-        ``top_p`` and ``max_new_tokens`` against ``temperature``, ``top_p`` and ``max_completion_length`` (p_hat is
+        ``top_p``, ``max_new_tokens`` and ``chat_template_sha256`` against ``temperature``, ``top_p``,
+        ``max_completion_length`` and the training tokenizer's chat template (p_hat is
         the reference policy's success rate *under those settings*; another temperature or cap is another value).
         Settings the header does not record (in-memory or hand-made tables) are not checked. ``allow`` (the
         documented override, ``basis_allow_sampling_mismatch``) turns the refusal into a warning."""
@@ -170,6 +172,13 @@ class ValueTableLookup(FixedGroups):
                 "max_new_tokens": ("max_completion_length", args.max_completion_length)}
         bad = [f"{key}={md[key]!r} in the table vs {name}={value!r} in training" for key, (name, value) in want.items()
                if md.get(key) is not None and value is not None and md[key] != value]
+        if md.get("chat_template_sha256") is not None and tokenizer is not None:
+            from ...priors.value_table import chat_template_sha256
+
+            have = chat_template_sha256(tokenizer)
+            if have != md["chat_template_sha256"]:
+                bad.append(f"chat template sha256 {md['chat_template_sha256'][:12]}... in the table vs "
+                           f"{(have or 'none')[:12]}... of the training tokenizer")
         if not bad:
             return
         msg = (f"The value table was sampled under other settings than this training run: {'; '.join(bad)}. Its "
