@@ -135,9 +135,9 @@ Usage::
     # v1 (docs/results.md)
     python benchmarks/compare_trainers.py --output_dir benchmarks/results/compare/full
     # smoke tests
-    python benchmarks/compare_trainers.py --output_dir /tmp/smoke --smoke --model_name_or_path /tmp/tiny
-    python benchmarks/compare_trainers.py --output_dir /tmp/smoke2 --smoke --protocol v2 --task scratchpad \\
-        --model_name_or_path /tmp/tiny --tune_lr 1e-4 3e-4 --seeds 0 1
+    python benchmarks/compare_trainers.py --output_dir outputs/smoke --smoke --model_name_or_path outputs/tiny
+    python benchmarks/compare_trainers.py --output_dir outputs/smoke2 --smoke --protocol v2 --task scratchpad \\
+        --model_name_or_path outputs/tiny --tune_lr 1e-4 3e-4 --seeds 0 1
     # the real-model benchmark (docs/results.md "SmolLM2"; resumable: run it again to continue)
     python benchmarks/compare_trainers.py --scale smollm2 --protocol v2 --task sum3 --jobs 2 --output_dir benchmarks/results/compare/smollm2/sum3
     # its GPU path: a 0.5B-1.5B chat model on the same chat tasks, bf16 (untested here: no GPU)

@@ -63,7 +63,7 @@ passes the training prompts as a list-backed subclass of the shim's ``datasets.D
 Usage::
 
     python benchmarks/gpu_check.py --output gpu_check.json                 # GPU, the defaults above
-    python benchmarks/gpu_check.py --tiny --device cpu --output /tmp/t.json
+    python benchmarks/gpu_check.py --tiny --device cpu --output outputs/gpu_check_tiny.json
     python benchmarks/gpu_check.py --trainers trl_grpo pair --steps 5
     bash benchmarks/gpu_check.sh                                           # the device machine (see docs/gpu.md)
 """

@@ -61,7 +61,7 @@ def test_splits_are_disjoint_and_deterministic_by_seed():
     train = rgt.make_rg_dataset(SPEC, "train", as_list=True)
     val = rgt.make_rg_dataset(SPEC, "validation", as_list=True)
     test = rgt.make_rg_dataset(SPEC, "test", as_list=True)
-    shots = set(_questions(train[:1])[:0]) | {m["content"] for m in train[0]["prompt"][1:5:2]}
+    shots = {m["content"] for m in train[0]["prompt"][1:5:2]}  # the two few-shot questions
     q_tr, q_va, q_te = set(_questions(train)), set(_questions(val)), set(_questions(test))
     assert len(q_tr) == len(train) == 60 and len(q_va) == len(val) == 200 and len(q_te) == len(test) == 200
     assert not (q_tr & q_va) and not (q_tr & q_te) and not (q_va & q_te)

@@ -33,6 +33,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..realmodel.tasks import completion_text  # one reader of str / message-list completions
+
 __all__ = ["PREFIX", "RGSpec", "is_rg_spec", "parse_spec", "make_rg_dataset", "rg_accuracy_reward",
            "rg_format_reward", "extract_answer", "SYSTEM_PROMPT", "DEFAULT_SPLIT_SIZES", "RG_REWARD_FUNCS"]
 
@@ -235,17 +237,9 @@ def make_rg_dataset(spec: str | RGSpec, split: str = "train", n: int | None = No
 
 
 # --------------------------------------------------------------------------------------------------------- rewards
-def _text(completion: Any) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    return "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in completion)
-
-
 def extract_answer(completion: Any) -> str | None:
     """The answer a completion gives: the text after its last ``Answer:`` line, else its last ``<answer>`` tag."""
-    text = _text(completion)
+    text = completion_text(completion)
     lines = _ANSWER_LINE.findall(text)
     if lines:
         return lines[-1].strip()
@@ -281,7 +275,7 @@ def rg_format_reward(prompts=None, completions=None, **kwargs) -> list[float]:
         raise ValueError("rg_format_reward needs completions.")
     out = []
     for comp in completions:
-        lines = [ln for ln in _text(comp).splitlines() if ln.strip()]
+        lines = [ln for ln in completion_text(comp).splitlines() if ln.strip()]
         out.append(float(bool(lines) and _ANSWER_LINE.fullmatch(lines[-1]) is not None))
     return out
 
