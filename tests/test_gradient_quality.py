@@ -374,8 +374,9 @@ def test_cli_end_to_end_json_plot_and_bad_input(tmp_path, capsys):
     from trl_ext.cli import main
 
     args = _inputs(tmp_path)
-    out, png = tmp_path / "gq.json", tmp_path / "gq.png"
-    assert main(["gradient-quality", *args, "--output", str(out), "--plot", str(png)]) == 0, capsys.readouterr().err
+    out, png, pool = tmp_path / "gq.json", tmp_path / "gq.png", tmp_path / "pool.npz"
+    assert main(["gradient-quality", *args, "--output", str(out), "--plot", str(png), "--save_pool", str(pool)]) == 0, \
+        capsys.readouterr().err
     d = json.loads(out.read_text())
     assert d["schema"] == "trl_ext.gradient_quality/v1" and d["pool"]["num_prompts"] == 12
     assert d["cost"]["backward_passes"] == 12 * 24 and d["pool"]["tokens"]["total"] > 0
@@ -385,6 +386,21 @@ def test_cli_end_to_end_json_plot_and_bad_input(tmp_path, capsys):
         assert len(r["curve"]) == 2 and r["curve"][0]["tokens_mean"] >= 20
     assert os.path.getsize(png) > 1000
     assert "ranking" in capsys.readouterr().out
+    # the saved pool measured again: the same numbers without a model, and other methods / budgets on demand
+    again = tmp_path / "again.json"
+    meth = args.index("--methods")
+    assert main(["gradient-quality", "--pool", str(pool), "--draws", "8", "--n_resamples", "50", "--budgets", "20", "60",
+                 "--pair_group_size", "8", "--methods", *args[meth + 1:], "--output", str(again)]) == 0, \
+        capsys.readouterr().err
+    a2 = json.loads(again.read_text())
+    assert a2["config"]["pool_file"] == "pool.npz" and a2["config"]["dataset"] == d["config"]["dataset"]
+    for m in d["methods"]:
+        assert a2["methods"][m]["curve"][0]["cosine"]["value"] == pytest.approx(
+            d["methods"][m]["curve"][0]["cosine"]["value"], rel=1e-4)  # sketches stored in float32
+    assert main(["gradient-quality", "--pool", str(tmp_path / "train.jsonl")]) == 2
+    assert "cannot read a gradient-quality pool" in capsys.readouterr().err
+    assert main(["gradient-quality", "--model", "x"]) == 2
+    assert "--pool" in capsys.readouterr().err
     assert main(["gradient-quality", *args, "--reference_samples", "2"]) == 2
     assert "--reference_samples must be >= 4" in capsys.readouterr().err
     assert main(["gradient-quality", *args, "--num_samples", "10"]) == 2
@@ -406,3 +422,31 @@ def test_two_processes_give_the_one_process_result(tmp_path):
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert b["cost"]["processes"] == 2 and a["cost"]["processes"] == 1
     assert _stable(a) == _stable(b)
+
+
+def test_batched_linear_per_sample_gradients_equal_the_row_loop_on_a_lora_adapter():
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from trl_ext.gradient_quality.collect import row_gradient_sketches, trainable_parameters
+    from trl_ext.testbed import build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = get_peft_model(build_tiny_model(tok, seed=0), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                                     lora_dropout=0.0))
+    for n, p in model.named_parameters():  # a trained adapter: lora_B away from its zero init
+        if "lora_B" in n:
+            p.data.normal_(0, 0.05)
+    prompt_ids, comps = _rows(tok, 3, 3, seed=2)
+    comps[1][2] = []  # an empty completion: a zero row on both paths
+    sk = CountSketch(256, [p.numel() for _, p in trainable_parameters(model)], seed=1)
+    fast, fast_full = row_gradient_sketches(model, prompt_ids, comps, sk, temperature=0.8, per_sample="linear",
+                                            batch_rows=4, pad_token_id=0, return_full=True)
+    slow, slow_full = row_gradient_sketches(model, prompt_ids, comps, sk, temperature=0.8, per_sample="loop",
+                                            return_full=True)
+    np.testing.assert_allclose(fast_full, slow_full, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-6)
+    assert np.abs(slow_full[5]).max() == 0 and np.abs(slow_full[0]).max() > 0
+    with pytest.raises(ValueError, match="nn.Linear"):
+        row_gradient_sketches(build_tiny_model(tok, seed=0), prompt_ids, comps, sk, per_sample="linear")

@@ -21,9 +21,13 @@ __all__ = ["add_arguments", "main", "plot_gradient_quality"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--model", required=True, help="A local model folder; testbed:TASK (the cached warm testbed model); "
+    a("--pool", default=None, help="Measure a pool saved by --save_pool (no model, dataset or sampling: the methods, "
+      "budgets, draws and bootstrap options apply; the pool's own settings are kept).")
+    a("--save_pool", default=None, help="Also write the pool (.npz: rewards, lengths, sketches, PAIR probes) to measure "
+      "it again with --pool.")
+    a("--model", default=None, help="A local model folder; testbed:TASK (the cached warm testbed model); "
       "testbed-warm; smollm2 (the cached SmolLM2-135M-Instruct). Nothing is downloaded.")
-    a("--dataset", required=True, help="A built-in task (addition, scratchpad, sum3, steps_matched, ...), "
+    a("--dataset", default=None, help="A built-in task (addition, scratchpad, sum3, steps_matched, ...), "
       "reasoning_gym:<task>, or a local .jsonl/.json/.csv/.parquet file or save_to_disk folder.")
     a("--reward", action="append", default=None, help="Reward function (package.module:function, file.py:function "
       "or a built-in task's reward name); repeatable (weighted sum). Default: a built-in task's accuracy reward.")
@@ -62,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--n_resamples", type=int, default=400, help="Bootstrap replicates (0: no intervals).")
     a("--confidence", type=float, default=0.95)
     a("--batch_size", type=int, default=64, help="Sequences per generate call.")
+    a("--use_vllm", action="store_true", help="Draw the pool with a vllm.LLM engine on --model (keyed per-request "
+      "seeds; one process only; a LoRA --adapter is not applied to the engine, so only with --lora_r or none). The "
+      "gradients are always the transformers model's.")
+    a("--vllm_dtype", default="auto", help="The engine's dtype (auto: the checkpoint's).")
+    a("--vllm_enforce_eager", action="store_true", help="vllm.LLM(enforce_eager=True).")
+    a("--vllm_max_model_len", type=int, default=None, help="The engine's max_model_len.")
     a("--seed", type=int, default=0, help="Prompt draw, sampling keys, LoRA init, pool split, draws, bootstrap.")
     a("--device", default=None, help="torch device (default: cuda if available, else cpu).")
     a("--output", default=None, help="Write the result as JSON.")
@@ -70,6 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args) -> str | None:
+    if args.pool is None and (args.model is None or args.dataset is None):
+        return "give --model and --dataset (to draw a pool), or --pool (a saved one)."
     if args.num_prompts < 2:
         return f"--num_prompts must be >= 2, got {args.num_prompts}."
     if args.reference_samples < 4:
@@ -95,6 +107,9 @@ def _check(args) -> str | None:
         return f"--lora_r must be >= 0, got {args.lora_r}."
     if args.lora_r and args.adapter:
         return "give --adapter (an existing adapter) or --lora_r (a fresh one), not both."
+    if args.use_vllm and args.adapter:
+        return ("--use_vllm samples from --model without the --adapter (the engine does not load it); drop "
+                "--use_vllm to sample from the adapter.")
     if any(g < 2 for g in args.group_sizes):
         return f"--group_sizes must be >= 2, got {args.group_sizes}."
     from .methods import SEQUENCE_LEVEL_LOSSES, TOKEN_LEVEL_LOSSES
@@ -201,12 +216,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    from trl_ext._io import json_safe, write_text_atomic
     from trl_ext.advise.cli import load_inputs
 
     from .collect import build_pool, world
-    from .measure import measure_gradient_quality
-    from .methods import method_names
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     if "RANK" in os.environ and not torch.distributed.is_initialized():
@@ -214,40 +226,84 @@ def main(args: argparse.Namespace) -> int:
     rank, size = world()
     t0 = time.time()
     try:
+        if args.pool is not None:
+            return _measure_saved(args)
         model_path, rows, _, funcs, label, default_cap = load_inputs(args)
         model, tok = _load_model(args, model_path)
         cap = args.max_new_tokens or default_cap
+        sampler, eos = None, None
+        if args.use_vllm:
+            if size > 1:
+                raise ValueError("--use_vllm runs on one process; launch without torchrun / accelerate.")
+            from trl_ext.advise.vllm_path import build_engine, require_vllm
+
+            require_vllm()
+            gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            eos = sorted({int(e) for e in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
+                          + [tok.eos_token_id] if e is not None})  # the transformers path's end tokens
+            sampler = build_engine(model_path, seed=args.seed, dtype=args.vllm_dtype,
+                                   max_model_len=args.vllm_max_model_len, enforce_eager=args.vllm_enforce_eager)
         pool = build_pool(model, tok, rows, funcs, num_samples=args.num_samples, max_new_tokens=cap,
                           temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                           sketch_dim=args.sketch_dim, sketch_seed=args.seed, batch_size=args.batch_size,
                           prompt_column=args.prompt_column, reward_weights=args.reward_weights,
                           reward_range=args.reward_range, pair_probes=args.pair_probes == "on",
-                          pair_tau=args.pair_tau, progress=not args.no_progress)
-        methods = args.methods or method_names(args.group_sizes, 8)
-        if args.pair_probes == "off":
-            methods = [m for m in methods if m != "pair"]
-        opts = {"v05": {"batch_prompts": args.v05_batch_prompts}, "pair": {"group_size": args.pair_group_size}}
-        res = measure_gradient_quality(pool, methods, budgets=args.budgets, n_draws=args.draws,
-                                       reference_samples=args.reference_samples, table_samples=args.table_samples,
-                                       loss_type=args.loss_type, method_options=opts, n_resamples=args.n_resamples,
-                                       confidence=args.confidence, target_cosine=args.target_cosine, seed=args.seed,
-                                       progress=(lambda s: print("  " + s, file=sys.stderr)) if rank == 0 else None)
-    except (ValueError, OSError) as e:
+                          pair_tau=args.pair_tau, progress=not args.no_progress, sampler=sampler,
+                          eos_token_ids=eos)
+        pool.info.update({"model": args.model, "adapter": args.adapter, "lora_r": args.lora_r, "dataset": label})
+        if args.save_pool and rank == 0:
+            pool.save(args.save_pool)
+        res = _measure(args, pool, rank)
+    except (ValueError, OSError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res["config"] = {"model": args.model, "adapter": args.adapter, "lora_r": args.lora_r, "dataset": label,
-                     "max_new_tokens": cap, "command": "trl-ext gradient-quality " + " ".join(sys.argv[2:])
+    _report(args, res, pool, rank, t0)
+    if size > 1:
+        torch.distributed.barrier()
+    return 0
+
+
+def _measure(args, pool, rank: int) -> dict:
+    from .measure import measure_gradient_quality
+    from .methods import method_names
+
+    methods = args.methods or method_names(args.group_sizes, 8)
+    if pool.pair is None:
+        methods = [m for m in methods if m != "pair"] if args.methods is None else methods
+    opts = {"v05": {"batch_prompts": args.v05_batch_prompts}, "pair": {"group_size": args.pair_group_size}}
+    return measure_gradient_quality(pool, methods, budgets=args.budgets, n_draws=args.draws,
+                                    reference_samples=args.reference_samples, table_samples=args.table_samples,
+                                    loss_type=args.loss_type, method_options=opts, n_resamples=args.n_resamples,
+                                    confidence=args.confidence, target_cosine=args.target_cosine, seed=args.seed,
+                                    progress=(lambda s: print("  " + s, file=sys.stderr)) if rank == 0 else None)
+
+
+def _measure_saved(args) -> int:
+    from .pool import GradientPool
+
+    t0 = time.time()
+    pool = GradientPool.load(args.pool)
+    res = _measure(args, pool, 0)
+    _report(args, res, pool, 0, t0)
+    return 0
+
+
+def _report(args, res: dict, pool, rank: int, t0: float) -> None:
+    from trl_ext._io import json_safe, write_text_atomic
+
+    info = pool.info
+    res["config"] = {"model": info.get("model"), "adapter": info.get("adapter"), "lora_r": info.get("lora_r"),
+                     "dataset": info.get("dataset"), "max_new_tokens": pool.max_completion_length,
+                     "pool_file": os.path.basename(args.pool) if args.pool else None,
+                     "command": "trl-ext gradient-quality " + " ".join(sys.argv[2:])
                      if sys.argv[1:2] == ["gradient-quality"] else None}
-    res["cost"] = {"pool_tokens": res["pool"]["tokens"]["total"], "backward_passes": pool.info["backward_passes"],
-                   "wall_s": {**pool.info["wall_s"], "measure": res["measure_wall_s"],
-                              "total": round(time.time() - t0, 3)}, "processes": size}
+    res["cost"] = {"pool_tokens": res["pool"]["tokens"]["total"], "backward_passes": info.get("backward_passes"),
+                   "wall_s": {**info.get("wall_s", {}), "measure": res["measure_wall_s"],
+                              "this_command": round(time.time() - t0, 3)}, "processes": info.get("processes", 1)}
     if rank == 0:
         print_summary(res)
         if args.output:
             write_text_atomic(args.output, json.dumps(json_safe(res), indent=1, allow_nan=False) + "\n")
             print(f"wrote {args.output}")
         if args.plot:
-            plot_gradient_quality(res, args.plot, title=f"{args.model} on {label}")
-    if size > 1:
-        torch.distributed.barrier()
-    return 0
+            plot_gradient_quality(res, args.plot, title=f"{info.get('model')} on {info.get('dataset')}")

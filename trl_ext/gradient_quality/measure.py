@@ -197,27 +197,13 @@ def measure_gradient_quality(pool: GradientPool, methods: list[str], *, budgets:
         get_method(name)
     t0 = time.time()
     split = split_pool(pool, reference_samples=reference_samples, table_samples=table_samples, seed=seed)
-    r_ref, z_ref = split.take(pool.rewards, "reference"), split.take(pool.sketches, "reference")
-    ref = reference_gradient(r_ref, z_ref, seed=seed)
-    r_m, l_m, z_m = (split.take(a, "method") for a in (pool.rewards, pool.lengths, pool.sketches))
-    table_p = None
-    if table_samples > 0:
-        r_t = split.take(pool.rewards, "table")
-        ok = np.isfinite(r_t)
-        table_p = np.where(ok.any(1), np.where(ok, r_t, 0.0).sum(1) / np.maximum(ok.sum(1), 1), np.nan)
-    pair = None
-    if pool.pair is not None:
-        pair = {k: split.take(np.asarray(pool.pair[k]), "method") for k in ("p_hat", "cost_hat", "finished")}
-        pair["probe_tokens"] = int(pool.pair["probe_tokens"])
-    half = MethodHalf(rewards=r_m, lengths=l_m, max_completion_length=int(pool.max_completion_length),
-                      table_p=table_p, pair=pair, loss_type=loss_type)
-    mean_len = float(np.mean(l_m))
-    budgets = sorted(int(b) for b in (budgets or default_budgets(mean_len)))
+    ref = reference_gradient(split.take(pool.rewards, "reference"), split.take(pool.sketches, "reference"), seed=seed)
+    half, z_m = _method_half(pool, split, loss_type), split.take(pool.sketches, "method")
+    budgets = sorted(int(b) for b in (budgets or default_budgets(float(np.mean(half.lengths)))))
     if budgets[0] < 1:
         raise ValueError(f"budgets must be >= 1 token, got {budgets}.")
     # the pool ceiling: the whole method half's leave-one-out gradient against the reference
-    u_m, _ = loo_prompt_terms(r_m, z_m)
-    g_m = u_m.mean(0)
+    g_m = loo_prompt_terms(half.rewards, z_m)[0].mean(0)
     ceiling = float(g_m @ ref.vector / (np.linalg.norm(g_m) * math.sqrt(ref.norm2))) if np.linalg.norm(g_m) > 0 \
         else float("nan")
     alpha = 1.0 - float(confidence)
@@ -227,52 +213,14 @@ def measure_gradient_quality(pool: GradientPool, methods: list[str], *, budgets:
         if n_resamples else np.zeros((0, big_n))
     results, reps_cos = {}, {}
     for name in methods:
-        t_m = time.time()
-        cells, rc = [], []
-        try:
-            for b in budgets:
-                v, toks, infos = draw_updates(half, z_m, name, b, n_draws, seed, (method_options or {}).get(name))
-                cnt = rng.multinomial(len(v), np.full(len(v), 1.0 / len(v)), size=W.shape[0]).astype(np.float64)
-                st = _cell_stats(v, ref, W, cnt)
-                rc.append(st["reps"]["cosine"])
-                cells.append({"budget": b, "tokens_mean": float(toks.mean()), "tokens_sd": float(toks.std()),
-                              "draws": len(v), "zero_updates": st["zero"],
-                              **{k: _est(st["point"][k], st["reps"][k], alpha) for k in st["point"]},
-                              "decisions": _summarise_infos(infos)})
-        except ValueError as e:
-            results[name] = {"error": str(e), "curve": []}
-            if progress:
-                progress(f"{name}: not run ({e})")
-            continue
-        results[name] = {"error": None, "curve": cells, "wall_s": round(time.time() - t_m, 3)}
-        reps_cos[name] = np.stack(rc, axis=1) if W.shape[0] else np.zeros((0, len(budgets)))
+        results[name], reps_cos[name] = _run_method(half, z_m, name, budgets, n_draws, seed,
+                                                    (method_options or {}).get(name), ref, W, rng, alpha)
         if progress:
-            progress(f"{name}: cosine " + ", ".join(f"{c['cosine']['value']:.3f}@{c['tokens_mean']:.0f}"
-                                                    for c in cells))
+            r = results[name]
+            progress(f"{name}: not run ({r['error']})" if r["error"] else f"{name}: cosine " + ", ".join(
+                f"{c['cosine']['value']:.3f}@{c['tokens_mean']:.0f}" for c in r["curve"]))
     ran = [m for m in results if results[m]["error"] is None]
-    grpo = [m for m in ran if m.startswith("grpo_g")]
-    best = max(grpo, key=lambda m: np.mean([c["cosine"]["value"] for c in results[m]["curve"]])) if grpo else None
-    if target_cosine is None and best is not None:
-        mid = results[best]["curve"][len(budgets) // 2]
-        target_cosine = mid["cosine"]["value"]
-    if target_cosine is not None:
-        for m in ran:
-            toks = [c["tokens_mean"] for c in results[m]["curve"]]
-            point = tokens_to_target(toks, [c["cosine"]["value"] for c in results[m]["curve"]], target_cosine)
-            reps = np.array([tokens_to_target(toks, r, target_cosine) for r in reps_cos[m]])
-            results[m]["tokens_to_target"] = _est(point, np.where(np.isinf(reps), np.nan, reps), alpha) | {
-                "replicates_not_reached": int(np.isinf(reps).sum())}
-        if best is not None:
-            tb = [c["tokens_mean"] for c in results[best]["curve"]]
-            for m in ran:
-                toks = [c["tokens_mean"] for c in results[m]["curve"]]
-                pt = tokens_to_target(toks, [c["cosine"]["value"] for c in results[m]["curve"]], target_cosine) / \
-                    tokens_to_target(tb, [c["cosine"]["value"] for c in results[best]["curve"]], target_cosine)
-                num = np.array([tokens_to_target(toks, a, target_cosine) for a in reps_cos[m]])
-                den = np.array([tokens_to_target(tb, b, target_cosine) for b in reps_cos[best]])
-                ok = np.isfinite(num) & np.isfinite(den)  # a replicate where either never reaches it is censored
-                reps = np.where(ok, num / np.where(ok, den, 1.0), np.nan)
-                results[m]["ratio_to_best_grpo"] = _est(pt, reps, alpha) | {"replicates_censored": int((~ok).sum())}
+    best, target_cosine = _add_targets(results, reps_cos, ran, len(budgets), target_cosine, alpha)
     ranking = sorted(ran, key=lambda m: (results[m].get("tokens_to_target", {}).get("value") or float("inf"),
                                          -np.mean([c["cosine"]["value"] for c in results[m]["curve"]])))
     tok = pool.lengths
@@ -286,7 +234,8 @@ def measure_gradient_quality(pool: GradientPool, methods: list[str], *, budgets:
                  "sketch_dim": int(pool.sketches.shape[-1]), "mean_length": float(tok.mean()),
                  "pass_rate_mean": float(np.nanmean(pool.rewards)),
                  "tokens": {"total": int(tok.sum()), "table": int(split.take(tok, "table").sum()),
-                            "reference": int(split.take(tok, "reference").sum()), "method": int(l_m.sum())},
+                            "reference": int(split.take(tok, "reference").sum()),
+                            "method": int(half.lengths.sum())},
                  **pool.info},
         "reference": {"norm2": ref.norm2, "naive_norm2": ref.naive_norm2, "n_signal_prompts": ref.n_signal_prompts,
                       "n_short_prompts": ref.n_short_prompts, "pool_ceiling_cosine": ceiling},
@@ -296,3 +245,74 @@ def measure_gradient_quality(pool: GradientPool, methods: list[str], *, budgets:
         "methods": results,
         "measure_wall_s": round(time.time() - t0, 3),
     }
+
+
+def _method_half(pool: GradientPool, split, loss_type: str) -> MethodHalf:
+    """The method columns, the table's per-prompt pass rate (NaN without a scorable table sample) and PAIR's probes."""
+    table_p = None
+    if split.table.shape[1] > 0:
+        r_t = split.take(pool.rewards, "table")
+        ok = np.isfinite(r_t)
+        table_p = np.where(ok.any(1), np.where(ok, r_t, 0.0).sum(1) / np.maximum(ok.sum(1), 1), np.nan)
+    pair = None
+    if pool.pair is not None:
+        pair = {k: split.take(np.asarray(pool.pair[k]), "method") for k in ("p_hat", "cost_hat", "finished")}
+        pair["probe_tokens"] = int(pool.pair["probe_tokens"])
+    return MethodHalf(rewards=split.take(pool.rewards, "method"), lengths=split.take(pool.lengths, "method"),
+                      max_completion_length=int(pool.max_completion_length), table_p=table_p, pair=pair,
+                      loss_type=loss_type)
+
+
+def _run_method(half, z_m, name, budgets, n_draws, seed, options, ref, W, rng, alpha) -> tuple[dict, np.ndarray]:
+    """One method's curve (or its ``error`` when it cannot run on this pool) and its bootstrap cosines
+    (replicates x budgets)."""
+    t_m = time.time()
+    cells, rc = [], []
+    try:
+        for b in budgets:
+            v, toks, infos = draw_updates(half, z_m, name, b, n_draws, seed, options)
+            cnt = rng.multinomial(len(v), np.full(len(v), 1.0 / len(v)), size=W.shape[0]).astype(np.float64)
+            st = _cell_stats(v, ref, W, cnt)
+            rc.append(st["reps"]["cosine"])
+            cells.append({"budget": b, "tokens_mean": float(toks.mean()), "tokens_sd": float(toks.std()),
+                          "draws": len(v), "zero_updates": st["zero"],
+                          **{k: _est(st["point"][k], st["reps"][k], alpha) for k in st["point"]},
+                          "decisions": _summarise_infos(infos)})
+    except ValueError as e:
+        return {"error": str(e), "curve": []}, np.zeros((W.shape[0], 0))
+    reps = np.stack(rc, axis=1) if W.shape[0] else np.zeros((0, len(budgets)))
+    return {"error": None, "curve": cells, "wall_s": round(time.time() - t_m, 3)}, reps
+
+
+def _add_targets(results, reps_cos, ran, n_budgets, target_cosine, alpha):
+    """Best fixed-G GRPO (highest mean cosine), the target cosine (default: its cosine at the middle budget), and each
+    method's ``tokens_to_target`` and ``ratio_to_best_grpo`` with bootstrap intervals. Returns ``(best, target)``."""
+    grpo = [m for m in ran if m.startswith("grpo_g")]
+    best = max(grpo, key=lambda m: np.mean([c["cosine"]["value"] for c in results[m]["curve"]])) if grpo else None
+    if target_cosine is None and best is not None:
+        target_cosine = results[best]["curve"][n_budgets // 2]["cosine"]["value"]
+    if target_cosine is None:
+        return best, None
+
+    def curve(m):
+        return [c["tokens_mean"] for c in results[m]["curve"]], [c["cosine"]["value"] for c in results[m]["curve"]]
+
+    for m in ran:
+        toks, cos = curve(m)
+        reps = np.array([tokens_to_target(toks, r, target_cosine) for r in reps_cos[m]])
+        results[m]["tokens_to_target"] = _est(tokens_to_target(toks, cos, target_cosine),
+                                              np.where(np.isinf(reps), np.nan, reps), alpha) | {
+            "replicates_not_reached": int(np.isinf(reps).sum())}
+    if best is None:
+        return best, target_cosine
+    tb, cb = curve(best)
+    den_pt = tokens_to_target(tb, cb, target_cosine)
+    den = np.array([tokens_to_target(tb, b, target_cosine) for b in reps_cos[best]])
+    for m in ran:
+        toks, cos = curve(m)
+        num = np.array([tokens_to_target(toks, a, target_cosine) for a in reps_cos[m]])
+        ok = np.isfinite(num) & np.isfinite(den)  # a replicate where either never reaches it is censored
+        reps = np.where(ok, num / np.where(ok, den, 1.0), np.nan)
+        results[m]["ratio_to_best_grpo"] = _est(tokens_to_target(toks, cos, target_cosine) / den_pt, reps, alpha) | {
+            "replicates_censored": int((~ok).sum())}
+    return best, target_cosine

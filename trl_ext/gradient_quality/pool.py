@@ -73,6 +73,44 @@ class GradientPool:
     def num_prompts(self) -> int:
         return int(self.rewards.shape[0])
 
+    def save(self, path: str) -> str:
+        """Write the pool to ``path`` (``.npz``: sketches in float32, ``info`` as JSON), to measure it again later."""
+        import json
+
+        arrays = {"rewards": self.rewards, "lengths": self.lengths, "sketches": self.sketches.astype(np.float32),
+                  "max_completion_length": np.int64(self.max_completion_length),
+                  "info": np.array(json.dumps(self.info))}
+        if self.pair is not None:
+            arrays.update({f"pair_{k}": np.asarray(self.pair[k]) for k in ("p_hat", "cost_hat", "finished")})
+            arrays["pair_probe_tokens"] = np.int64(self.pair["probe_tokens"])
+        tmp = f"{path}.tmp.npz"
+        np.savez_compressed(tmp, **arrays)
+        import os
+
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> GradientPool:
+        """A pool written by :meth:`save`; raises ``ValueError`` for a file that is not one."""
+        import json
+
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                d = {k: f[k] for k in f.files}
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read a gradient-quality pool from {path!r}: {e}") from e
+        missing = {"rewards", "lengths", "sketches", "max_completion_length"} - set(d)
+        if missing:
+            raise ValueError(f"{path!r} is not a gradient-quality pool (missing {sorted(missing)}).")
+        pair = None
+        if "pair_p_hat" in d:
+            pair = {"p_hat": d["pair_p_hat"], "cost_hat": d["pair_cost_hat"], "finished": d["pair_finished"],
+                    "probe_tokens": int(d["pair_probe_tokens"])}
+        return cls(rewards=d["rewards"], lengths=d["lengths"], sketches=d["sketches"],
+                   max_completion_length=int(d["max_completion_length"]), pair=pair,
+                   info=json.loads(str(d["info"])) if "info" in d else {})
+
     @property
     def num_samples(self) -> int:
         return int(self.rewards.shape[1])
