@@ -450,3 +450,32 @@ def test_batched_linear_per_sample_gradients_equal_the_row_loop_on_a_lora_adapte
     assert np.abs(slow_full[5]).max() == 0 and np.abs(slow_full[0]).max() > 0
     with pytest.raises(ValueError, match="nn.Linear"):
         row_gradient_sketches(build_tiny_model(tok, seed=0), prompt_ids, comps, sk, per_sample="linear")
+
+
+# ------------------------------------------------------------------------------------------------ validation script
+def _validation_module():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "gradient_quality_validation.py")
+    spec = importlib.util.spec_from_file_location("gradient_quality_validation", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_validation_statistics_and_the_committed_table(tmp_path):
+    v = _validation_module()
+    s = v.spearman_with_intervals([1, 2, 3, 4, 5], [10, 20, 30, 40, 50])
+    assert s["rho"] == pytest.approx(1.0) and s["p_exact"] == pytest.approx(2 / 120)
+    s = v.spearman_with_intervals([1, 2, 3, 4, 5, 6], [3, 1, 2, 6, 4, 5])
+    assert -1 < s["ci95"][0] < s["rho"] < s["ci95"][1] < 1
+    curve = [{"tokens_mean": 100.0, "budget": 100, "cosine": {"value": 0.2, "low": 0.1, "high": 0.3}},
+             {"tokens_mean": 400.0, "budget": 400, "cosine": {"value": 0.4, "low": 0.3, "high": 0.5}}]
+    (val, lo, hi), outside = v.at_tokens(curve, "cosine", 200.0)
+    assert val == pytest.approx(0.3) and lo == pytest.approx(0.2) and not outside
+    assert v.at_tokens(curve, "cosine", 50.0) == ([0.2, 0.1, 0.3], True)
+    # the committed results reproduce the committed table
+    assert v.main(["--output_dir", str(tmp_path)]) == 0
+    committed = os.path.join(v.RES, "validation.md")
+    assert (tmp_path / "validation.md").read_text() == open(committed).read()
