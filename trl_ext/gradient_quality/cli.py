@@ -200,6 +200,7 @@ def plot_gradient_quality(res: dict, path: str, title: str | None = None) -> str
     var = [res["methods"][m]["curve"][mid]["variance_part"]["value"] or 0.0 for m in ran]
     bx.bar(ran, bias, label="bias part (direction of the mean update)")
     bx.bar(ran, var, bottom=bias, label="variance part")
+    bx.axhline(0.0, color="black", lw=0.6)
     bx.set_ylabel(f"relative error at best scale, budget {res['settings']['budgets'][mid]} tokens")
     bx.tick_params(axis="x", rotation=45)
     bx.legend(fontsize=8)
@@ -249,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
                           prompt_column=args.prompt_column, reward_weights=args.reward_weights,
                           reward_range=args.reward_range, pair_probes=args.pair_probes == "on",
                           pair_tau=args.pair_tau, progress=not args.no_progress, sampler=sampler,
-                          eos_token_ids=eos)
+                          eos_token_ids=eos, shutdown_sampler=True)
         pool.info.update({"model": args.model, "adapter": args.adapter, "lora_r": args.lora_r, "dataset": label})
         if args.save_pool and rank == 0:
             pool.save(args.save_pool)
@@ -306,4 +307,6 @@ def _report(args, res: dict, pool, rank: int, t0: float) -> None:
             write_text_atomic(args.output, json.dumps(json_safe(res), indent=1, allow_nan=False) + "\n")
             print(f"wrote {args.output}")
         if args.plot:
-            plot_gradient_quality(res, args.plot, title=f"{info.get('model')} on {info.get('dataset')}")
+            model = str(info.get("model"))
+            short = model if model.count("/") < 2 else ".../" + "/".join(model.rstrip("/").split("/")[-2:])
+            plot_gradient_quality(res, args.plot, title=f"{short} on {info.get('dataset')}")

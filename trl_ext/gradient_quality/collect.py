@@ -221,11 +221,20 @@ def row_gradient_sketches(model, prompt_ids, completions, sketch: CountSketch | 
     return out
 
 
+def _shutdown_engine(llm) -> None:
+    """Stop a ``vllm.LLM``'s engine process (vLLM 0.31: ``llm.llm_engine.engine_core.shutdown()``); a no-op when the
+    engine exposes no such call."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+
+
 def build_pool(model, tokenizer, rows: list[dict], reward_funcs, *, num_samples: int = 32, max_new_tokens: int = 256,
                temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, sketch_dim: int = 4096,
                sketch_seed: int = 0, batch_size: int = 64, prompt_column: str = "prompt", reward_weights=None,
                reward_range=None, pair_probes: bool = True, pair_tau: int | None = None, pair_folds: int = 2,
-               progress: bool = True, sampler=None, eos_token_ids=None) -> GradientPool:
+               progress: bool = True, sampler=None, eos_token_ids=None,
+               shutdown_sampler: bool = False) -> GradientPool:
     """Draw, score and differentiate the pool (this rank's block of ``rows``, gathered over ranks).
 
     ``pair_probes``: also compute PAIR's probe quantities (the first ``pair_tau`` tokens of every completion, default
@@ -233,6 +242,8 @@ def build_pool(model, tokenizer, rows: list[dict], reward_funcs, *, num_samples:
     ``pair_folds`` folds of prompts, :func:`trl_ext.advise.prefix.out_of_fold_predictions`). ``sampler``: a
     ``vllm.LLM`` engine that draws the completions instead of ``model`` (keyed per-request seeds,
     :func:`trl_ext.advise.draw_sample`; give ``eos_token_ids``); the gradients are always ``model``'s.
+    ``shutdown_sampler``: shut the engine down once the pool is drawn (its worker holds the KV cache, 5 GB on the CPU
+    build with ``VLLM_CPU_KVCACHE_SPACE=4``, through the gradient passes otherwise).
 
     Raises
     ------
@@ -258,6 +269,8 @@ def build_pool(model, tokenizer, rows: list[dict], reward_funcs, *, num_samples:
                       batch_size=batch_size, prompt_column=prompt_column, reward_weights=reward_weights,
                       reward_range=reward_range, eos_token_ids=eos_token_ids)
     t_sample = time.time() - t0
+    if sampler is not None and shutdown_sampler:
+        _shutdown_engine(sampler)
     t0 = time.time()
     z = row_gradient_sketches(model, smp.prompt_ids, smp.completion_ids, sketch, temperature=temperature,
                               progress=progress and rank == 0, pad_token_id=int(tokenizer.pad_token_id))
