@@ -105,8 +105,8 @@ def analyse(label, gq_file, curves_file, rollouts_per_step) -> dict | None:
         return out
     cv = json.load(open(os.path.join(CMP, curves_file)))
     common = [m for m in pred if m in cv["methods"]]
-    meas = {m: {"auc": cv["methods"][m]["auc_mean"], "acc_at_budget": cv["methods"][m]["acc_at_budget_mean"]}
-            for m in common}
+    meas = {m: {"auc": cv["methods"][m]["auc_mean"], "acc_at_budget": cv["methods"][m]["acc_at_budget_mean"],
+                "tokens_to_target": cv["methods"][m].get("t2t_mean_curve")} for m in common}
     out.update({"measured": meas, "measured_best": max(common, key=lambda m: meas[m]["auc"]),
                 "spearman_cosine_vs_auc": spearman_with_intervals([pred[m]["cosine_at_step"] for m in common],
                                                                   [meas[m]["auc"] for m in common]),
@@ -116,6 +116,12 @@ def analyse(label, gq_file, curves_file, rollouts_per_step) -> dict | None:
     if len(rt) > 3:  # fewer tokens to the target cosine should mean a higher AUC: correlate -ratio with AUC
         out["spearman_ratio_vs_auc"] = spearman_with_intervals([-pred[m]["ratio_to_best_grpo"] for m in rt],
                                                                [meas[m]["auc"] for m in rt])
+        # measured tokens to the benchmark's accuracy target (mean curve; not reached = worst, tied)
+        reached = [m for m in rt if meas[m]["tokens_to_target"] is not None]
+        if len(reached) >= 2:
+            t2t = [meas[m]["tokens_to_target"] if meas[m]["tokens_to_target"] is not None else math.inf for m in rt]
+            out["spearman_ratio_vs_measured_t2t"] = spearman_with_intervals(
+                [pred[m]["ratio_to_best_grpo"] for m in rt], t2t) | {"reached": len(reached)}
     return out
 
 
@@ -132,8 +138,8 @@ def to_markdown(rows: list[dict]) -> str:
         head = "| method | cosine at step [95 %] | rel. error (bias + variance) | tokens-to-target / best GRPO |"
         sep = "|---|---|---|---|"
         if "measured" in r:
-            head += " measured AUC | measured acc @ budget |"
-            sep += "---|---|"
+            head += " measured AUC | measured acc @ budget | measured tokens to target |"
+            sep += "---|---|---|"
         lines += [head, sep]
         order = sorted(r["predicted"], key=lambda m: -r["predicted"][m]["cosine_at_step"])
         for m in order:
@@ -144,7 +150,9 @@ def to_markdown(rows: list[dict]) -> str:
                    f"{_f(p['ratio_to_best_grpo'], 2)} |")
             if "measured" in r:
                 mm = r["measured"].get(m)
-                row += f" {_f(mm and mm['auc'])} | {_f(mm and mm['acc_at_budget'])} |"
+                t2t = mm and mm["tokens_to_target"]
+                row += (f" {_f(mm and mm['auc'])} | {_f(mm and mm['acc_at_budget'])} | "
+                        f"{'not reached' if t2t is None else f'{t2t:,.0f}'} |")
             lines.append(row)
         if any(p["outside_curve"] for p in r["predicted"].values()):
             lines.append("\n(*) the step budget lies outside this method's measured token range (its smallest "
@@ -159,6 +167,11 @@ def to_markdown(rows: list[dict]) -> str:
                 t = r["spearman_ratio_vs_auc"]
                 lines.append(f"Spearman (fewer tokens to the target vs AUC): rho = {t['rho']:+.2f} "
                              f"[{_f(t['ci95'][0], 2)}, {_f(t['ci95'][1], 2)}], p = {t['p_exact']:.3f}.")
+            if "spearman_ratio_vs_measured_t2t" in r:
+                t = r["spearman_ratio_vs_measured_t2t"]
+                lines.append(f"Spearman (tokens-to-target ratio vs measured tokens to the accuracy target, "
+                             f"{t['reached']} of {t['n']} methods reached it, the rest tied last): rho = "
+                             f"{t['rho']:+.2f} [{_f(t['ci95'][0], 2)}, {_f(t['ci95'][1], 2)}], p = {t['p_exact']:.3f}.")
             lines.append(f"Predicted best: {r['predicted_best']}; measured best (AUC): {r['measured_best']}.\n")
         else:
             lines.append(f"\nPredicted best: {r['predicted_best']} (no runs to check it against yet).\n")

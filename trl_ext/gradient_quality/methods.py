@@ -191,11 +191,22 @@ def _group(half: MethodHalf, i: int, g: int, rng: np.random.Generator) -> np.nda
     return i * m + rng.choice(m, size=g, replace=False)
 
 
-def _finish(half: MethodDraw | MethodHalf, rows, adv, tokens: int, loss_type: str, info: dict) -> MethodDraw:
+def _finish(half: MethodHalf, rows, adv, tokens: int, loss_type: str, info: dict) -> MethodDraw:
     rows = np.asarray(rows, dtype=np.int64)
     adv = np.nan_to_num(np.asarray(adv, dtype=np.float64), nan=0.0)
     w = policy_row_weights(loss_type, half.lengths.reshape(-1)[rows], half.max_completion_length)
     return MethodDraw(rows=rows, coef=adv * w, tokens=int(tokens), info=info)
+
+
+def _single_rollouts(half: MethodHalf, rng: np.random.Generator, budget: int) -> tuple[np.ndarray, int]:
+    """One rollout per prompt draw until ``budget`` tokens are paid: ``(rows, tokens)``."""
+    flat_l = half.lengths.reshape(-1)
+    rows, tokens = [], 0
+    while tokens < budget:
+        idx = _group(half, int(rng.integers(half.num_prompts)), 1, rng)
+        rows.append(idx)
+        tokens += int(flat_l[idx].sum())
+    return np.concatenate(rows), tokens
 
 
 def _tied(r: np.ndarray) -> bool:
@@ -248,13 +259,8 @@ def dapo_draw(half: MethodHalf, rng: np.random.Generator, budget: int, *, group_
 @register_method("reinforce_pp")
 def reinforce_pp_draw(half: MethodHalf, rng: np.random.Generator, budget: int) -> MethodDraw:
     """REINFORCE++: one rollout per prompt draw, the global batch baseline."""
-    flat_r, flat_l = half.rewards.reshape(-1), half.lengths.reshape(-1)
-    rows, tokens = [], 0
-    while tokens < budget:
-        idx = _group(half, int(rng.integers(half.num_prompts)), 1, rng)
-        rows.append(idx)
-        tokens += int(flat_l[idx].sum())
-    rows = np.concatenate(rows)
+    flat_r = half.rewards.reshape(-1)
+    rows, tokens = _single_rollouts(half, rng, budget)
     res = E.get_advantage_estimator("reinforce_pp")(flat_r[rows], np.arange(rows.size))
     return _finish(half, rows, res.advantages, tokens, half.loss_type, {"rollouts_per_prompt": 1})
 
@@ -270,13 +276,8 @@ def basis_draw(half: MethodHalf, rng: np.random.Generator, budget: int) -> Metho
     """BASIS: one rollout per prompt draw, ``p_hat`` = the table's pass rate of its prompt (NaN -> the estimator's
     fallback), estimator ``"basis"`` (batchwise leave-one-out baseline, per-batch robust beta calibration)."""
     p = _need_table(half, "basis")
-    flat_r, flat_l = half.rewards.reshape(-1), half.lengths.reshape(-1)
-    rows, tokens = [], 0
-    while tokens < budget:
-        idx = _group(half, int(rng.integers(half.num_prompts)), 1, rng)
-        rows.append(idx)
-        tokens += int(flat_l[idx].sum())
-    rows = np.concatenate(rows)
+    flat_r = half.rewards.reshape(-1)
+    rows, tokens = _single_rollouts(half, rng, budget)
     prompt = rows // half.num_samples
     res = E.get_advantage_estimator("basis")(flat_r[rows], prompt, p_hat=p[prompt])
     beta = res.extras.get("beta")
