@@ -99,8 +99,10 @@ def analyse(label, gq_file, curves_file, rollouts_per_step) -> dict | None:
                     "ratio_to_best_grpo": (r.get("ratio_to_best_grpo") or {}).get("value"),
                     "relative_error": rel, "bias_part": b, "variance_part": v}
     out = {"benchmark": label, "instrument": gq_file, "step_tokens": step, "target_cosine": gq["target_cosine"],
-           "best_grpo": gq["best_grpo"], "predicted": pred, "predicted_best": max(pred, key=lambda m:
-                                                                                pred[m]["cosine_at_step"])}
+           "best_grpo": gq["best_grpo"], "predicted": pred,
+           # a point read off the end of a curve (V0.5's first batch above the step) is not a prediction at the step
+           "predicted_best": max((m for m in pred if not pred[m]["outside_curve"]),
+                                 key=lambda m: pred[m]["cosine_at_step"])}
     if curves_file is None:
         return out
     cv = json.load(open(os.path.join(CMP, curves_file)))
@@ -156,7 +158,8 @@ def to_markdown(rows: list[dict]) -> str:
             lines.append(row)
         if any(p["outside_curve"] for p in r["predicted"].values()):
             lines.append("\n(*) the step budget lies outside this method's measured token range (its smallest "
-                         "batch is larger): the nearest end of its curve is used.")
+                         "batch is larger): the nearest end of its curve is shown, and the method is left out of "
+                         "\"predicted best\".")
         if "measured" in r:
             s, a = r["spearman_cosine_vs_auc"], r["spearman_cosine_vs_acc"]
             lines.append(f"\nSpearman (cosine at step vs measured AUC): rho = {s['rho']:+.2f}, 95 % CI "

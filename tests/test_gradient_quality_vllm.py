@@ -23,11 +23,15 @@ def test_use_vllm_draws_the_pool_then_shuts_the_engine_down(tmp_path, capsys, mo
     from trl_ext.testbed.model import save_tiny_model
 
     path = save_tiny_model(tmp_path / "model", seed=0, max_position_embeddings=512)
+    reward = tmp_path / "rewards.py"  # the untrained model never adds correctly: a reward it sometimes earns
+    reward.write_text("def first_digit_low(prompts, completions, **kwargs):\n"
+                      "    return [float(bool(c) and c[0] in '01234') for c in completions]\n")
     shut = []
     real = collect._shutdown_engine
     monkeypatch.setattr(collect, "_shutdown_engine", lambda llm: shut.append(1) or real(llm))
     out = tmp_path / "gq.json"
-    rc = main(["gradient-quality", "--model", path, "--dataset", "addition", "--num_prompts", "12",
+    rc = main(["gradient-quality", "--model", path, "--dataset", "addition", "--reward",
+               f"{reward}:first_digit_low", "--num_prompts", "12",
                "--num_samples", "24", "--max_new_tokens", "6", "--use_vllm", "--vllm_max_model_len", "512",
                "--vllm_enforce_eager", "--vllm_dtype", "float32", "--draws", "8", "--n_resamples", "50",
                "--budgets", "20", "60", "--methods", "grpo_g4", "reinforce_pp", "basis", "--pair_probes", "off",

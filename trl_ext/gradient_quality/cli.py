@@ -251,7 +251,8 @@ def main(args: argparse.Namespace) -> int:
                           reward_range=args.reward_range, pair_probes=args.pair_probes == "on",
                           pair_tau=args.pair_tau, progress=not args.no_progress, sampler=sampler,
                           eos_token_ids=eos, shutdown_sampler=True)
-        pool.info.update({"model": args.model, "adapter": args.adapter, "lora_r": args.lora_r, "dataset": label})
+        pool.info.update({"model": args.model, "adapter": args.adapter, "lora_r": args.lora_r, "dataset": label,
+                          "command": _command()})
         if args.save_pool and rank == 0:
             pool.save(args.save_pool)
         res = _measure(args, pool, rank)
@@ -262,6 +263,11 @@ def main(args: argparse.Namespace) -> int:
     if size > 1:
         torch.distributed.barrier()
     return 0
+
+
+def _command() -> str | None:
+    """The command line as typed (``trl-ext gradient-quality ...``), or None when called another way."""
+    return "trl-ext gradient-quality " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["gradient-quality"] else None
 
 
 def _measure(args, pool, rank: int) -> dict:
@@ -296,8 +302,7 @@ def _report(args, res: dict, pool, rank: int, t0: float) -> None:
     res["config"] = {"model": info.get("model"), "adapter": info.get("adapter"), "lora_r": info.get("lora_r"),
                      "dataset": info.get("dataset"), "max_new_tokens": pool.max_completion_length,
                      "pool_file": os.path.basename(args.pool) if args.pool else None,
-                     "command": "trl-ext gradient-quality " + " ".join(sys.argv[2:])
-                     if sys.argv[1:2] == ["gradient-quality"] else None}
+                     "pool_command": info.get("command"), "command": _command()}
     res["cost"] = {"pool_tokens": res["pool"]["tokens"]["total"], "backward_passes": info.get("backward_passes"),
                    "wall_s": {**info.get("wall_s", {}), "measure": res["measure_wall_s"],
                               "this_command": round(time.time() - t0, 3)}, "processes": info.get("processes", 1)}

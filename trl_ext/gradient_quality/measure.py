@@ -28,7 +28,8 @@ the sketched update ``v_k`` and its generated tokens. With the reference ``ĝ`` 
   scaling, DAPO's filter, a design-biased option) and the method half's finite-pool noise; ``pool_ceiling`` (the
   cosine of the whole method half's leave-one-out gradient) shows how much of it the pool alone explains.
 * **tokens to a target cosine** (linear in log tokens between budgets) and its ratio to the best fixed-``G`` GRPO
-  (the ``grpo_g<G>`` with the highest mean cosine over the budgets).
+  (the ``grpo_g<G>`` with the highest mean cosine at the nominal budgets every GRPO curve covers, each curve
+  interpolated in log tokens).
 
 Intervals: a paired percentile bootstrap that resamples the reference's prompts (one set of prompt weights per
 replicate, shared by every method and budget, so differences are paired) and each cell's batches. It covers the
@@ -285,12 +286,29 @@ def _run_method(half, z_m, name, budgets, n_draws, seed, options, ref, W, rng, a
 
 
 def _add_targets(results, reps_cos, ran, n_budgets, target_cosine, alpha):
-    """Best fixed-G GRPO (highest mean cosine), the target cosine (default: its cosine at the middle budget), and each
+    """Best fixed-G GRPO (highest mean cosine at the nominal budgets that every GRPO curve covers, each curve
+    interpolated in log tokens: a larger group's batches overshoot a budget by more), the target cosine (default: its cosine at the middle budget), and each
     method's ``tokens_to_target`` and ``ratio_to_best_grpo`` with bootstrap intervals. Returns ``(best, target)``."""
     grpo = [m for m in ran if m.startswith("grpo_g")]
-    best = max(grpo, key=lambda m: np.mean([c["cosine"]["value"] for c in results[m]["curve"]])) if grpo else None
-    if target_cosine is None and best is not None:
-        target_cosine = results[best]["curve"][n_budgets // 2]["cosine"]["value"]
+    budgets = [c["budget"] for c in results[grpo[0]]["curve"]] if grpo else []
+    if grpo:  # compare the group sizes only at token counts every GRPO curve covers (no extrapolation)
+        lo = max(min(c["tokens_mean"] for c in results[m]["curve"]) for m in grpo)
+        hi = min(max(c["tokens_mean"] for c in results[m]["curve"]) for m in grpo)
+        common = [b for b in budgets if lo <= b <= hi] or [math.sqrt(lo * hi)]
+
+    def mean_cosine_at_budgets(m):  # equal tokens: each curve read at the same token counts (log-token interpolation)
+        t = np.log([c["tokens_mean"] for c in results[m]["curve"]])
+        y = [c["cosine"]["value"] for c in results[m]["curve"]]
+        order = np.argsort(t)
+        return float(np.mean(np.interp(np.log(common), t[order], np.asarray(y)[order])))
+
+    best = max(grpo, key=mean_cosine_at_budgets) if grpo else None
+    if target_cosine is None and best is not None:  # its cosine at the middle nominal budget
+        c = results[best]["curve"]
+        t = np.log([x["tokens_mean"] for x in c])
+        order = np.argsort(t)
+        target_cosine = float(np.interp(math.log(budgets[n_budgets // 2]), t[order],
+                                        np.asarray([x["cosine"]["value"] for x in c])[order]))
     if target_cosine is None:
         return best, None
 
