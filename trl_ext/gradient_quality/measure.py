@@ -318,9 +318,11 @@ def _add_targets(results, reps_cos, ran, n_budgets, target_cosine, alpha):
     for m in ran:
         toks, cos = curve(m)
         reps = np.array([tokens_to_target(toks, r, target_cosine) for r in reps_cos[m]])
-        results[m]["tokens_to_target"] = _est(tokens_to_target(toks, cos, target_cosine),
-                                              np.where(np.isinf(reps), np.nan, reps), alpha) | {
-            "replicates_not_reached": int(np.isinf(reps).sum())}
+        point = tokens_to_target(toks, cos, target_cosine)
+        results[m]["tokens_to_target"] = _est(point, np.where(np.isinf(reps), np.nan, reps), alpha) | {
+            "replicates_not_reached": int(np.isinf(reps).sum()),
+            # reached already at the smallest batch: its tokens are an upper bound on what the target needs
+            "upper_bound": bool(point == min(toks))}
     if best is None:
         return best, target_cosine
     tb, cb = curve(best)
