@@ -330,20 +330,11 @@ def test_draw_updates_are_reproducible():
 
 
 # ------------------------------------------------------------------------------------------------ the command
-REWARD_SOURCE = '''
-import hashlib
-
-
-def planted_reward(prompts, completions, p_true, **kwargs):
-    out = []
-    for prompt, completion, p in zip(prompts, completions, p_true):
-        h = hashlib.blake2b(f"{prompt}\\x00{completion}".encode(), digest_size=8).digest()
-        out.append(float((int.from_bytes(h, "big") + 0.5) / 2.0 ** 64 < float(p)))
-    return out
-'''
 
 
 def _inputs(tmp_path):
+    from test_advise_cli import REWARD_SOURCE  # the planted-difficulty reward of the advise tests
+
     from trl_ext.testbed import make_dataset, save_tiny_model
 
     model_dir = save_tiny_model(tmp_path / "model")
