@@ -49,8 +49,8 @@ __all__ = [
 ]
 
 #: TRL 1.16 losses normalised per sequence (``trl/trainer/grpo_trainer.py``, ``_compute_loss``: each row's token
-#: terms averaged over its length, then the rows averaged) -- the same tuple as ``trl_ext.trainers._trl_compat``
-#: (a test checks they agree).
+#: terms averaged over its length, then the rows averaged). ``trl_ext.trainers._trl_compat`` counts ``dr_grpo`` among
+#: them too; here it is apart (its rows are divided by ``max_completion_length``); a test checks the families agree.
 SEQUENCE_LEVEL_LOSSES = ("grpo", "sapo", "luspo")
 #: TRL 1.16 losses normalised by the batch's completion tokens (``dapo``, ``cispo``, ``vespo``: global; ``bnpo``:
 #: local, the same on one process).
