@@ -79,9 +79,15 @@ def model_prefix_summary(model, seqs: list[list[int]], pad_token_id: int, last_k
     pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
     was_training = model.training
     model.eval()
+    kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": pos.to(device),
+          "output_hidden_states": True, "use_cache": False}
     try:
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                    output_hidden_states=True, use_cache=False)
+        try:
+            # only the hidden states are used: skip the vocabulary projection of every position but the last
+            # (transformers' logits_to_keep; on SmolLM2 the full logits are 49,152 floats a position)
+            out = model(**kw, logits_to_keep=1)
+        except TypeError:  # a model whose forward has no logits_to_keep
+            out = model(**kw)
     finally:
         model.train(was_training)
     return prefix_summary(out.hidden_states[-1], mask.to(device), last_k=int(last_k)).cpu()
