@@ -442,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lr_choice, tune_runs = (None, [])
     if s["tune_lr"]:
         lr_choice, tune_runs = tune_learning_rates(ctx, setup_cache)
+    if args.tune_only:
+        print(f"--tune_only: tuning done ({LR_CHOICE_FILE} in {out}); no main run", flush=True)
+        return 0
     lrs = method_learning_rates(s, lr_choice)
 
     runs = []

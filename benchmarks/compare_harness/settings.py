@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "finished yet are recorded as pending, methods with pending tuning runs get no learning "
                         "rate, and lr_choice.json is neither written nor changed (an interim report of a benchmark "
                         "that runs across sessions)")
+    p.add_argument("--tune_only", action="store_true",
+                   help="stop after the learning-rate tuning (lr_choice.json written): the main runs wait for a "
+                        "later invocation (tuning first, while the evaluation design of the main runs is settled)")
     p.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--update_norms", action="store_true",
                    help="record the parameter update norm ||theta_t - theta_{t-1}|| of every optimizer step in the "
@@ -146,6 +149,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         s["tune_seeds"] = list(dict.fromkeys(args.tune_seeds))
     if args.tune_extend is not None:
         s["tune_extend"] = args.tune_extend
+    if args.tune_only and (args.no_tune or not s["tune_lr"]):
+        raise SystemExit("--tune_only needs a protocol that tunes (--protocol v2 without --no_tune)")
     if args.tune_lr is not None and args.no_tune:
         raise SystemExit("--tune_lr and --no_tune exclude each other")
     if args.tune_lr is not None and args.learning_rate is not None:
