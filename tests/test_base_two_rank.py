@@ -27,7 +27,7 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "base_two_rank.py")
 # ~20-25 s on an idle 2-core machine (one torchrun launch plus the one-process reference), so it stays in the default
 # run: multi-process correctness is not optional.
 pytestmark = [pytest.mark.multiprocess]
-SCENARIOS = ("fixed", "fixed_dapo", "variable", "rloo", "dr_grpo", "reinforce_pp", "dynamic_sampling")
+SCENARIOS = ("fixed", "fixed_dapo", "variable", "rloo", "dr_grpo", "reinforce_pp", "james_stein", "dynamic_sampling")
 
 
 def _run(cmd, env_extra):
@@ -98,7 +98,7 @@ def test_parameter_update_is_world_size_invariant(results, scenario):
     assert r0["log"].get("gate/tied_share") == ref["log"].get("gate/tied_share")  # undefined for G = 1
 
 
-@pytest.mark.parametrize("scenario", ["rloo", "dr_grpo", "reinforce_pp"])
+@pytest.mark.parametrize("scenario", ["rloo", "dr_grpo", "reinforce_pp", "james_stein"])
 def test_estimator_selected_by_name_is_the_one_used(results, scenario):
     """The trainer's advantages are the registered estimator's, on the gathered batch, on both world sizes."""
     import numpy as np
@@ -112,6 +112,9 @@ def test_estimator_selected_by_name_is_the_one_used(results, scenario):
     if scenario == "reinforce_pp":  # one rollout per prompt: every group is a singleton, 16 distinct prompts
         r0 = results[scenario][0]
         assert r0["group_ids"].unique().numel() == r0["group_ids"].numel() == 16
+    if scenario == "james_stein":  # its shrinkage diagnostics reach the log, equal on 1 and 2 processes
+        lams = [r["log"]["adv/js_lambda"] for r in results[scenario]]
+        assert 0.0 <= lams[0] < 1.0 and lams[0] == pytest.approx(lams[1]) == pytest.approx(lams[2])
 
 
 def test_dynamic_sampling_keeps_only_informative_groups(results):

@@ -626,3 +626,16 @@ def test_lr_choice_of_a_concurrent_invocation_is_not_overwritten(monkeypatch, tm
     on_disk = json.loads((tmp_path / ct.LR_CHOICE_FILE).read_text())
     assert on_disk["methods"]["rloo"]["chosen_lr"] == 3e-5 and on_disk["methods"]["grpo_g8"]["chosen_lr"] == 1e-4
     assert set(doc["methods"]) == {"rloo", "grpo_g8"}
+
+
+def test_tune_only_stops_after_tuning(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    base = ["--output_dir", str(out), "--smoke", "--protocol", "v2", "--task", "scratchpad", "--model_name_or_path",
+            tiny_model, "--n_train", "32", "--methods", "grpo_g8", "--no_plots"]
+    rc = ct.main([*base, "--tune_lr", "1e-4", "--tune_extend", "0", "--tune_only"])
+    assert rc == 0
+    assert json.loads((out / "lr_choice.json").read_text())["methods"]["grpo_g8"]["status"] == "ok"
+    assert (out / "runs" / "tune" / "grpo_g8").is_dir()
+    assert not (out / "runs" / "grpo_g8").exists() and not (out / "runs.json").exists()  # no main run
+    with pytest.raises(SystemExit, match="--tune_only needs"):
+        ct.main([*base, "--tune_only", "--no_tune", "--learning_rate", "1e-4"])

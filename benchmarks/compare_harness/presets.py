@@ -90,6 +90,10 @@ METHODS: dict[str, MethodSpec] = {
     "reinforce_pp": MethodSpec("reinforce_pp", "REINFORCE++ (1 rollout)", "baseline", group_size=1,
                                config_kwargs={"advantage_estimator": "reinforce_pp",
                                               "advantage_estimator_kwargs": {"normalize": True}}),
+    # James-Stein shrinkage baseline (arXiv:2511.03710): RLOO's leave-one-out mean shrunk toward the other prompts'
+    # mean, at G = 4 (the few-rollout regime the paper targets; V0.5's k_init and DAPO's group size)
+    "james_stein": MethodSpec("james_stein", "James-Stein G=4", "baseline", group_size=4,
+                              config_kwargs={"advantage_estimator": "james_stein"}),
     "rloo": MethodSpec("rloo", "RLOO G=4", "baseline", group_size=4,
                        config_kwargs={"advantage_estimator": "rloo",
                                       "advantage_estimator_kwargs": {"normalize": False}}),
@@ -155,6 +159,8 @@ SCALE_PROTOCOL: dict[tuple[str, str], dict] = {
 #: same step time (the batch still decodes to its longest completion), so 400,000 tokens are about 130 steps (160 s)
 #: plus 4 evaluations of 1,000 questions (45 s): 3.5 min per GRPO G=8 run (2.5 min if completions stay at 73 tokens).
 TASK_PRESETS: dict[tuple[str, str], dict] = {
+    # the regime benchmark adds the James-Stein shrinkage baseline, the simplest alternative to V0.5 and BASIS
+    ("steps_matched", "smollm2"): dict(methods=[*REAL_METHODS, "james_stein"]),
     ("scratchpad", "cpu"): dict(token_budget=400_000, eval_every_tokens=100_000, n_eval=1000, n_val=1000,
                                 n_train=4000),
     ("scratchpad", "gpu"): dict(token_budget=4_000_000, eval_every_tokens=500_000, n_eval=2000, n_val=1000,
@@ -182,4 +188,5 @@ REAL_TASK_NAMES = tuple(REAL_TASK_MAX_NEW)
 #: BASIS includes a share of its value table), used only to balance ``--jobs`` workers.
 METHOD_COST: dict[str, float] = {"pair": 2.0, "rloo": 1.25, "basis": 1.5, "grpo_g4": 1.0, "grpo_g8": 1.0,
                                  "grpo_g16": 0.95, "dr_grpo": 0.95, "signal_only": 1.0, "tiebreak": 1.0,
-                                 "v05_osla": 0.8, "v05_fixed4": 0.8, "dapo_dynamic": 0.7, "reinforce_pp": 0.65}
+                                 "v05_osla": 0.8, "v05_fixed4": 0.8, "dapo_dynamic": 0.7, "reinforce_pp": 0.65,
+                                 "james_stein": 1.0}

@@ -11,7 +11,7 @@ global generation batch is identical with 1 and 2 processes:
 * ``fixed`` / ``fixed_dapo``: TRL's layout (4 prompts x G=4, signal-only ``grpo`` / ``dapo``).
 * ``variable``: unique prompts, 2-4 rollouts per prompt through ``finish_rollouts`` (a scripted rollout strategy)
   with strategy-computed rewards; ranks get different row counts and are padded (``grpo``, pad-corrected).
-* ``rloo``, ``dr_grpo``, ``reinforce_pp``: estimators selected by ``advantage_estimator`` only (REINFORCE++ with
+* ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``james_stein``: estimators selected by ``advantage_estimator`` only (REINFORCE++ with
   ``num_generations=1``).
 * ``dynamic_sampling``: DAPO dynamic sampling (zero-variance groups dropped and refilled).
 * ``rank1_none`` (two processes only): rank 1's reward function returns None for all its rollouts.
@@ -31,7 +31,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 G = 4
-ESTIMATOR_SCENARIOS = {"rloo": ("rloo", G), "dr_grpo": ("dr_grpo", G), "reinforce_pp": ("reinforce_pp", 1)}
+ESTIMATOR_SCENARIOS = {"rloo": ("rloo", G), "dr_grpo": ("dr_grpo", G), "reinforce_pp": ("reinforce_pp", 1),
+                       "james_stein": ("james_stein", G)}
 ALL_SCENARIOS = ("fixed", "fixed_dapo", "variable", *ESTIMATOR_SCENARIOS, "dynamic_sampling", "rank1_none")
 
 

@@ -73,7 +73,8 @@ class AdvantageResult:
     n_degenerate : int
         Rollouts whose advantage was set to 0 by a documented fallback other than NaN (e.g. RLOO singletons).
     extras : dict
-        Estimator-specific diagnostics (e.g. V0.5 fusion weights).
+        Estimator-specific diagnostics (e.g. V0.5 fusion weights); ``extras["metrics"]``, a ``{name: float}``
+        dict, is logged by the trainers as ``adv/<name>`` every step.
     """
 
     advantages: np.ndarray

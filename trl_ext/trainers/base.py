@@ -395,6 +395,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                              f"({int(valid.sum())},), one advantage per valid row.")
         adv[valid] = torch.as_tensor(values, dtype=torch.float32)
         self.log_ext_metric("adv/degenerate_rows", float(getattr(res, "n_degenerate", 0)), batch.mode)
+        for key, value in (getattr(res, "extras", None) or {}).get("metrics", {}).items():  # estimator diagnostics
+            self.log_ext_metric(f"adv/{key}", float(value), batch.mode)
         self.last_estimator_result = res
         if self._ext_strategy_feeds(batch.mode):
             self.rollout_strategy.observe_advantages(self, batch, res, valid)
