@@ -223,7 +223,8 @@ def test_policy_row_weights_follow_trl_loss_families():
 
 
 @pytest.mark.parametrize("name,registry", [("grpo_g4", "grpo"), ("dapo_g4", "grpo"), ("reinforce_pp", "reinforce_pp"),
-                                           ("basis", "basis"), ("v05", "v05")])
+                                           ("basis", "basis"), ("v05", "v05"),
+                                           ("james_stein_g4", "james_stein")])
 def test_methods_call_the_registered_estimator(monkeypatch, name, registry):
     calls = []
     orig = E.ADVANTAGE_ESTIMATORS[registry]

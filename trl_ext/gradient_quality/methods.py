@@ -169,16 +169,17 @@ def method_names(group_sizes=(2, 4, 8, 16), dapo_group_size: int = 8) -> list[st
 
 
 def get_method(name: str) -> tuple[MethodFn, dict]:
-    """``(draw function, fixed options)`` of a method name (``grpo_g<G>`` and ``dapo_g<G>`` carry their ``G``)."""
-    for prefix in ("grpo_g", "dapo_g"):
+    """``(draw function, fixed options)`` of a method name (``grpo_g<G>``, ``dapo_g<G>`` and ``james_stein_g<G>``
+    carry their ``G``)."""
+    for prefix in ("grpo_g", "dapo_g", "james_stein_g"):
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             g = int(name[len(prefix):])
             if g < 2:
                 raise ValueError(f"{name}: a group needs G >= 2 (REINFORCE++ is the one-rollout method).")
             return METHODS[prefix[:-2]], {"group_size": g}
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: grpo_g<G>, dapo_g<G>, "
-                         f"{', '.join(sorted(k for k in METHODS if k not in ('grpo', 'dapo')))}.")
+        raise ValueError(f"unknown method {name!r}; known: grpo_g<G>, dapo_g<G>, james_stein_g<G>, "
+                         f"{', '.join(sorted(k for k in METHODS if k not in ('grpo', 'dapo', 'james_stein')))}.")
     return METHODS[name], {}
 
 
@@ -215,9 +216,10 @@ def _tied(r: np.ndarray) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ methods
-@register_method("grpo")
-def grpo_draw(half: MethodHalf, rng: np.random.Generator, budget: int, *, group_size: int) -> MethodDraw:
-    """TRL's fixed groups of ``group_size``: prompts drawn until the budget is spent (the last group completes it)."""
+def _fixed_groups(half: MethodHalf, rng: np.random.Generator, budget: int, group_size: int,
+                  estimator: str) -> MethodDraw:
+    """Fixed groups of ``group_size``: prompts drawn until the budget is spent (the last group completes it), the
+    advantages from the registered ``estimator`` over the whole draw."""
     flat_r, flat_l = half.rewards.reshape(-1), half.lengths.reshape(-1)
     rows, gids, tokens, tied = [], [], 0, 0
     while tokens < budget:
@@ -227,9 +229,21 @@ def grpo_draw(half: MethodHalf, rng: np.random.Generator, budget: int, *, group_
         tokens += int(flat_l[idx].sum())
         tied += _tied(flat_r[idx])
     rows, gids = np.concatenate(rows), np.concatenate(gids)
-    res = E.get_advantage_estimator("grpo")(flat_r[rows], gids)
+    res = E.get_advantage_estimator(estimator)(flat_r[rows], gids)
     return _finish(half, rows, res.advantages, tokens, half.loss_type,
                    {"groups": len(set(gids.tolist())), "tied_groups": tied, "rollouts_per_prompt": group_size})
+
+
+@register_method("grpo")
+def grpo_draw(half: MethodHalf, rng: np.random.Generator, budget: int, *, group_size: int) -> MethodDraw:
+    """TRL's fixed groups of ``group_size`` with GRPO's group-mean advantages."""
+    return _fixed_groups(half, rng, budget, group_size, "grpo")
+
+
+@register_method("james_stein")
+def james_stein_draw(half: MethodHalf, rng: np.random.Generator, budget: int, *, group_size: int) -> MethodDraw:
+    """Fixed groups with the James-Stein shrinkage baseline (``james_stein`` estimator, arXiv:2511.03710)."""
+    return _fixed_groups(half, rng, budget, group_size, "james_stein")
 
 
 @register_method("dapo")
