@@ -639,3 +639,27 @@ def test_tune_only_stops_after_tuning(tiny_model, tmp_path):
     assert not (out / "runs" / "grpo_g8").exists() and not (out / "runs.json").exists()  # no main run
     with pytest.raises(SystemExit, match="--tune_only needs"):
         ct.main([*base, "--tune_only", "--no_tune", "--learning_rate", "1e-4"])
+
+
+def test_checkpoint_fingerprint_ignores_the_writing_transformers_release(tmp_path):
+    """The real model's cache is rebuilt by whatever transformers is installed: config.json then names another
+    release, the weights are the same, and the fingerprint (part of every v2 run key) must not change."""
+    checkpoint_fingerprint = ct.checkpoint_fingerprint
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = '{\n  "hidden_size": 8,\n  "transformers_version": "%s",\n  "vocab_size": 5\n}\n'
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, v in ((a, "5.24.0"), (b, "5.25.0")):
+        d.mkdir()
+        (d / "config.json").write_text(cfg % v)
+        (d / "model.safetensors").write_bytes(b"weights")
+    assert checkpoint_fingerprint(str(a)) == checkpoint_fingerprint(str(b))
+    (b / "model.safetensors").write_bytes(b"other weights")
+    assert checkpoint_fingerprint(str(a)) != checkpoint_fingerprint(str(b))
+    (b / "model.safetensors").write_bytes(b"weights")
+    (b / "config.json").write_text((cfg % "5.24.0").replace('"hidden_size": 8', '"hidden_size": 9'))
+    assert checkpoint_fingerprint(str(a)) != checkpoint_fingerprint(str(b))
+    # the committed testbed checkpoints keep the fingerprints their runs were keyed with
+    for task in ("addition", "scratchpad"):
+        d = os.path.join(root, "benchmarks", "results", "compare", "v2", task)
+        choice = json.load(open(os.path.join(d, "lr_choice.json")))
+        assert checkpoint_fingerprint(os.path.join(d, "start_checkpoint")) == choice["context"]["start_checkpoint_sha"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable
 from importlib import import_module
@@ -30,12 +31,24 @@ def checkpoint_fingerprint(path: str) -> str:
         return str(path)
     h = hashlib.sha256()
     for name in sorted(os.listdir(path)):
-        if name.endswith((".safetensors", ".bin")) or name == "config.json":
+        if name == "config.json":
+            h.update(name.encode())
+            with open(os.path.join(path, name), "rb") as f:
+                h.update(_WRITER_FIELD.sub(_WRITER_PINNED, f.read()))
+        elif name.endswith((".safetensors", ".bin")):
             h.update(name.encode())
             with open(os.path.join(path, name), "rb") as f:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     h.update(chunk)
     return h.hexdigest()[:16]
+
+
+# config.json names the transformers release that wrote it; the same weights saved by another release (the real
+# model's cache is rebuilt by whatever transformers is installed) must keep their fingerprint, or no committed run
+# could be reused. The field is read as the release that wrote every committed checkpoint (5.24.0), so the
+# fingerprints of the committed runs are unchanged.
+_WRITER_FIELD = re.compile(rb'"transformers_version":\s*"[^"]*"')
+_WRITER_PINNED = b'"transformers_version": "5.24.0"'
 
 
 START_CHECKPOINT_DIR = "start_checkpoint"
