@@ -1,0 +1,169 @@
+"""How many seeds, questions and evaluation samples a comparison needs to resolve a given AUC gap.
+
+The regime benchmark must resolve an equal-token AUC difference against GRPO G = 8 to about +-5 points (two-level
+95 % interval half-width). This script calibrates a two-component variance model on a finished benchmark's
+per-question outcomes and predicts the half-width of any design (seeds S, held-out questions Q, samples per question
+M):
+
+* (P1) a run's AUC is linear in its per-question outcomes, ``AUC = sum_j w_j acc_j`` (eq. C1 of
+  ``trl_ext.stats.curves``; ``w_j`` from the trapezoid over the checkpoints, the shared start checkpoint dropped,
+  it cancels in a difference);
+* (P2) evaluation noise of one run given its trained checkpoints, with M independent samples per question:
+  ``var_E = sum_j w_j^2 sum_q p_jq (1 - p_jq) / (M Q^2)``, with ``sum_q p_jq (1 - p_jq) = h Q pbar_j (1 - pbar_j)``:
+  ``h <= 1`` is the heterogeneity factor (the mean unbiased per-question ``p (1 - p)`` over ``pbar (1 - pbar)``,
+  read from the benchmark's value table, several samples per prompt; ``h = 1`` is the upper bound);
+* (P3) the per-seed paired difference ``d_s = AUC_A,s - AUC_B,s`` has variance ``var_T + var_E,A + var_E,B``;
+  ``var_T`` (training randomness, which more evaluation cannot remove) is the pooled across-seed variance of
+  ``d_s`` over every method paired with the baseline, minus the evaluation part;
+* (P4) ``half-width(S, Q, M) = z_0.975 sqrt((var_T + var_E(Q0, 1) (Q0 / Q) / M) / S)``.
+
+The calibration's own check: P4 at the benchmark's design against its committed two-level intervals
+(``curves.json``). Usage::
+
+    python benchmarks/regime_power.py --runs_json benchmarks/results/compare/smollm2/sum3/runs.json \\
+        --baseline grpo_g8 --output benchmarks/results/compare/smollm2/power_design.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+Z = 1.959963984540054
+
+
+def auc_weights(tokens: np.ndarray, budget: float) -> np.ndarray:
+    """P1: the weight of each checkpoint's accuracy in the run's AUC (start checkpoint at t = 0 excluded)."""
+    from trl_ext.stats.curves import curve_auc
+
+    w = np.zeros(len(tokens))
+    for j in range(len(tokens)):
+        e = np.zeros(len(tokens))
+        e[j] = 1.0
+        w[j] = curve_auc(tokens, e, budget, start_value=0.0)
+    return w
+
+
+def heterogeneity(value_table: str | None) -> tuple[float, int]:
+    """``(h, prompts)``: mean unbiased ``p (1 - p)`` per prompt over ``pbar (1 - pbar)`` (1.0 without a table)."""
+    if not value_table:
+        return 1.0, 0
+    from trl_ext.priors.table_file import load_value_table
+
+    t = load_value_table(value_table)
+    per, means = [], []
+    for k in t.keys():
+        r = np.asarray(t.get(k).rewards, dtype=float)
+        r = r[np.isfinite(r)]
+        n = r.size
+        if n < 2:
+            continue
+        s = r.sum()
+        per.append(s * (n - s) / (n * (n - 1)))  # unbiased for p (1 - p) (binary rewards)
+        means.append(r.mean())
+    pbar = float(np.mean(means))
+    return float(np.mean(per) / (pbar * (1 - pbar))), len(per)
+
+
+def calibrate(runs_json: str, baseline: str, value_table: str | None) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from trl_ext.stats.curves_cli import question_level_arrays
+
+    arrays, _, qids = question_level_arrays(runs_json, None)
+    q0 = len(qids)
+    budget = min(float(t[:, -1].min()) for _, t, _ in arrays.values())
+    h, n_prompts = heterogeneity(value_table)
+    b_o, b_t, b_seeds = arrays[baseline]
+
+    def run_auc_and_var_e(o: np.ndarray, tok: np.ndarray) -> tuple[float, float]:
+        w = auc_weights(tok, budget)
+        acc = o.mean(axis=1)
+        var_e = float(np.sum(w ** 2 * h * acc * (1 - acc)) / q0)  # P2 with M = 1
+        return float(np.dot(w, acc)), var_e
+
+    pairs, dev2, dof, var_e_pairs = {}, 0.0, 0, []
+    for m, (o, t, seeds) in arrays.items():
+        if m == baseline or seeds != b_seeds:
+            continue
+        d, ve = [], []
+        for s in range(len(seeds)):
+            a_auc, a_ve = run_auc_and_var_e(o[s], t[s])
+            b_auc, b_ve = run_auc_and_var_e(b_o[s], b_t[s])
+            d.append(a_auc - b_auc)
+            ve.append(a_ve + b_ve)
+        d = np.asarray(d)
+        pairs[m] = {"d_per_seed": d.tolist(), "d_mean": float(d.mean()), "d_var": float(d.var(ddof=1)),
+                    "var_eval": float(np.mean(ve))}
+        dev2 += float(((d - d.mean()) ** 2).sum())
+        dof += d.size - 1
+        var_e_pairs.append(float(np.mean(ve)))
+    var_d = dev2 / dof
+    var_e = float(np.mean(var_e_pairs))
+    var_t = max(var_d - var_e, 0.0)
+    return {"runs_json": os.path.relpath(runs_json), "baseline": baseline, "budget": budget, "n_questions": q0,
+            "n_seeds": len(b_seeds), "heterogeneity_h": h, "heterogeneity_prompts": n_prompts,
+            "var_d_pooled": var_d, "var_d_dof": dof, "var_eval": var_e, "var_train": var_t,
+            "eval_share": var_e / var_d if var_d > 0 else math.nan, "pairs": pairs}
+
+
+def half_width(cal: dict, seeds: int, questions: int | None, samples: int) -> float:
+    """P4 (``questions=None``: evaluation noise removed entirely)."""
+    ve = 0.0 if questions is None else cal["var_eval"] * cal["n_questions"] / questions / samples
+    return Z * math.sqrt((cal["var_train"] + ve) / seeds)
+
+
+def seeds_needed(cal: dict, target: float, questions: int | None, samples: int) -> int:
+    ve = 0.0 if questions is None else cal["var_eval"] * cal["n_questions"] / questions / samples
+    return int(math.ceil((Z / target) ** 2 * (cal["var_train"] + ve)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs_json", required=True)
+    p.add_argument("--baseline", default="grpo_g8")
+    p.add_argument("--value_table", default=None, help="the benchmark's value table (heterogeneity factor h)")
+    p.add_argument("--curves_json", default=None, help="committed two-level intervals to check P4 against")
+    p.add_argument("--target", type=float, default=0.05, help="half-width to reach (AUC, fraction)")
+    p.add_argument("--output", default=None)
+    args = p.parse_args(argv)
+    cal = calibrate(args.runs_json, args.baseline, args.value_table)
+    designs = []
+    for q, m in ((cal["n_questions"], 1), (192, 1), (192, 2), (384, 2), (None, 1)):
+        row = {"questions": q, "samples": m, "seeds_needed": seeds_needed(cal, args.target, q, m)}
+        row.update({f"hw_S{s}": half_width(cal, s, q, m) for s in (3, 5, 8, 10)})
+        designs.append(row)
+    check = {}
+    if args.curves_json:
+        with open(args.curves_json, encoding="utf-8") as f:
+            cur = json.load(f)
+        pred = half_width(cal, cal["n_seeds"], cal["n_questions"], 1)
+        for m, rec in cur["methods"].items():
+            ci = rec.get("auc_diff_ci_two_level")
+            if m != args.baseline and ci and all(map(math.isfinite, ci)):
+                check[m] = {"committed_half_width": (ci[1] - ci[0]) / 2, "predicted_half_width": pred}
+    out = {"calibration": cal, "target_half_width": args.target, "designs": designs, "check": check,
+           "command": "python " + " ".join([os.path.relpath(__file__), *(argv if argv is not None else sys.argv[1:])])}
+    print(f"calibration on {cal['runs_json']} ({cal['n_seeds']} seeds, {cal['n_questions']} questions, 1 sample): "
+          f"var(d) {cal['var_d_pooled']:.5f} ({cal['var_d_dof']} dof) = train {cal['var_train']:.5f} + eval "
+          f"{cal['var_eval']:.5f} (eval share {cal['eval_share']:.2f}; h = {cal['heterogeneity_h']:.2f})")
+    for r in designs:
+        q = "no eval noise" if r["questions"] is None else f"Q {r['questions']} x M {r['samples']}"
+        print(f"  {q:>16}: half-width S=3 {r['hw_S3']:.3f}  S=5 {r['hw_S5']:.3f}  S=8 {r['hw_S8']:.3f}  "
+              f"S=10 {r['hw_S10']:.3f}; seeds for +-{args.target:.2f}: {r['seeds_needed']}")
+    for m, c in check.items():
+        print(f"  check {m}: committed two-level half-width {c['committed_half_width']:.3f}, "
+              f"predicted {c['predicted_half_width']:.3f}")
+    if args.output:
+        from trl_ext._io import write_json
+
+        write_json(args.output, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""``benchmarks/regime_power.py``: the variance model behind the regime benchmark's design (P1-P4)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUM3 = os.path.join(ROOT, "benchmarks", "results", "compare", "smollm2", "sum3")
+
+
+def _mod():
+    spec = importlib.util.spec_from_file_location("regime_power", os.path.join(ROOT, "benchmarks", "regime_power.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_auc_weights_reproduce_curve_auc():
+    from trl_ext.stats.curves import curve_auc
+
+    rp = _mod()
+    tok = np.array([2400.0, 4100.0, 6300.0])
+    w = rp.auc_weights(tok, 6000.0)
+    acc = np.array([0.5, 0.7, 0.9])
+    # linear in the checkpoints' accuracies, the start checkpoint's share excluded
+    assert np.dot(w, acc) + curve_auc(tok, np.zeros(3), 6000.0, start_value=0.3) == pytest.approx(
+        curve_auc(tok, acc, 6000.0, start_value=0.3))
+
+
+def test_half_width_and_seed_count_follow_p4():
+    rp = _mod()
+    cal = {"var_train": 0.002, "var_eval": 0.0015, "n_questions": 64}
+    hw = rp.half_width(cal, 5, 64, 1)
+    assert hw == pytest.approx(rp.Z * np.sqrt(0.0035 / 5))
+    assert rp.half_width(cal, 5, 256, 1) < hw and rp.half_width(cal, 5, None, 1) == pytest.approx(
+        rp.Z * np.sqrt(0.002 / 5))
+    s = rp.seeds_needed(cal, 0.05, 64, 1)
+    assert rp.half_width(cal, s, 64, 1) <= 0.05 < rp.half_width(cal, s - 1, 64, 1)
+
+
+def test_calibration_on_the_committed_benchmark_matches_its_intervals():
+    """The model at the benchmark's own design predicts its committed two-level half-widths (mean) within 25 %."""
+    rp = _mod()
+    table = [f for f in os.listdir(os.path.join(SUM3, "value_table")) if f.endswith(".jsonl")][0]
+    cal = rp.calibrate(os.path.join(SUM3, "runs.json"), "grpo_g8", os.path.join(SUM3, "value_table", table))
+    assert 0 < cal["heterogeneity_h"] <= 1 and cal["var_train"] > 0 and 0 < cal["eval_share"] < 1
+    curves = json.load(open(os.path.join(SUM3, "curves.json")))
+    hws = [(r["auc_diff_ci_two_level"][1] - r["auc_diff_ci_two_level"][0]) / 2
+           for m, r in curves["methods"].items() if m != "grpo_g8"]
+    assert rp.half_width(cal, cal["n_seeds"], cal["n_questions"], 1) == pytest.approx(np.mean(hws), rel=0.25)
+    committed = json.load(open(os.path.join(ROOT, "benchmarks", "results", "compare", "smollm2", "steps_matched_t07",
+                                            "power_design.json")))
+    assert committed["calibration"]["var_train"] == pytest.approx(cal["var_train"])
