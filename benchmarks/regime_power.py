@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cal = calibrate(args.runs_json, args.baseline, args.value_table)
     designs = []
-    for q, m in ((cal["n_questions"], 1), (192, 1), (192, 2), (384, 2), (None, 1)):
+    for q, m in ((cal["n_questions"], 1), (48, 1), (48, 4), (48, 8), (192, 1), (None, 1)):
         row = {"questions": q, "samples": m, "seeds_needed": seeds_needed(cal, args.target, q, m)}
         row.update({f"hw_S{s}": half_width(cal, s, q, m) for s in (3, 5, 8, 10)})
         designs.append(row)
@@ -146,7 +146,11 @@ def main(argv=None) -> int:
             ci = rec.get("auc_diff_ci_two_level")
             if m != args.baseline and ci and all(map(math.isfinite, ci)):
                 check[m] = {"committed_half_width": (ci[1] - ci[0]) / 2, "predicted_half_width": pred}
+    # the other bound: evaluation noise common to both methods of a seed (the harness samples every method's
+    # evaluation with the same seed) cancels in d_s, all of var(d) is training and more evaluation does not help
+    pessimistic = {f"hw_S{s}": Z * math.sqrt(cal["var_d_pooled"] / s) for s in (3, 5, 6, 8, 10)}
     out = {"calibration": cal, "target_half_width": args.target, "designs": designs, "check": check,
+           "if_evaluation_noise_cancels": pessimistic,
            "command": "python " + " ".join([os.path.relpath(__file__), *(argv if argv is not None else sys.argv[1:])])}
     print(f"calibration on {cal['runs_json']} ({cal['n_seeds']} seeds, {cal['n_questions']} questions, 1 sample): "
           f"var(d) {cal['var_d_pooled']:.5f} ({cal['var_d_dof']} dof) = train {cal['var_train']:.5f} + eval "
@@ -155,6 +159,8 @@ def main(argv=None) -> int:
         q = "no eval noise" if r["questions"] is None else f"Q {r['questions']} x M {r['samples']}"
         print(f"  {q:>16}: half-width S=3 {r['hw_S3']:.3f}  S=5 {r['hw_S5']:.3f}  S=8 {r['hw_S8']:.3f}  "
               f"S=10 {r['hw_S10']:.3f}; seeds for +-{args.target:.2f}: {r['seeds_needed']}")
+    print("  if evaluation noise cancelled in the paired difference (any Q, M): " +
+          "  ".join(f"S={k[4:]} {v:.3f}" for k, v in pessimistic.items()))
     for m, c in check.items():
         print(f"  check {m}: committed two-level half-width {c['committed_half_width']:.3f}, "
               f"predicted {c['predicted_half_width']:.3f}")

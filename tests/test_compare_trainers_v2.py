@@ -663,3 +663,30 @@ def test_checkpoint_fingerprint_ignores_the_writing_transformers_release(tmp_pat
         d = os.path.join(root, "benchmarks", "results", "compare", "v2", task)
         choice = json.load(open(os.path.join(d, "lr_choice.json")))
         assert checkpoint_fingerprint(os.path.join(d, "start_checkpoint")) == choice["context"]["start_checkpoint_sha"]
+
+
+def test_test_eval_samples_changes_test_keys_and_evaluations_only():
+    """``test_eval_samples``: more samples per test question for the comparison; the tuning runs' keys (and their
+    validation evaluations) are those of a design without it, so finished tuning runs stay reusable."""
+    from compare_harness.evaluation import eval_samples_for
+    from compare_harness.runs import _settings_key
+
+    s = ct.resolve_settings(ct.build_parser().parse_args(
+        ["--output_dir", "x", "--scale", "smollm2", "--protocol", "v2", "--task", "sum3"]))
+    spec = ct.METHODS["grpo_g8"]
+    more = {**s, "test_eval_samples": 4}
+    assert _settings_key(more, spec, 0, 3e-4, "validation") == _settings_key(s, spec, 0, 3e-4, "validation")
+    assert _settings_key(more, spec, 0, 3e-4, "test") != _settings_key(s, spec, 0, 3e-4, "test")
+    assert _settings_key({**s, "test_eval_samples": s["eval_samples"]}, spec, 0, 3e-4, "test") == _settings_key(
+        s, spec, 0, 3e-4, "test")
+    assert eval_samples_for(more, "test") == 4 and eval_samples_for(more, "validation") == s["eval_samples"] == 1
+    regime = ct.resolve_settings(ct.build_parser().parse_args(
+        ["--output_dir", "x", "--scale", "smollm2", "--protocol", "v2", "--task", "steps_matched",
+         "--temperature", "0.7"]))
+    assert regime["test_eval_samples"] == 4 and "james_stein" in regime["methods"]
+    # the committed tuning runs of the regime benchmark keep their keys under the preset
+    d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results", "compare",
+                     "smollm2", "steps_matched_t07")
+    regime["start_checkpoint_sha"] = json.load(open(os.path.join(d, "start_eval.json")))["key"]["start_checkpoint_sha"]
+    rec = json.load(open(os.path.join(d, "runs", "tune", "grpo_g8", "lr0.0003", "seed0", "result.json")))
+    assert _settings_key(regime, spec, 0, 3e-4, "validation") == rec["settings_key"]

@@ -107,13 +107,22 @@ def evaluate_checkpoint(ctx: Context, model, seed: int, split: str):
     sampling seed ``1000 + seed``: the same noise stream for every method at one seed), which is then the primary
     accuracy."""
     s = ctx.s
+    n = eval_samples_for(s, split)
     if s.get("eval_mode") == "sampled":
-        return ctx.evaluate(model, greedy=False, num_samples=s["eval_samples"], seed=1000 + seed, split=split), None
+        return ctx.evaluate(model, greedy=False, num_samples=n, seed=1000 + seed, split=split), None
     g = ctx.evaluate(model, greedy=True, split=split)
     sampled = None
-    if s["eval_samples"]:
-        sampled = ctx.evaluate(model, greedy=False, num_samples=s["eval_samples"], seed=1000 + seed, split=split)
+    if n:
+        sampled = ctx.evaluate(model, greedy=False, num_samples=n, seed=1000 + seed, split=split)
     return g, sampled
+
+
+def eval_samples_for(s: dict, split: str) -> int:
+    """Samples per question of an evaluation on ``split``: ``test_eval_samples`` on the test split when set (more
+    samples where the comparison is read, the validation split of the tuning unchanged), else ``eval_samples``."""
+    if split == "test" and s.get("test_eval_samples"):
+        return int(s["test_eval_samples"])
+    return int(s["eval_samples"])
 
 
 START_EVAL_FILE = "start_eval.json"
@@ -130,6 +139,8 @@ def start_evaluation(ctx: Context):
                                  "max_completion_length", "start_checkpoint_sha", "dataset_fn")}
     if s.get("temperature", 1.0) != 1.0:  # keys of T = 1 evaluations are unchanged
         key["temperature"] = s["temperature"]
+    if s.get("test_eval_samples") and s["test_eval_samples"] != s["eval_samples"]:
+        key["test_eval_samples"] = s["test_eval_samples"]
     path = os.path.join(s["output_dir"], START_EVAL_FILE)
     if s["resume"] and os.path.exists(path):
         doc = read_json(path)

@@ -40,6 +40,8 @@ def _settings_key(s: dict, spec: MethodSpec, seed: int, lr: float | None = None,
     if split != "test":
         keep.update(eval_split=split, n_val=s["n_val"])
         keep.pop("eval_every_tokens")  # tuning runs evaluate once, at the budget
+    elif s.get("test_eval_samples") and s["test_eval_samples"] != s["eval_samples"]:
+        keep["test_eval_samples"] = s["test_eval_samples"]
     if spec.setup == "setup_tiebreak":
         keep["graded_reward"] = s.get("graded_reward_fn") or GRADED_REWARDS.get(s["task"])
     if spec.setup == "setup_basis" and s["value_table_samples"] != 32:

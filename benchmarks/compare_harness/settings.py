@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n_val", type=_pos_int, default=None,
                    help="validation questions for lr tuning (train split, disjoint from the training prompts)")
     p.add_argument("--n_train", type=_pos_int, default=None, help="training prompts (the same pool for all)")
+    p.add_argument("--test_eval_samples", type=_pos_int, default=None,
+                   help="samples per question on the test split only (default: --eval_samples); the validation "
+                        "evaluations of the tuning keep --eval_samples, so tuning runs stay reusable")
     p.add_argument("--eval_samples", type=_nonneg_int, default=None,
                    help="also measure sampled accuracy (T=1) with this many samples per question (0 = off)")
     p.add_argument("--threshold", type=float, default=None,
@@ -137,7 +140,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     if args.smoke:
         s.update(SMOKE)
     for key in ("token_budget", "eval_every_tokens", "rollouts_per_step", "learning_rate", "n_eval", "n_val",
-                "n_train", "eval_samples", "n_sim", "n_boot", "value_table_samples", "use_peft", "lora_r",
+                "n_train", "eval_samples", "test_eval_samples", "n_sim",
+                "n_boot", "value_table_samples", "use_peft", "lora_r",
                 "lora_alpha", "eval_mode"):
         if getattr(args, key, None) is not None:
             s[key] = getattr(args, key)
