@@ -795,7 +795,7 @@ def test_empty_dispatch_still_reaches_the_keyed_collective(tmp_path, monkeypatch
         return real(rows, **kw)
 
     monkeypatch.setattr(tr.keyed_sampler, "requests_for_rows", counting)
-    from trl_ext.trainers.v05 import _PromptState
+    from trl_ext.trainers.v05.strategy import _PromptState
 
     states = [_PromptState(row={"prompt": "1+1=", "trl_ext_row_idx": 0}, prior_p=0.5)]
     out = tr.rollout_strategy.dispatch(tr, states, [])  # this rank has no prompt needing more rollouts this round

@@ -42,6 +42,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "group_stats",
     "trl_grpo_advantages",
+    "group_mean_std",
     "dr_grpo_advantages",
     "estimator_min_group_size",
     "ESTIMATOR_MIN_GROUP_SIZE",
@@ -305,8 +306,8 @@ def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> to
     return std.squeeze(dim)
 
 
-def _group_mean_std(values: torch.Tensor, gid: torch.Tensor, k: int, ddof: int = 1
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def group_mean_std(values: torch.Tensor, gid: torch.Tensor, k: int, ddof: int = 1
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """NaN-ignoring per-group mean and std (``ddof=1``: Bessel-corrected, TRL's ``nanstd``), for ragged groups.
 
     ``values`` is (N,) or (N, F); groups with ``<= ddof`` finite values get std NaN (as TRL's ``nanstd``).
@@ -436,10 +437,10 @@ def _sum_then_normalize(r: torch.Tensor, gid: torch.Tensor, k: int, g_size: int,
         else:
             std_g = torch.zeros_like(r)
     else:
-        mean_k, std_k = _group_mean_std(r.cpu(), gid.cpu(), k, ddof)
+        mean_k, std_k = group_mean_std(r.cpu(), gid.cpu(), k, ddof)
         mean, std_g = mean_k.to(r.device)[gid], std_k.to(r.device)[gid]
     if scale_rewards == "batch" and ddof == 0:
-        std = _group_mean_std(r.cpu(), torch.zeros_like(gid.cpu()), 1, 0)[1].to(r.device).expand_as(r)
+        std = group_mean_std(r.cpu(), torch.zeros_like(gid.cpu()), 1, 0)[1].to(r.device).expand_as(r)
     elif scale_rewards == "batch":
         std = nanstd(r).expand_as(r) if r.numel() > 1 else torch.zeros_like(r)
     else:
@@ -469,7 +470,7 @@ def _normalize_then_sum(r: torch.Tensor, rewards_per_func: torch.Tensor | None, 
         std_k = nanstd(grouped, dim=1, keepdim=True) if g_size > 1 else torch.zeros_like(mean_k)
         reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, rpf.shape[1])
     else:
-        mk, sk = _group_mean_std(rpf.cpu(), gid.cpu(), k)
+        mk, sk = group_mean_std(rpf.cpu(), gid.cpu(), k)
         reward_k = (rpf - mk.to(rpf.device)[gid]) / (sk.to(rpf.device)[gid] + eps)
     summed = (reward_k * w.unsqueeze(0)).nansum(dim=1)
     summed[unscorable] = torch.nan
@@ -480,7 +481,7 @@ def _normalize_then_sum(r: torch.Tensor, rewards_per_func: torch.Tensor | None, 
     elif uniform:
         std_g = torch.zeros_like(r)
     else:
-        std_g = _group_mean_std(r.cpu(), gid.cpu(), k)[1].to(r.device)[gid]
+        std_g = group_mean_std(r.cpu(), gid.cpu(), k)[1].to(r.device)[gid]
     return adv, std_g
 
 

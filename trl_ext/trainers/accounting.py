@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from ..estimators.baselines import _group_mean_std
+from ..estimators.baselines import group_mean_std
 from ..measurement.shut_gate import shut_gate_stats
 from . import _trl_compat as compat
 from .batch import RolloutBatch
@@ -377,7 +377,7 @@ class BatchAccounting:
         std_row = torch.full((batch.num_rows,), float("nan"))
         if (gid >= 0).any():
             k = int(gid.max()) + 1
-            std_row[gid >= 0] = _group_mean_std(batch.rewards[gid >= 0].float(), gid[gid >= 0], k)[1][gid[gid >= 0]]
+            std_row[gid >= 0] = group_mean_std(batch.rewards[gid >= 0].float(), gid[gid >= 0], k)[1][gid[gid >= 0]]
         defined = ~torch.isnan(std_row)
         if defined.any():
             frac = torch.isclose(std_row[defined], torch.zeros_like(std_row[defined])).float().mean().item()

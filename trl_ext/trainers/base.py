@@ -78,7 +78,7 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
 from .keyed_sampling import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutIO
 from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
-from .state import _EXT_STATE_VERSION, EXT_STATE_FILE
+from .state import EXT_STATE_FILE, EXT_STATE_VERSION
 
 __all__ = ["ExtGRPOConfig", "GRPOTrainer", "RolloutBatch", "trl_grpo_advantages", "EXT_STATE_FILE",
            "as_config", "parse_kwargs_field", "DropInDifferenceWarning"]
@@ -420,7 +420,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         and lists/tuples/dicts of those (convert numpy arrays to tensors or lists). The state must be identical on
         every rank (only the main process writes it; every rank reads it back).
         """
-        return {"trl_ext_version": _EXT_STATE_VERSION, "trainer_class": type(self).__name__,
+        return {"trl_ext_version": EXT_STATE_VERSION, "trainer_class": type(self).__name__,
                 "global_step": int(self.state.global_step), **self._ext_totals,
                 "rollout_strategy": {"name": self.rollout_strategy.name, "state": self.rollout_strategy.state_dict()},
                 "config_fingerprint": json.dumps(self.config_fingerprint(), sort_keys=True)}
@@ -438,9 +438,9 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
 
     def load_ext_state_dict(self, state: dict) -> None:
         """Restore what :meth:`ext_state_dict` saved (extend with ``super().load_ext_state_dict(state)``)."""
-        if not isinstance(state, dict) or state.get("trl_ext_version") != _EXT_STATE_VERSION:
+        if not isinstance(state, dict) or state.get("trl_ext_version") != EXT_STATE_VERSION:
             raise ValueError(
-                f"Unrecognized {EXT_STATE_FILE}: expected a dict with trl_ext_version={_EXT_STATE_VERSION}, got "
+                f"Unrecognized {EXT_STATE_FILE}: expected a dict with trl_ext_version={EXT_STATE_VERSION}, got "
                 f"{type(state).__name__} with version {getattr(state, 'get', lambda _k: None)('trl_ext_version')!r}."
             )
         if state.get("trainer_class") != type(self).__name__:

@@ -262,7 +262,7 @@ def unique_prompt_rows(rows: list[dict], k: int) -> list[dict]:
     return [rows[i] for i in range(0, len(rows), k)]
 
 
-def _block(n: int, p: int, rank: int) -> tuple[int, int]:
+def rank_block(n: int, p: int, rank: int) -> tuple[int, int]:
     """Contiguous block ``[start, stop)`` of ``n`` items owned by ``rank`` of ``p`` (sizes differ by at most 1)."""
     base, extra = divmod(n, p)
     start = rank * base + min(rank, extra)
@@ -354,7 +354,7 @@ class DynamicSampling(RolloutStrategy):
         weights = trainer.reward_weights
         fallback = groups[0]
         while True:
-            mine = list(range(*_block(len(pending), p, rank)))
+            mine = list(range(*rank_block(len(pending), p, rank)))
             rows = [pending[j] for j in mine for _ in range(g)]
             c_ids, lps = trainer.generate_rollouts(rows, fallback_row=fallback)
             rpf = trainer.score_rollouts_local(rows, c_ids)
@@ -379,7 +379,7 @@ class DynamicSampling(RolloutStrategy):
         kept = kept[:target]
         # whole kept groups to ranks in contiguous blocks (the gathered batch keeps the draw order, as with one
         # process); every rank calls finish_rollouts exactly once
-        mine = kept[slice(*_block(len(kept), p, rank))]
+        mine = kept[slice(*rank_block(len(kept), p, rank))]
         rows, c_out, lp_out, rpf_out, gids = [], [], [], [], []
         for n_j, grp in enumerate(mine):
             rows += [grp["row"]] * g

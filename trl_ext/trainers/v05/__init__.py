@@ -10,15 +10,14 @@ One module per part (the math is :mod:`trl_ext.estimators.v05`, the registered e
 * :mod:`.trainer` -- :class:`V05GRPOTrainer`, the drop-in preset, and its model card.
 """
 
-from .config import (  # noqa: F401 - _is_int: importable from trl_ext.trainers.v05 as before
+from .config import (
     V05_PROMPT_WEIGHTINGS,
     V05_SUPPORTED_LOSS_TYPES,
     V05GRPOConfig,
-    _is_int,
     v05_config_view,
     validate_v05_config,
 )
-from .strategy import OSLARounds, _PromptState  # noqa: F401 - _PromptState: importable here as before
+from .strategy import OSLARounds
 from .trainer import V05GRPOTrainer, v05_model_card_details
 
 __all__ = ["V05GRPOConfig", "V05GRPOTrainer", "OSLARounds", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS",

@@ -20,7 +20,7 @@ from ...estimators.v05 import osla_cap, shrinkage_fusion_batch, v05_signed_rewar
 from ...priors import SupportBuffer, ValuePrior
 from .. import _trl_compat as compat
 from ..batch import RolloutBatch
-from ..rollouts import RolloutStrategy, _block, register_rollout_strategy, unique_prompt_rows, weighted_reward
+from ..rollouts import RolloutStrategy, rank_block, register_rollout_strategy, unique_prompt_rows, weighted_reward
 from .config import v05_config_view
 from .prior import build_v05_prior
 
@@ -58,7 +58,7 @@ class OSLARounds(RolloutStrategy):
     * the rows TRL's sampler yielded on all ranks (each prompt ``v05_k_init`` times, see
       :meth:`V05GRPOTrainer.__init__`) are gathered and deduplicated by ``trl_ext_row_idx``: ``generation_batch_size /
       v05_k_init`` prompts in sampler order, assigned to ranks as **whole prompts in contiguous blocks**
-      (:func:`~trl_ext.trainers.rollouts._block`, as :class:`~trl_ext.trainers.rollouts.DynamicSampling` does), so
+      (:func:`~trl_ext.trainers.rollouts.rank_block`, as :class:`~trl_ext.trainers.rollouts.DynamicSampling` does), so
       each prompt is generated and scored on one rank and nothing depends on the number of processes;
     * the prior is queried once for the whole batch on every rank (identical inputs, identical outputs);
     * round 1 generates ``v05_k_init`` rollouts per prompt -- ``generation_batch_size`` in all, TRL's count for the
@@ -411,7 +411,7 @@ class OSLARounds(RolloutStrategy):
         batch = unique_prompt_rows(compat.gather_object(list(inputs)), k_init)
         n_prompts = len(batch)
         fallback = dict(batch[0])
-        blocks = [_block(n_prompts, n_proc, r) for r in range(n_proc)]
+        blocks = [rank_block(n_prompts, n_proc, r) for r in range(n_proc)]
         owner = np.repeat(np.arange(n_proc), [hi - lo for lo, hi in blocks])
         lo, hi = blocks[rank]
         # Step 1: context + prior, once per prompt, before any rollout; the whole batch on every rank (identical
