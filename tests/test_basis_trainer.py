@@ -578,19 +578,14 @@ def test_resume_restores_beta_history(tmp_path):
                                              "beta_steps": [0, 1]}}
     with pytest.raises(ValueError, match="Corrupt BASIS state"):
         resumed.load_ext_state_dict({**state, "rollout_strategy": corrupt})
-    with pytest.warns(UserWarning, match="no BASIS beta history"):
+    with pytest.warns(UserWarning, match="holds no rollout-strategy state"):
         resumed.load_ext_state_dict({k: v for k, v in state.items() if k != "rollout_strategy"})
-    # a checkpoint of the trainer before the value_table strategy: the beta history as basis_* trainer keys
+    # a trl_ext 0.2 checkpoint (the beta history as basis_* trainer keys): refused, not translated
     legacy = {k: v for k, v in state.items() if k != "rollout_strategy"}
-    legacy.update(basis_beta_history=[0.5, 0.25], basis_beta_steps=[0, 1], basis_missing_total=3,
-                  basis_fallback_total=4, basis_rows_total=16, rollout_strategy={"name": "fixed_groups", "state": {}})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # translated: no "another strategy" / "no beta history" warning
+    legacy.update(basis_beta_history=[0.5, 0.25], basis_beta_steps=[0, 1], rollout_strategy={"name": "fixed_groups",
+                                                                                             "state": {}})
+    with pytest.raises(ValueError, match="trl_ext 0.2 and earlier.*basis_beta_history"):
         resumed.load_ext_state_dict(legacy)
-    assert resumed.beta_history == [0.5, 0.25] and resumed.beta_history_steps == [0, 1]
-    assert resumed.rollout_strategy.totals == {"missing_total": 3, "fallback_total": 4, "rows_total": 16}
-    with pytest.raises(ValueError, match="Corrupt BASIS state"):
-        resumed.load_ext_state_dict({**legacy, "basis_beta_history": [1.0, float("nan")]})
 
 
 # ------------------------------------------------------------------------------------------------------ two ranks

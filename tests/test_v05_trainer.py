@@ -477,24 +477,23 @@ def test_resume_restores_support_buffer(tmp_path):
     assert run2.support_buffer.fingerprint() == run1.support_buffer.fingerprint() and len(run2.support_buffer) == 12
 
 
-def test_legacy_checkpoint_generation_index(tmp_path):
-    """Checkpoints written before OSLARounds kept the generation index as ``v05_generation_index`` and the buffer as
-    ``v05_support_buffer``; checkpoints written before the strategy held the buffer kept it as
-    ``v05_support_buffer`` beside the strategy's index. Both still load."""
+def test_legacy_checkpoint_layout_is_refused_with_one_clear_error(tmp_path):
+    """trl_ext 0.2 and earlier kept the generation index as ``v05_generation_index`` and the buffer as
+    ``v05_support_buffer`` outside the strategy's state: refused, naming the layout (no translation shim)."""
     tr = make(tmp_path, prior=ConstantPrior(0.5))
     tr.support_buffer.add(["1+1="], [1.0])
     state = tr.ext_state_dict()
-    assert state["rollout_strategy"]["state"]["generation_index"] == 0
     buffer = state["rollout_strategy"]["state"]["support_buffer"]
     oldest = {k: v for k, v in state.items() if k != "rollout_strategy"} | {"v05_generation_index": 3,
                                                                            "v05_support_buffer": buffer}
     older = {**state, "rollout_strategy": {"name": "v05_osla", "state": {"generation_index": 2}},
              "v05_support_buffer": buffer}
-    for legacy, index in ((oldest, 3), (older, 2)):
-        fresh = make(tmp_path, prior=ConstantPrior(0.5))
-        fresh.load_ext_state_dict(legacy)
-        assert fresh.rollout_strategy.generation_index == index
-        assert fresh.support_buffer.fingerprint() == tr.support_buffer.fingerprint()
+    for legacy in (oldest, older):
+        with pytest.raises(ValueError, match="trl_ext 0.2 and earlier.*v05_support_buffer"):
+            make(tmp_path, prior=ConstantPrior(0.5)).load_ext_state_dict(legacy)
+    fresh = make(tmp_path, prior=ConstantPrior(0.5))
+    fresh.load_ext_state_dict(state)
+    assert fresh.support_buffer.fingerprint() == tr.support_buffer.fingerprint()
 
 
 def test_cold_start_then_context_from_buffer(tmp_path):

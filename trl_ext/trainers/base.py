@@ -46,6 +46,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from .. import __version__ as trl_ext_version
 from ..checkpoints.preemption import train_with_preemption
 from ..checkpoints.resume import (
     atomic_torch_save,
@@ -79,6 +80,10 @@ from .keyed_sampling import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutIO
 from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
 from .state import EXT_STATE_FILE, EXT_STATE_VERSION
+
+LEGACY_STATE_KEYS = ("v05_generation_index", "v05_support_buffer", "pair", "basis_beta_history")
+"""Trainer-state keys of trl_ext 0.2 and earlier (method state kept outside the rollout strategy): such a checkpoint
+is refused with one clear error instead of being translated."""
 
 __all__ = ["ExtGRPOConfig", "GRPOTrainer", "RolloutBatch", "trl_grpo_advantages", "EXT_STATE_FILE",
            "as_config", "parse_kwargs_field", "DropInDifferenceWarning"]
@@ -443,6 +448,14 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
                 f"Unrecognized {EXT_STATE_FILE}: expected a dict with trl_ext_version={EXT_STATE_VERSION}, got "
                 f"{type(state).__name__} with version {getattr(state, 'get', lambda _k: None)('trl_ext_version')!r}."
             )
+        legacy = sorted(k for k in LEGACY_STATE_KEYS if k in state)
+        if legacy:
+            raise ValueError(
+                f"{EXT_STATE_FILE} has the layout of trl_ext 0.2 and earlier, before rollout strategies held the "
+                f"method state (keys {legacy}); trl_ext {trl_ext_version} does not read it. "
+                "Resume with the trl_ext version that wrote it, or start a new run from the checkpoint's weights "
+                "(without resume_from_checkpoint)."
+            )
         if state.get("trainer_class") != type(self).__name__:
             warnings.warn(
                 f"{EXT_STATE_FILE} was written by {state.get('trainer_class')!r}, resuming with "
@@ -454,9 +467,10 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         strat = state.get("rollout_strategy")
         if strat is not None and strat.get("name") == self.rollout_strategy.name:
             self.rollout_strategy.load_state_dict(strat.get("state", {}))
-        elif strat is not None:
-            warnings.warn(f"{EXT_STATE_FILE} holds the state of rollout strategy {strat.get('name')!r}, but this trainer "
-                          f"uses {self.rollout_strategy.name!r}; its state starts fresh.", stacklevel=2)
+        else:
+            held = "no rollout-strategy state" if strat is None else f"the state of rollout strategy {strat.get('name')!r}"
+            warnings.warn(f"{EXT_STATE_FILE} holds {held}, but this trainer uses {self.rollout_strategy.name!r}; its "
+                          "state (what the method learned or buffered) starts fresh.", stacklevel=2)
 
     def log_ext_metric(self, name: str, value: float, mode: str | None = None) -> None:
         """Append a scalar to ``self._metrics[mode][name]`` (averaged per logging step, sent to every backend).

@@ -338,19 +338,3 @@ class BASISTrainer(GRPOTrainer):
         md = dict(table.metadata)
         return {"rows_sha256": self._basis_table_rows_sha256, "rows": len(table),
                 "reference_model": md.get("model"), "metadata": md, **self._basis_table_source}
-
-    def load_ext_state_dict(self, state: dict) -> None:
-        """The base restore; a checkpoint written before the ``value_table`` strategy existed (the beta history as
-        ``basis_*`` keys of the trainer state) is translated to the strategy's state first."""
-        if isinstance(state, dict) and "basis_beta_history" in state:
-            state = dict(state)
-            old = {key: state.pop(key) for key in list(state) if key.startswith("basis_")}
-            legacy = {"beta_history": old["basis_beta_history"], **{
-                new: old[key] for key, new in (("basis_beta_steps", "beta_steps"), ("basis_missing_total",
-                "missing_total"), ("basis_fallback_total", "fallback_total"), ("basis_rows_total", "rows_total"))
-                if key in old}}
-            state["rollout_strategy"] = {"name": ValueTableLookup.name, "state": legacy}
-        elif isinstance(state, dict) and (state.get("rollout_strategy") or {}).get("name") != ValueTableLookup.name:
-            warnings.warn("The checkpoint has no BASIS beta history (written by another trainer?); it starts empty.",
-                          UserWarning, stacklevel=2)
-        super().load_ext_state_dict(state)

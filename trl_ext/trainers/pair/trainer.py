@@ -278,19 +278,3 @@ class PAIRTrainer(GRPOTrainer):
     def last_pair_stats(self) -> dict[str, float]:
         """The ``pair/*`` metrics of the latest train batch (:attr:`PrefixProbeRollouts.last_stats`)."""
         return self.rollout_strategy.last_stats
-
-    # ------------------------------------------------------------------------------------------------ state
-    def load_ext_state_dict(self, state: dict) -> None:
-        """The base restore (the strategy's state, heads included); checkpoints that kept the heads as ``"pair"``
-        (and, before the strategy existed, its generation index and totals there too) are translated first."""
-        pair = state.get("pair")
-        if pair is not None:
-            state = dict(state)
-            strat = dict(state.get("rollout_strategy") or {"name": PrefixProbeRollouts.name, "state": {
-                "generation_index": pair.get("generation", 0), "totals": pair.get("totals", {})}})
-            strat["state"] = {**strat.get("state", {}), "heads": {k: pair[k] for k in ("heads", "lagged_heads",
-                                                                                        "needs_refresh") if k in pair}}
-            state["rollout_strategy"] = strat
-        if "heads" not in (state.get("rollout_strategy") or {}).get("state", {}):
-            self.warn_once("pair_state", "Checkpoint has no PAIR state: the heads and replay window start fresh.")
-        super().load_ext_state_dict(state)

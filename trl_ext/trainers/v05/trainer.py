@@ -46,7 +46,6 @@ base trainer's one counter, ``ext/generated_tokens``.
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Any, ClassVar
 
 import numpy as np
@@ -193,23 +192,6 @@ class V05GRPOTrainer(GRPOTrainer):
     def last_v05(self) -> dict | None:
         """The strategy's global record of the latest train generation batch (:attr:`OSLARounds.last_record`)."""
         return self.rollout_strategy.last_record
-
-    # ------------------------------------------------------------------------------------------------ state
-    def load_ext_state_dict(self, state: dict) -> None:
-        """The base restore (the strategy's generation index and support buffer); checkpoints written before the
-        strategy held them (``v05_generation_index``, ``v05_support_buffer``) are translated first; warns if the
-        checkpoint has no buffer."""
-        if "v05_support_buffer" in state or "v05_generation_index" in state:
-            state = dict(state)
-            strat = dict(state.get("rollout_strategy") or {"name": OSLARounds.name, "state": {}})
-            legacy = {"generation_index": state.pop("v05_generation_index", None),
-                      "support_buffer": state.pop("v05_support_buffer", None)}
-            strat["state"] = {**{k: v for k, v in legacy.items() if v is not None}, **strat.get("state", {})}
-            state["rollout_strategy"] = strat
-        if "support_buffer" not in (state.get("rollout_strategy") or {}).get("state", {}):
-            warnings.warn("Checkpoint has no V0.5 support buffer; starting with an empty one (cold start).",
-                          stacklevel=2)
-        super().load_ext_state_dict(state)
 
 
 _EMBEDDING_SOURCES = {
