@@ -522,7 +522,6 @@ def test_rollouts_and_tokens_per_step_equal_trls_with_the_same_batch(tmp_path):
     with ``generation_kwargs={"min_new_tokens": L}``) and num_generations=1, BASIS generates generation_batch_size
     rollouts per step (one per prompt) -- as many rollouts and tokens as TRL's GRPO (``trl_ext.GRPOTrainer`` with a
     default ``ExtGRPOConfig``: one prompt x TRL's default G = 8). Factor 1."""
-    import warnings
 
     from trl_ext.trainers.base import ExtGRPOConfig, GRPOTrainer
 

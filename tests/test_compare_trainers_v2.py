@@ -450,6 +450,10 @@ def test_step_trace_and_update_norms():
                   {"step": 2, "reward": 0.25, "update_norm": 0.04}]
     assert ct.step_trace(logs[:1]) == [{"step": 1, "reward": 0.5, "grad_norm": 2.0, "adv/abs_mean": 0.7,
                                         "pair/pi_min": 0.2}]
+    # the regime benchmark's mechanism diagnostics are traced per step
+    mech = {"v05/rollouts_per_prompt_mean": 5.0, "basis/beta": 0.4, "adv/js_lambda": 0.3, "pair/head_auc": 0.7,
+            "dapo/keep_rate": 0.5, "gate/tied_share": 0.25}
+    assert ct.step_trace([{"step": 3, **mech}]) == [{"step": 3, **mech}]
     # the callback measures exactly the parameter change of each optimizer step (frozen parameters excluded)
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     model[1].weight.requires_grad_(False)

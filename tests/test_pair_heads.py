@@ -215,3 +215,18 @@ def test_heads_live_in_estimators_without_trl():
             "assert 'trl' not in sys.modules, sorted(m for m in sys.modules if m.startswith('trl'))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_roc_auc_is_the_pairwise_probability_with_half_ties():
+    import numpy as np
+
+    from trl_ext.estimators.pair_heads import roc_auc
+
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        p = rng.integers(0, 5, 40) / 4  # many ties
+        r = rng.integers(0, 2, 40)
+        pos, neg = p[r == 1], p[r == 0]
+        brute = np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])
+        assert roc_auc(p, r) == pytest.approx(brute)
+    assert np.isnan(roc_auc([0.2, 0.8], [1, 1])) and roc_auc([0.2, 0.8], [0, 1]) == 1.0

@@ -119,7 +119,15 @@ TRACE_FILE = "trace.json.gz"
 #: Per-step metrics kept in a run's ``trace`` (what the step decided and how large it was).
 TRACE_KEYS = ("reward", "grad_norm", "adv/abs_mean", "adv/abs_max", "ext/generated_tokens", "ext/rollouts",
               "pair/completed_per_group", "pair/ess_mean", "pair/pi_min", "pair/pi_mean", "pair/max_weight",
-              "pair/finished_in_prefix", "pair/head_brier")
+              "pair/finished_in_prefix", "pair/head_brier",
+              # the mechanism diagnostics of the regime benchmark: tied groups, V0.5's allocation, DAPO's filter,
+              # BASIS's beta and baseline error, the shrinkage weight, PAIR's heads
+              "frac_reward_zero_std", "gate/tied_share", "gate/tied_all_wrong_share", "gate/tied_all_right_share",
+              "ext/signal_row_frac", "v05/rollouts_per_prompt_mean", "v05/rollouts_per_prompt_max",
+              "v05/extra_rollouts", "v05/rounds", "v05/prior_brier", "v05/rejection_rate", "v05/mean_weight",
+              "dapo/keep_rate", "dapo/rounds", "dapo/batch_fill", "basis/beta", "basis/mean_sq_advantage",
+              "basis/mean_baseline", "adv/js_lambda", "adv/js_v2", "adv/js_s2", "pair/head_auc", "pair/head_labels",
+              "pair/tokens_saved_vs_full_group")
 
 
 class UpdateNormCallback(_trainer_callback_base()):

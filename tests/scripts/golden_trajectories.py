@@ -356,8 +356,9 @@ ADDED_METRICS: dict[str, set[str]] = {
     "v05_osla": {"adv/unscorable_rows", "adv/degenerate_rows"},
     "v05_fixed": {"adv/unscorable_rows", "adv/degenerate_rows"},
     "basis": {"adv/unscorable_rows", "adv/degenerate_rows"},
-    # PAIR's Eq. 13 runs as the registered "pair_draw" estimator through the same adapter
-    "pair": {"adv/unscorable_rows", "adv/degenerate_rows"},
+    # PAIR's Eq. 13 runs as the registered "pair_draw" estimator through the same adapter; the heads' ROC AUC on
+    # their calibration slice is logged beside their Brier score (pair/head_auc)
+    "pair": {"adv/unscorable_rows", "adv/degenerate_rows", "pair/head_auc"},
 }
 
 

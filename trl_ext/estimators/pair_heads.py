@@ -151,6 +151,23 @@ def brier_score(p_hat, rewards, weights=None) -> float:
     return float((w * (p - r) ** 2).sum() / w.sum())
 
 
+def roc_auc(p_hat, rewards) -> float:
+    """Probability that a success scores above a failure (ties count half; Mann-Whitney), NaN without both."""
+    p = torch.as_tensor(p_hat, dtype=torch.float64).flatten()
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten() > 0.5
+    n_pos, n_neg = int(r.sum()), int((~r).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = torch.argsort(p)
+    ranks = torch.empty_like(p)
+    ranks[order] = torch.arange(1, p.numel() + 1, dtype=torch.float64)
+    for value in torch.unique(p):  # average ranks over ties
+        tied = p == value
+        if int(tied.sum()) > 1:
+            ranks[tied] = ranks[tied].mean()
+    return float((ranks[r].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 def expected_calibration_error(p_hat, rewards, n_bins: int = 15) -> float:
     """ECE with ``n_bins`` equal-mass bins (Appendix C: 15): sum_b (n_b/n) |mean(p_b) - mean(r_b)|."""
     p = torch.as_tensor(p_hat, dtype=torch.float64).flatten()
@@ -398,15 +415,18 @@ class PrefixHeads:
 
     @torch.no_grad()
     def diagnostics(self) -> dict:
-        """Brier score, ECE (15 equal-mass bins) and cost MAPE of the current heads on the calibration slice."""
+        """Brier score, ECE (15 equal-mass bins), ROC AUC and cost MAPE of the current heads on the calibration
+        slice."""
         if self.n_labels == 0:
-            return {"brier": float("nan"), "ece": float("nan"), "cost_mape": float("nan"), "n": 0}
+            return {"brier": float("nan"), "ece": float("nan"), "auc": float("nan"), "cost_mape": float("nan"),
+                    "n": 0}
         _, cal = self._split()
         pred = self.predict(self._feat[cal])
         r = self._reward[cal]
         return {
             "brier": brier_score(pred.p_hat, r),
             "ece": expected_calibration_error(pred.p_hat, r),
+            "auc": roc_auc(pred.p_hat, r),
             "cost_mape": cost_mape(pred.cost_hat, self._cost[cal]),
             "n": int(r.numel()),
         }

@@ -105,7 +105,7 @@ def pair_metrics(s: PairBatchStats, heads) -> dict[str, float]:
         "pair/head_labels": heads.heads.n_labels,
     }
     last_refresh = heads.last_refresh
-    for key in ("brier", "ece", "cost_mape", "loss_p", "loss_c", "temperature"):
+    for key in ("brier", "ece", "auc", "cost_mape", "loss_p", "loss_c", "temperature"):
         if key in last_refresh and last_refresh[key] is not None:
             m[f"pair/head_{key}"] = float(last_refresh[key])
     return {k: float(v) for k, v in m.items()}
