@@ -76,7 +76,7 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
     resolved_rollout_strategy,
     validate_ext_config,
 )
-from .keyed_sampling import KeyedSampler, check_before_trl_init
+from .keyed_generation import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutIO
 from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
 from .state import EXT_STATE_FILE, EXT_STATE_VERSION
