@@ -296,7 +296,7 @@ def run_batch(tr, rows, pop_by_key, keys):
     return {"grad": g, "adv": adv[real], "lengths": np.array(lengths), "tokens": tokens,
             "rewards": batch.rewards.double().numpy()[real], "gids": batch.group_ids.numpy()[real],
             "log": [dict(d) for d in getattr(tr, "pair_design_log", [])],
-            "stats": dict(getattr(tr, "last_pair_stats", {}))}
+            "stats": dict(tr.rollout_strategy.last_stats)}
 
 
 def edge_weights(log):

@@ -17,7 +17,7 @@ completion + 2 (scratchpad: 71 + 2 = 73), scores them with the task's reward (bi
    ``PAIRTrainer`` is built on the model (nothing is trained) and its own pieces are used: prompt ids
    (``_trl_compat.tokenize_prompts``), the probe's finished flag and checkpoint (``PrefixProbeRollouts``), the prefix
    features (``PAIRTrainer.pair_features``: mean of the last 16 final hidden states of prompt + prefix) and the heads
-   (``trainer.pair_heads``, refit with ``trainer.pair_refresh_heads``). The probe of a sample is the first ``tau``
+   (``trainer.pair_heads``, refit with ``trainer.rollout_strategy.heads.refresh()``). The probe of a sample is the first ``tau``
    tokens of its full completion (a probe plus its continuation is a sample of the same distribution). Labels of the
    first half of the prompts (all k samples, inclusion probability 1, remaining-token cost) are fed to fresh heads
    in generation batches of ``--head_batch_prompts`` prompts, one refresh after each batch, as the trainer does;
@@ -289,7 +289,7 @@ def probe_features(trainer, prompt_ids, comps, probe_len, batch):
 
 def fit_and_score_heads(trainer, init_heads, feats, finished, costs, rewards, n_fit, head_batch_prompts, k):
     """Fresh heads fed the first ``n_fit`` prompts' labels in generation batches (refresh after each with the
-    trainer's fit settings, as ``PAIRTrainer.pair_refresh_heads``; :func:`trl_ext.advise.prefix.feed_heads`),
+    trainer's fit settings, as the PAIR strategys ``heads.refresh()``; :func:`trl_ext.advise.prefix.feed_heads`),
     scored on the remaining prompts."""
     from trl_ext.estimators.pair_heads import cost_mape, expected_calibration_error
 

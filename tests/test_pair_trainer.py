@@ -96,12 +96,22 @@ def preload_labels(trainer: PAIRTrainer, n: int = 64, seed: int = 0) -> None:
     trainer.pair_heads.add_labels(f, r, c, torch.full((n,), 0.5))
 
 
+def design_and_draw(trainer, p_hat, cost_hat, finished, rng, **kw):
+    """The design the rollout strategy runs per prompt, with the trainer's ``pair_*`` options."""
+    return pair_est.design_and_draw(p_hat, cost_hat, finished, rng, **kw, **pair_config.pair_design_options(trainer.args))
+
+
+def group_advantages(trainer, rewards, draw):
+    """Eq. 13 of one group's draw with the trainer's options (what the ``pair_draw`` estimator computes per group)."""
+    return pair_est.draw_advantages(rewards, draw, **pair_config.pair_advantage_options(trainer.args))
+
+
 def full_advantages(trainer, rewards):
     G = len(rewards)
     draw = pair_mod.GroupDraw(pi=np.ones(G), pi_design=np.ones(G), selected=np.ones(G, bool),
                               finished=np.zeros(G, bool), anchor=None, expected_cost=0, budget=0, full_cost=0,
                               reason="full")
-    return trainer.pair_group_advantages(np.asarray(rewards, float), draw)[0]
+    return group_advantages(trainer, np.asarray(rewards, float), draw)[0]
 
 
 def metric(trainer, name):
@@ -128,7 +138,7 @@ def test_realized_advantages_exact_expectation_equals_complete_pair(trainer):
         fin[0] = False
         r = rng.integers(0, 2, G).astype(float)
         r[:2] = [0.0, 1.0]
-        draw = trainer.pair_design_and_draw(p, c, fin, np.random.default_rng(1))
+        draw = design_and_draw(trainer, p, c, fin, np.random.default_rng(1))
         assert np.all(draw.pi[fin] == 1.0) and np.all(draw.selected[fin])
         expect = np.zeros(G)
         naive = np.zeros(G)
@@ -140,7 +150,7 @@ def test_realized_advantages_exact_expectation_equals_complete_pair(trainer):
                 continue
             total += prob
             d = dataclasses.replace(draw, selected=sel)
-            expect += prob * trainer.pair_group_advantages(np.where(sel, r, np.nan), d)[0]
+            expect += prob * group_advantages(trainer, np.where(sel, r, np.nan), d)[0]
             if sel.sum() >= 2:
                 naive += prob * pair_est.pair_advantages(np.where(sel, r, np.nan), sel, np.ones(G)).advantages
         assert total == pytest.approx(1.0, abs=1e-12)
@@ -201,8 +211,9 @@ def test_realized_advantages_average_to_complete_pair_monte_carlo(tmp_path, n_pr
             rng = np.random.default_rng(100 + k)
             samples, naive = [], []
             for _ in range(n_draws):
-                adv, draw, _ = tr.pair_simulate_group(pred.p_hat[sl].numpy(), pred.cost_hat[sl].numpy(), fin[sl],
-                                                      r, rng)
+                adv, draw, _ = pair_est.simulate_draw(
+                    pred.p_hat[sl].numpy(), pred.cost_hat[sl].numpy(), fin[sl], r, rng,
+                    design=pair_config.pair_design_options(tr.args), estimator=pair_config.pair_advantage_options(tr.args))
                 samples.append(adv)
                 sel = draw.selected
                 naive.append(pair_est.pair_advantages(np.where(sel, r, np.nan), sel, np.ones(G)).advantages)
@@ -280,7 +291,7 @@ def test_expected_cost_respects_budget(trainer, G, data, ratio, anchor):
     old = (trainer.args.pair_budget_ratio, trainer.args.pair_anchor_pair)
     trainer.args.pair_budget_ratio, trainer.args.pair_anchor_pair = ratio, anchor
     try:
-        d = trainer.pair_design_and_draw(p, c, fin, np.random.default_rng(0), warmup=warm, warm_start=ws)
+        d = design_and_draw(trainer, p, c, fin, np.random.default_rng(0), warmup=warm, warm_start=ws)
     finally:
         trainer.args.pair_budget_ratio, trainer.args.pair_anchor_pair = old
     unf = ~fin
@@ -411,7 +422,7 @@ def test_heads_learn_when_prefix_predicts_success(tmp_path):
                       pair_summary_last_k=1)
     tr.train()
     assert tr.pair_heads.n_labels >= 100
-    tr.pair_refresh_heads()
+    tr.rollout_strategy.heads.refresh()
     from trl_ext.testbed import make_dataset
 
     ds = make_dataset("addition", 24, seed=7)
@@ -801,31 +812,31 @@ def test_degenerate_invalid_and_malformed_head_outputs(trainer):
     c = np.full(8, 3.0)
     fin = np.zeros(8, bool)
     for p in (np.zeros(8), np.ones(8)):  # saturated group: every edge proxy vanishes
-        d = trainer.pair_design_and_draw(p, c, fin, rng)
+        d = design_and_draw(trainer, p, c, fin, rng)
         assert d.degenerate and not d.fell_back
         np.testing.assert_allclose(d.pi, 0.5)
     for p, cc in ((np.full(8, np.nan), c), (np.full(8, 0.5), np.full(8, -1.0)), (np.full(8, 1.5), c)):
-        d = trainer.pair_design_and_draw(p, cc, fin, rng)
+        d = design_and_draw(trainer, p, cc, fin, rng)
         assert d.fell_back and d.reason == "invalid head output (uniform)"
         np.testing.assert_allclose(d.pi, 0.5)
     with pytest.raises(ValueError, match="G >= 2"):
-        trainer.pair_design_and_draw([0.5], [1.0], [False], rng)
+        design_and_draw(trainer, [0.5], [1.0], [False], rng)
     with pytest.raises(ValueError, match=r"\(G,\)"):
-        trainer.pair_design_and_draw([0.5, 0.5], [1.0], [False, False], rng)
+        design_and_draw(trainer, [0.5, 0.5], [1.0], [False, False], rng)
 
 
 def test_nan_reward_on_completed_vertex_is_an_unobserved_vertex(trainer):
     """The one NaN rule (``scorable_selection``): an unscorable completed vertex observes no edge, gets 0, and the
     others keep their logged weights -- not the former "NaN = reward 0"."""
-    draw = trainer.pair_design_and_draw(np.linspace(0.1, 0.9, 6), np.full(6, 2.0), np.zeros(6, bool),
+    draw = design_and_draw(trainer, np.linspace(0.1, 0.9, 6), np.full(6, 2.0), np.zeros(6, bool),
                                         np.random.default_rng(3))
     draw = dataclasses.replace(draw, selected=np.array([True, True, True, False, True, False]))
     r = np.array([1.0, np.nan, 0.0, np.nan, 1.0, np.nan])
-    got, res = trainer.pair_group_advantages(r, draw)
+    got, res = group_advantages(trainer, r, draw)
     assert res.n_unscorable == 1 and got[1] == got[3] == got[5] == 0.0
     unobserved = dataclasses.replace(draw, selected=np.array([True, False, True, False, True, False]))
-    np.testing.assert_allclose(got, trainer.pair_group_advantages(r, unobserved)[0], rtol=0, atol=0)
-    as_zero = trainer.pair_group_advantages(np.nan_to_num(r, nan=0.0), draw)[0]
+    np.testing.assert_allclose(got, group_advantages(trainer, r, unobserved)[0], rtol=0, atol=0)
+    as_zero = group_advantages(trainer, np.nan_to_num(r, nan=0.0), draw)[0]
     assert np.abs(got - as_zero).max() > 1e-3
 
 
@@ -838,13 +849,13 @@ def test_nan_rule_keeps_the_trainer_design_unbiased(trainer):
     p, c = rng.uniform(0.1, 0.9, G), rng.uniform(1.0, 10.0, G)
     r = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
     unscorable = np.arange(G) == 5
-    draw = trainer.pair_design_and_draw(p, c, np.zeros(G, bool), np.random.default_rng(0))
+    draw = design_and_draw(trainer, p, c, np.zeros(G, bool), np.random.default_rng(0))
     expect = np.zeros(G)
     for bits in itertools.product([False, True], repeat=G):
         sel = np.array(bits)
         prob = float(np.prod(np.where(sel, draw.pi, 1.0 - draw.pi)))
         rr = np.where(sel & ~unscorable, r, np.nan)
-        expect += prob * trainer.pair_group_advantages(rr, dataclasses.replace(draw, selected=sel))[0]
+        expect += prob * group_advantages(trainer, rr, dataclasses.replace(draw, selected=sel))[0]
     ok = ~unscorable
     M = G * (G - 1) / 2
     target = np.array([sum(r[i] - r[j] for j in range(G) if j != i and ok[j]) / (2 * M) if ok[i] else 0.0
@@ -918,7 +929,7 @@ def test_every_candidate_finishing_inside_the_prefix(tmp_path):
     tr.script = lambda n: [tr.processing_class.convert_tokens_to_ids("3"), eos]
     tr.train()
     assert tr.generation_calls == [(16, 2)]  # probe only: nothing left to continue
-    stats = tr.last_pair_stats
+    stats = tr.rollout_strategy.last_stats
     assert stats["pair/all_finished_groups"] == stats["pair/groups"] == 2
     assert stats["pair/completed_vertices"] == 16 and stats["pair/realized_suffix_tokens"] == 0
     assert metric(tr, "ext/generated_tokens") == [32.0]
@@ -945,7 +956,7 @@ def test_zero_selected_vertices_are_counted_and_masked(tmp_path, monkeypatch):
 
     tr.rollout_strategy.generate_and_score = spy
     tr.train()
-    stats = tr.last_pair_stats
+    stats = tr.rollout_strategy.last_stats
     assert stats["pair/zero_edge_groups"] == stats["pair/groups"] == 2
     assert stats["pair/completed_vertices"] == 0 and stats["pair/observed_edges"] == 0
     assert stats["pair/prefix_tokens"] == 16 * 2 and stats["pair/realized_suffix_tokens"] == 0

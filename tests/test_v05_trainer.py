@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 import zlib
 
 import numpy as np
@@ -659,13 +658,14 @@ def test_prior_from_config_and_bad_prior_object(tmp_path):
 @given(lo=st.floats(-5, 5), width=st.floats(0.01, 10), u=st.lists(st.floats(0, 1), min_size=1, max_size=20))
 def test_reward_mapping_properties(lo, width, u):
     hi = lo + width
-    fake = types.SimpleNamespace(args=types.SimpleNamespace(v05_reward_low=lo, v05_reward_high=hi))
+    from trl_ext.estimators.v05 import v05_signed_rewards
+
     r = lo + np.asarray(u) * width
-    out = V05GRPOTrainer._v05_map_rewards(fake, np.append(r, np.nan))
+    out = v05_signed_rewards(np.append(r, np.nan), lo, hi)
     assert np.isnan(out[-1]) and np.all(np.abs(out[:-1]) <= 1.0)
     np.testing.assert_allclose(out[:-1], 2 * np.asarray(u) - 1, atol=1e-9)
     with pytest.raises(ValueError, match="declared range"):
-        V05GRPOTrainer._v05_map_rewards(fake, np.array([hi + width]))
+        v05_signed_rewards(np.array([hi + width]), lo, hi)
 
 
 # ------------------------------------------------------------------------------------------------ 1 vs 2 processes

@@ -108,7 +108,7 @@ def recording_class(base_cls):
                 self.generations.append({
                     "K": self.rollout_strategy.num_prompts, "design": design, "rewards": b.rewards.tolist(),
                     "group_ids": b.group_ids.tolist(), "is_pad": b.is_pad.tolist(),
-                    "advantages": self.last_advantages.double().tolist(), "stats": dict(self.last_pair_stats),
+                    "advantages": self.last_advantages.double().tolist(), "stats": dict(self.rollout_strategy.last_stats),
                 })
             return out
 

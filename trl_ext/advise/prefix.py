@@ -15,7 +15,7 @@ knows about one candidate's prefix against its siblings does. This module measur
   ``W_i`` those the head orders correctly (ties one half); 0.5 = no information beyond the prompt;
 * **E3** held-out folds: prompts are split into ``n_folds`` folds (a seeded permutation); fresh heads are fed the
   other folds' labels in generation batches of ``head_batch_prompts`` prompts with one refresh after each batch
-  (:meth:`~trl_ext.estimators.pair_heads.PrefixHeads.refresh`, as ``PAIRTrainer.pair_refresh_heads`` does) and
+  (:meth:`~trl_ext.estimators.pair_heads.PrefixHeads.refresh`, as PAIR's rollout strategy does) and
   predict the held-out fold; the pooled out-of-fold predictions are scored;
 * **E4** intervals: percentile bootstrap over prompts of the pooled out-of-fold metrics (the heads are not refit
   per resample, so the refit's own variability is not in the interval).

@@ -139,7 +139,7 @@ def design_and_draw(p_hat, cost_hat, finished, rng: np.random.Generator, *, budg
     fin = np.asarray(finished, dtype=bool).reshape(-1)
     G = p.shape[0]
     if G < 2 or c.shape[0] != G or fin.shape[0] != G:
-        raise ValueError(f"pair_design_and_draw: p_hat, cost_hat and finished must all be (G,) with G >= 2; got "
+        raise ValueError(f"design_and_draw: p_hat, cost_hat and finished must all be (G,) with G >= 2; got "
                          f"{p.shape}, {c.shape}, {fin.shape}.")
     unf = ~fin
     ratio, pi_min = float(budget_ratio), float(pi_min)

@@ -74,25 +74,14 @@ import logging
 import warnings
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from ...estimators.pair import (
-    DesignWarmStart,
-    GroupDraw,
-    PairAdvantages,
-    design_and_draw,
-    draw_advantages,
-    simulate_draw,
-)
 from ...estimators.pair_heads import PrefixHeads
 from .. import model_card
 from ..base import GRPOTrainer
 from .config import (
     PAIRConfig,
     PAIRShortProbeWarning,
-    pair_advantage_options,
-    pair_design_options,
     pair_lr_factor,
     short_probe_message,
 )
@@ -156,14 +145,12 @@ class PAIRTrainer(GRPOTrainer):
         Success/remaining-cost heads, optimizer and replay window (saved in every checkpoint).
     pair_needs_refresh : bool
         New labels arrived since the last refresh; the heads are refit at the start of the next generation
-        (:meth:`pair_refresh_heads`; checkpointed).
+        (the strategy's ``heads.refresh()``; checkpointed).
     pair_design_log : list of dict
         Per prompt of the latest generation batch on this rank: ``generation``, ``row_idx``, ``pi``,
         ``pi_design``, ``selected``, ``finished``, ``p_hat``, ``cost_hat``, ``anchor``, ``reason``, ``n_iter``,
         ``warm_started``, ``expected_cost``, ``budget``. Written after the design and draw, before any continuation
         or reward; ``realized_suffix_tokens`` is added after the continuation.
-    last_pair_stats : dict
-        Global diagnostics of the latest train batch (the ``pair/*`` metrics; read-only).
 
     Warns
     -----
@@ -246,35 +233,3 @@ class PAIRTrainer(GRPOTrainer):
         """Stop-gradient prefix summaries: mean of the last ``pair_summary_last_k`` final-layer hidden states
         (Appendix C; :func:`~trl_ext.trainers.pair.strategy.prefix_features`)."""
         return prefix_features(self, seqs, last_k=int(self.args.pair_summary_last_k))
-
-    # ------------------------------------------------------------------------------------------------ design
-    def pair_design_and_draw(self, p_hat, cost_hat, finished, rng: np.random.Generator, *,
-                             warmup: bool = False, warm_start: DesignWarmStart | None = None) -> GroupDraw:
-        """:func:`~trl_ext.estimators.pair.design_and_draw` with this trainer's ``pair_*`` options (read now,
-        :func:`~trl_ext.trainers.pair.config.pair_design_options`): what the rollout strategy runs per prompt."""
-        return design_and_draw(p_hat, cost_hat, finished, rng, warmup=warmup, warm_start=warm_start,
-                               **pair_design_options(self.args))
-
-    def pair_group_advantages(self, rewards, draw: GroupDraw) -> tuple[np.ndarray, PairAdvantages]:
-        """:func:`~trl_ext.estimators.pair.draw_advantages` (Eq. 13 of one group's draw, float64) with the configured
-        biased variants (:func:`~trl_ext.trainers.pair.config.pair_advantage_options`): what the registered
-        ``pair_draw`` estimator computes per group (tests and diagnostics; training calls the estimator)."""
-        return draw_advantages(rewards, draw, **pair_advantage_options(self.args))
-
-    def pair_simulate_group(self, p_hat, cost_hat, finished, rewards, rng: np.random.Generator, *,
-                            warmup: bool = False) -> tuple[np.ndarray, GroupDraw, PairAdvantages]:
-        """:func:`~trl_ext.estimators.pair.simulate_draw` with this trainer's options: design + draw + advantages on a
-        frozen, fully generated candidate group (the design-unbiasedness tests)."""
-        return simulate_draw(p_hat, cost_hat, finished, rewards, rng, warmup=warmup,
-                             design=pair_design_options(self.args), estimator=pair_advantage_options(self.args))
-
-    # ------------------------------------------------------------------------------------------------ heads
-    def pair_refresh_heads(self) -> None:
-        """Refresh the heads on the labels gathered so far (:meth:`DesignHeads.refresh`; a no-op unless
-        :attr:`pair_needs_refresh`)."""
-        self.rollout_strategy.heads.refresh()
-
-    @property
-    def last_pair_stats(self) -> dict[str, float]:
-        """The ``pair/*`` metrics of the latest train batch (:attr:`PrefixProbeRollouts.last_stats`)."""
-        return self.rollout_strategy.last_stats

@@ -48,9 +48,6 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-import numpy as np
-
-from ...estimators.v05 import v05_signed_rewards
 from ...priors import SupportBuffer, ValuePrior
 from .. import model_card
 from ..base import GRPOTrainer
@@ -181,12 +178,6 @@ class V05GRPOTrainer(GRPOTrainer):
         src = self.rollout_strategy.prior_info.get("table_source") or {"source": given, "file_sha256": None}
         return {"rows_sha256": self._v05_table_rows_sha256, "rows": len(table) if table is not None else
                 len(prior._probs), "reference_model": md.get("model"), "metadata": md, **src}
-
-    # ------------------------------------------------------------------------------------------------ rewards
-    def _v05_map_rewards(self, r: np.ndarray) -> np.ndarray:
-        """Rewards from ``[v05_reward_low, v05_reward_high]`` onto [-1, 1]
-        (:func:`~trl_ext.estimators.v05.v05_signed_rewards`)."""
-        return v05_signed_rewards(r, self.args.v05_reward_low, self.args.v05_reward_high)
 
     @property
     def last_v05(self) -> dict | None:
