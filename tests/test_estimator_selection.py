@@ -25,7 +25,7 @@ from base_helpers import binary_reward, hash_reward, make_config, make_trainer  
 
 from trl_ext.estimators import AdvantageResult, register_advantage_estimator  # noqa: E402
 from trl_ext.estimators.baselines import ADVANTAGE_ESTIMATORS  # noqa: E402
-from trl_ext.trainers.base import EXT_STATE_FILE, GRPOTrainer  # noqa: E402
+from trl_ext.trainers.base import EXT_STATE_FILE, ExtGRPOConfig, GRPOTrainer  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -225,3 +225,26 @@ def test_dynamic_sampling_with_keyed_sampling_replays_every_rollout(tmp_path):
     assert sum(len(r["completion_ids"]) for r in recs) == log["ext/generated_tokens"]
     m0 = AutoModelForCausalLM.from_pretrained(str(tmp_path / "init"), local_files_only=True)
     assert all(regenerate(m0, tr.processing_class, r) == r["completion_ids"] for r in recs)
+
+
+def test_dynamic_sampling_is_refused_by_one_rule_for_every_config(tmp_path):
+    """``dynamic_sampling=True`` selects DAPO's strategy; every config whose strategy is another one (a method
+    config's own, or an explicit ``rollout_strategy``) is refused by the same rule, at construction."""
+    import warnings
+
+    from trl_ext.trainers.basis import BASISConfig
+    from trl_ext.trainers.pair import PAIRConfig
+    from trl_ext.trainers.v05 import V05GRPOConfig
+
+    kw = dict(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, report_to="none",
+              dynamic_sampling=True)
+    cases = ((V05GRPOConfig, dict(num_generations=4), "'v05_osla'; set dynamic_sampling=False"),
+             (PAIRConfig, dict(num_generations=4), "'pair_prefix_probe'; set dynamic_sampling=False"),
+             (BASISConfig, dict(num_generations=1, basis_value_table_path="t.jsonl"), "'value_table'"),
+             (ExtGRPOConfig, dict(num_generations=4, rollout_strategy="fixed_groups"), "'fixed_groups'; set one"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for cls, extra, where in cases:
+            with pytest.raises(ValueError, match=f"selects DAPO's dynamic_sampling rollout strategy.*{where}"):
+                cls(**kw, **extra)
+        assert ExtGRPOConfig(**kw, num_generations=4).dynamic_sampling  # the strategy it selects: accepted

@@ -191,6 +191,8 @@ class ExtGRPOConfig(trl.GRPOConfig):
     uses_advantage_estimator: ClassVar[bool] = True
     """False for method configs whose trainer computes its own advantages (V0.5, BASIS, PAIR): then
     ``advantage_estimator`` must stay at its default."""
+    method_rollout_strategy: ClassVar[str | None] = None
+    """Method configs: the rollout strategy their trainer runs (what every rule about strategies checks)."""
 
     def __post_init__(self):
         self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
@@ -201,9 +203,10 @@ class ExtGRPOConfig(trl.GRPOConfig):
 
 
 def resolved_rollout_strategy(args: Any) -> str:
-    """The rollout strategy name a config selects: ``rollout_strategy``, else ``"dynamic_sampling"`` when
-    ``dynamic_sampling=True``, else ``"fixed_groups"`` (TRL's)."""
-    name = args.rollout_strategy
+    """The rollout strategy name a config selects: ``rollout_strategy``, else a method config's own
+    (:attr:`ExtGRPOConfig.method_rollout_strategy`), else ``"dynamic_sampling"`` when ``dynamic_sampling=True``, else
+    ``"fixed_groups"`` (TRL's)."""
+    name = args.rollout_strategy or getattr(args, "method_rollout_strategy", None)
     if name is not None:
         return str(name)
     return "dynamic_sampling" if args.dynamic_sampling else "fixed_groups"
@@ -397,13 +400,15 @@ def validate_ext_config(o) -> None:
         check_side_inputs(o.advantage_estimator, strategy_cls)
         check_estimator_kwargs(o.advantage_estimator, o.advantage_estimator_kwargs, strategy_cls)
         strategy_cls.validate_kwargs(o.rollout_strategy_kwargs, o)
-        if o.dynamic_sampling and strategy != "dynamic_sampling":
-            raise ValueError(f"dynamic_sampling=True selects the dynamic_sampling rollout strategy, but "
-                             f"rollout_strategy={strategy!r}; set one of them.")
     elif o.rollout_strategy is not None or o.rollout_strategy_kwargs:
         raise ValueError(f"{type(o).__name__} uses its method's own rollout strategy; rollout_strategy="
                          f"{o.rollout_strategy!r} would be ignored. Leave rollout_strategy unset, or use "
                          "trl_ext.GRPOTrainer / ExtGRPOConfig to combine an estimator with a strategy.")
+    strategy = resolved_rollout_strategy(o)
+    if o.dynamic_sampling and strategy != "dynamic_sampling":  # the one rule (method configs included)
+        fix = "set dynamic_sampling=False" if o.method_rollout_strategy else "set one of them"
+        raise ValueError(f"dynamic_sampling=True selects DAPO's dynamic_sampling rollout strategy, but this "
+                         f"{type(o).__name__} uses rollout strategy {strategy!r}; {fix}.")
     g = o.num_generations
     if isinstance(g, int) and g < min_g and o.uses_advantage_estimator:
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} needs num_generations >= {min_g} (it has a "

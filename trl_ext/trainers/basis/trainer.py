@@ -70,6 +70,7 @@ class BASISConfig(ExtGRPOConfig):
     """
 
     uses_advantage_estimator: ClassVar[bool] = False
+    method_rollout_strategy: ClassVar[str | None] = "value_table"
 
     num_generations: int | None = field(
         default=1,

@@ -67,6 +67,7 @@ class PAIRConfig(ExtGRPOConfig):
     """
 
     uses_advantage_estimator: ClassVar[bool] = False
+    method_rollout_strategy: ClassVar[str | None] = "pair_prefix_probe"
 
     pair_prefix_tokens: int | None = field(
         default=None,
@@ -249,10 +250,6 @@ def validate_pair_config(args) -> None:
     if args.tie_break_scorer_index is not None:
         raise ValueError("The tie-break blend is not supported by PAIRTrainer (its rewards are not binary); unset "
                          "tie_break_scorer_index.")
-    if args.dynamic_sampling:
-        raise ValueError("dynamic_sampling is not available in PAIRTrainer (its rollout strategy is the prefix probe; "
-                         "dropping groups after their rewards are known would break the design); set "
-                         "dynamic_sampling=False.")
     if args.keyed_sampling:
         raise ValueError("keyed_sampling is not supported by PAIRTrainer: a PAIR rollout is generated in two calls "
                          "(probe, then continuation from prompt + prefix), which the keyed noise and trl-ext replay do "

@@ -60,6 +60,7 @@ class V05GRPOConfig(ExtGRPOConfig):
     """
 
     uses_advantage_estimator: ClassVar[bool] = False
+    method_rollout_strategy: ClassVar[str | None] = "v05_osla"
 
     v05_k_init: int = field(
         default=V05_K_INIT,
@@ -269,9 +270,6 @@ def validate_v05_config(args: Any) -> None:
                          f"every prompt the same weight), got {args.v05_prompt_weighting!r}.")
     if not isinstance(args.v05_value_prior, str) or not args.v05_value_prior:
         raise ValueError(f"v05_value_prior must be a prior kind string, got {args.v05_value_prior!r}.")
-    if args.dynamic_sampling:
-        raise ValueError("dynamic_sampling is not available with V05GRPOTrainer (its rollouts are allocated by OSLA "
-                         "rounds); set dynamic_sampling=False.")
     if args.loss_type not in V05_SUPPORTED_LOSS_TYPES:
         msg = (f"loss_type={args.loss_type!r}: V0.5 supports {V05_SUPPORTED_LOSS_TYPES}, whose global token normalizer "
                "stays exact with variable rollout counts and per-rank pad rows; other loss types are not covered by "
