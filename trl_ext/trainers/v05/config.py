@@ -176,10 +176,7 @@ class V05GRPOConfig(ExtGRPOConfig):
     def __post_init__(self):
         self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
                                                              "advantage_estimator_kwargs")
-        g = self.num_generations
-        if not _is_int(g) or g < 1:  # before TRL's check, which divides by it
-            raise ValueError(f"num_generations (V0.5: the evaluation group size, TRL's meaning) must be an int >= 2, "
-                             f"got {g!r}.")
+        check_eval_group_size(self.num_generations)  # before TRL's check, which divides by it
         # TRL's GRPOConfig.__post_init__ unchanged, no placeholder group size: generation_batch_size counts rollouts
         # as in TRL and num_generations is TRL's (the eval group size; TRL checks that it divides the generation
         # batch), so a TRL config is valid here exactly when it is valid for TRL (plus v05_k_init | batch).
@@ -213,11 +210,16 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int | np.integer) and not isinstance(v, bool)
 
 
+def check_eval_group_size(g: Any) -> None:
+    """V0.5's one rule for ``num_generations``: TRL's meaning (the evaluation group size), an int >= 2."""
+    if not _is_int(g) or g < 2:
+        raise ValueError(f"num_generations (V0.5: the evaluation group size, TRL's meaning; the train rollouts per "
+                         f"prompt are v05_k_init) must be an int >= 2, got {g!r}.")
+
+
 def validate_v05_config(args: Any) -> None:
     """Check the V0.5 fields of ``args``; raises ``ValueError`` saying what to change."""
-    g = args.num_generations
-    if not _is_int(g) or g < 1:
-        raise ValueError(f"num_generations (V0.5: the evaluation group size) must be an int >= 1, got {g!r}.")
+    check_eval_group_size(args.num_generations)
     if not _is_int(args.v05_k_step) or args.v05_k_step < 1:
         raise ValueError(f"v05_k_step must be an int >= 1, got {args.v05_k_step!r}.")
     if not _is_int(args.v05_k_init) or args.v05_k_init < 1:
