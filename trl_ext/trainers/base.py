@@ -8,9 +8,10 @@ and only *adds* metrics. On top it provides:
   - :class:`~trl_ext.trainers.batch.RolloutBatch`: the gathered, rank-identical view of one generation batch;
   - ``advantage_estimator``: any estimator registered with
     :func:`trl_ext.estimators.register_advantage_estimator` (``grpo`` -- TRL's, bitwise --, ``dr_grpo``,
-    ``rloo``, ``reinforce_pp``, or your own), selected by name; :meth:`GRPOTrainer.compute_advantages` dispatches
-    through one valid-row adapter (pad rows, NaN rewards, ragged groups); override it for estimators that need
-    more than rewards and groups (V0.5, PAIR);
+    ``rloo``, ``reinforce_pp``, ``james_stein``, or your own), selected by name; :meth:`GRPOTrainer.compute_advantages`
+    dispatches through one valid-row adapter (pad rows, NaN rewards, ragged groups); estimators that need more than
+    rewards and groups (V0.5's priors, BASIS's ``p_hat``, PAIR's draws) declare side inputs that their rollout
+    strategy supplies, and no preset overrides ``compute_advantages``;
   - :class:`~trl_ext.trainers.rollouts.RolloutStrategy` objects for the rollout allocation
     (:meth:`GRPOTrainer.create_rollout_strategy`): TRL's fixed groups, DAPO dynamic sampling
     (``dynamic_sampling=True``), V0.5's OSLA rounds, PAIR's probe-then-continue; they generate with
