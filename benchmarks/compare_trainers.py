@@ -255,6 +255,7 @@ from compare_harness.setups import (  # noqa: E402
 from compare_harness.tuning import (  # noqa: E402
     LR_SELECTION_RULE,
     TUNING_CONTEXT_KEYS,
+    borrowed_lr_choice,
     build_lr_choice,
     check_lr_choice_context,
     choose_lr,
@@ -351,6 +352,7 @@ __all__ = [
     "table_markdown",
     "tokens_to_threshold",
     "tune_learning_rates",
+    "borrowed_lr_choice",
     "tuning_context",
     "validation_split",
     "verdict_references",
@@ -410,7 +412,9 @@ def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[fl
         elif c.get("chosen_lr") is None:
             out[name] = (None, f"lr tuning {c.get('status')}: {c.get('reason')}")
         else:
-            out[name] = (float(c["chosen_lr"]), f"tuned on validation ({LR_CHOICE_FILE}): {c.get('reason')}")
+            where = (f"{lr_choice['borrowed_from']}, tuned at {lr_choice['tuned_at_token_budget']} tokens"
+                     if lr_choice.get("borrowed_from") else LR_CHOICE_FILE)
+            out[name] = (float(c["chosen_lr"]), f"tuned on validation ({where}): {c.get('reason')}")
     return out
 
 
@@ -440,7 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])
-    if s["tune_lr"]:
+    if s.get("lr_choice_from"):
+        lr_choice = borrowed_lr_choice(s, s["lr_choice_from"])
+        print(f"learning rates from {lr_choice['borrowed_from']} (tuned at {lr_choice['tuned_at_token_budget']} "
+              "tokens)", flush=True)
+    elif s["tune_lr"]:
         lr_choice, tune_runs = tune_learning_rates(ctx, setup_cache)
     if args.tune_only:
         print(f"--tune_only: tuning done ({LR_CHOICE_FILE} in {out}); no main run", flush=True)

@@ -694,3 +694,25 @@ def test_test_eval_samples_changes_test_keys_and_evaluations_only():
     regime["start_checkpoint_sha"] = json.load(open(os.path.join(d, "start_eval.json")))["key"]["start_checkpoint_sha"]
     rec = json.load(open(os.path.join(d, "runs", "tune", "grpo_g8", "lr0.0003", "seed0", "result.json")))
     assert _settings_key(regime, spec, 0, 3e-4, "validation") == rec["settings_key"]
+
+
+def test_lr_choice_from_another_folder_for_a_longer_horizon(tiny_model, tmp_path):
+    """``--lr_choice_from``: main runs at another token budget use the rates tuned at the first one (no tuning run);
+    any other tuning setting that differs is refused."""
+    short, long_ = tmp_path / "short", tmp_path / "long"
+    base = ["--smoke", "--protocol", "v2", "--task", "scratchpad", "--model_name_or_path", tiny_model, "--n_train",
+            "32", "--methods", "grpo_g8", "--no_plots", "--tune_extend", "0"]
+    assert ct.main([*base, "--output_dir", str(short), "--tune_lr", "1e-4", "3e-4", "--tune_only"]) == 0
+    chosen = json.loads((short / "lr_choice.json").read_text())["methods"]["grpo_g8"]["chosen_lr"]
+    assert ct.main([*base, "--output_dir", str(long_), "--token_budget", "1000", "--seeds", "0",
+                    "--lr_choice_from", str(short / "lr_choice.json")]) == 0
+    doc = json.loads((long_ / "runs.json").read_text())
+    assert doc["tuning_runs"] == [] and not (long_ / "runs" / "tune").exists()
+    run = doc["runs"][0]
+    assert run["learning_rate"] == chosen and "tuned at 500 tokens" in run["lr_source"]
+    assert doc["lr_choice"]["tuned_at_token_budget"] == 500
+    with pytest.raises(SystemExit, match="only token_budget may differ"):
+        ct.main([*base, "--output_dir", str(long_), "--n_val", "20", "--seeds", "0",
+                 "--lr_choice_from", str(short / "lr_choice.json")])
+    with pytest.raises(SystemExit, match="drop --tune_lr"):
+        ct.main([*base, "--output_dir", str(long_), "--tune_lr", "1e-4", "--lr_choice_from", "x.json"])

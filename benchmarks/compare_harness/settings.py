@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "finished yet are recorded as pending, methods with pending tuning runs get no learning "
                         "rate, and lr_choice.json is neither written nor changed (an interim report of a benchmark "
                         "that runs across sessions)")
+    p.add_argument("--lr_choice_from", default=None, metavar="LR_CHOICE_JSON",
+                   help="train every method at the learning rate another benchmark folder's lr_choice.json chose "
+                        "(its tuning settings must match but for token_budget): a longer horizon reuses the rates "
+                        "tuned at the shorter one instead of tuning again")
     p.add_argument("--tune_only", action="store_true",
                    help="stop after the learning-rate tuning (lr_choice.json written): the main runs wait for a "
                         "later invocation (tuning first, while the evaluation design of the main runs is settled)")
@@ -153,6 +157,9 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         s["tune_seeds"] = list(dict.fromkeys(args.tune_seeds))
     if args.tune_extend is not None:
         s["tune_extend"] = args.tune_extend
+    if args.lr_choice_from and (args.tune_lr is not None or args.no_tune or args.tune_only):
+        raise SystemExit("--lr_choice_from takes the learning rates from another folder: drop --tune_lr, --no_tune "
+                         "and --tune_only")
     if args.tune_only and (args.no_tune or not s["tune_lr"]):
         raise SystemExit("--tune_only needs a protocol that tunes (--protocol v2 without --no_tune)")
     if args.tune_lr is not None and args.no_tune:
@@ -205,6 +212,7 @@ def resolve_settings(args: argparse.Namespace) -> dict:
              max_completion_length=args.max_completion_length,
              output_dir=os.path.abspath(args.output_dir), resume=not args.no_resume,
              report_only=bool(getattr(args, "report_only", False)),
+             lr_choice_from=getattr(args, "lr_choice_from", None),
              cache_dir=os.path.abspath(args.cache_dir or os.path.join(
                  os.environ.get("TRL_EXT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trl_ext"),
                  "bench")))

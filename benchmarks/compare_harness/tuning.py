@@ -169,6 +169,24 @@ def check_lr_choice_context(doc: dict, s: dict, path: str) -> None:
                          "tuning runs with the current settings are reused) or use another --output_dir")
 
 
+def borrowed_lr_choice(s: dict, path: str) -> dict:
+    """The ``lr_choice.json`` at ``path`` (another benchmark folder), for runs at another token budget: every tuning
+    setting but ``token_budget`` must match (:data:`TUNING_CONTEXT_KEYS`); the document records where it came from
+    and the budget its rates were tuned at (a longer horizon reuses the rates tuned at the shorter one)."""
+    if not os.path.exists(path):
+        raise SystemExit(f"--lr_choice_from {path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    old = doc.get("context") or {}
+    now = json.loads(json.dumps(tuning_context(s), default=str))
+    diff = [f"{k}: file {old.get(k)!r}, now {now[k]!r}" for k in now
+            if k != "token_budget" and k in old and old[k] != now[k]]
+    if diff:
+        raise SystemExit(f"--lr_choice_from {path} was tuned under other settings ({'; '.join(diff)}); only "
+                         "token_budget may differ")
+    return {**doc, "borrowed_from": os.path.relpath(path), "tuned_at_token_budget": old.get("token_budget")}
+
+
 def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dict]]:
     """Per-method learning-rate tuning on the validation split; returns ``(lr_choice doc, tuning run records)``.
 
