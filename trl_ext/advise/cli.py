@@ -195,7 +195,7 @@ def load_inputs(args):
             default_cap = int(spec.max_answer_chars(**spec.defaults)) + 2
         label = f"{args.dataset}/{split} (seed {args.seed})"
         return model, rows, idx, funcs, label, default_cap
-    from trl_ext._refs import load_dataset_rows
+    from trl_ext.refs import load_dataset_rows
 
     from .sample import select_rows
 
@@ -211,7 +211,7 @@ def load_models(args, model_path: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from trl_ext.priors.value_table_sampling import _eos_ids
+    from trl_ext.measurement.offline_sampling import eos_ids
 
     from .vllm_path import build_engine, require_vllm
 
@@ -235,7 +235,7 @@ def load_models(args, model_path: str):
         except OSError:
             generation_config = None
 
-    eos = _eos_ids(_Gen, tokenizer)
+    eos = eos_ids(_Gen, tokenizer)
     llm = build_engine(model_path, seed=args.seed, dtype=args.vllm_dtype, max_model_len=args.vllm_max_model_len,
                        enforce_eager=args.vllm_enforce_eager)
     return llm, tokenizer, hf, eos

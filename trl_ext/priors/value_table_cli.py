@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_reward(spec: str):
     """Resolve ``package.module:function`` or ``path/to/file.py:function`` with the resolver every ``trl-ext``
-    command uses (:func:`trl_ext._refs.resolve_callable`; the current directory is importable).
+    command uses (:func:`trl_ext.refs.resolve_callable`; the current directory is importable).
 
     Raises
     ------
@@ -90,7 +90,7 @@ def load_reward(spec: str):
         On a malformed spec, a missing module/file/attribute, or a non-callable attribute; the message names the
         accepted forms.
     """
-    from trl_ext._refs import resolve_callable
+    from trl_ext.refs import resolve_callable
 
     return resolve_callable(spec, option="--reward")
 
@@ -185,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
             max_new = args.max_new_tokens or TRL_DEFAULT_MAX_COMPLETION_LENGTH
             ds_name = f"{args.dataset}/{args.split}/n={len(dataset)}/seed={args.dataset_seed}"
         else:
-            from trl_ext._refs import ACCEPTED_FORMS, load_dataset_rows
+            from trl_ext.refs import ACCEPTED_FORMS, load_dataset_rows
 
             if not args.reward:
                 raise ValueError(f"--dataset needs at least one --reward: {ACCEPTED_FORMS}.")
