@@ -258,11 +258,12 @@ def _load_inputs(args):
         idx, rows = _sample_rows(rows, args.num_prompts, args.seed)
         label = args.dataset + (f" [{args.split}]" if args.split else "")
         return rows, idx, funcs, label
-    from trl_ext.testbed import get_reward_funcs, make_dataset
+    from trl_ext import registry
 
     task, split = args.task or "addition", args.split or "train"
-    rows = [dict(r) for r in make_dataset(task, args.num_prompts, seed=args.seed, split=split)]
-    return rows, list(range(len(rows))), funcs or get_reward_funcs(task), f"{task}/{split}"
+    builtin = registry.get_dataset(task, source="testbed")
+    rows = [dict(r) for r in builtin.make(split, args.num_prompts, args.seed)]
+    return rows, list(range(len(rows))), funcs or builtin.default_rewards(), f"{task}/{split}"
 
 
 def main(args) -> int:
