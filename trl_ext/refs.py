@@ -28,7 +28,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["ACCEPTED_FORMS", "DATASET_FORMS", "RefError", "resolve_callable", "resolve_reward_funcs", "load_dataset_rows"]
@@ -141,15 +141,16 @@ def resolve_callable(ref: str, *, option: str = "reference") -> Callable[..., An
 
 
 def resolve_reward_funcs(specs: list[str] | None, builtin: Mapping[str, Callable], dataset_name: str | None, *,
-                         flag: str = "--reward_funcs") -> list[Callable]:
+                         flag: str = "--reward_funcs", tasks: Iterable[str] | None = None) -> list[Callable]:
     """Reward functions by name, for the commands that take a built-in task or a user's dataset (``trl-ext advise``,
     the example scripts): a name of ``builtin`` (the task's rewards by name; each also by its function's name),
     ``package.module:function``, ``path/to/file.py:function`` or TRL's dotted ``package.module.function``. With no
-    ``specs``, the task's first reward. ``flag`` names the option in messages; ``ValueError`` on a bad name."""
+    ``specs``, the task's first reward. ``flag`` names the option and ``tasks`` the built-in tasks (default: every
+    registered one) in messages; ``ValueError`` on a bad name."""
     from trl_ext.registry import dataset_names
 
     builtin = {**builtin, **{f.__name__: f for f in builtin.values()}}
-    tasks = ", ".join(dataset_names())
+    tasks = ", ".join(dataset_names() if tasks is None else tasks)
     if not specs:
         if not builtin:
             raise ValueError(f"{flag} is required for dataset {dataset_name!r} (only the built-in tasks "

@@ -59,11 +59,8 @@ MODEL_ALIASES: dict[str, str] = {
 
 def builtin_tasks() -> dict[str, str]:
     """Built-in task name -> where it lives: ``"testbed"`` (every task of :data:`trl_ext.testbed.TASKS`) or ``"real"``
-    (every task of :data:`trl_ext.realmodel.REAL_TASKS`). Both packages register their tasks and models in
-    :mod:`trl_ext.registry` on import (:func:`trl_ext.cli.register_builtins`: the testbed's first)."""
-    from trl_ext.cli import register_builtins
-
-    register_builtins()  # before the imports below: they would register the real model's tasks first
+    (every task of :data:`trl_ext.realmodel.REAL_TASKS`). Importing them registers their tasks and models in
+    :mod:`trl_ext.registry`."""
     from trl_ext.realmodel import REAL_TASKS
     from trl_ext.testbed import TASKS
 
@@ -254,7 +251,7 @@ def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None, *,
     ``specs`` is empty. ``flag``: the option the calling command takes them from (its messages name it)."""
     from trl_ext.refs import resolve_reward_funcs as resolve
 
-    return resolve(specs, builtin_reward_funcs(dataset_name), dataset_name, flag=flag)
+    return resolve(specs, builtin_reward_funcs(dataset_name), dataset_name, flag=flag, tasks=builtin_tasks())
 
 
 # ------------------------------------------------------------------------------------------------ script body

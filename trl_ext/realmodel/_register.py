@@ -3,6 +3,7 @@ Imported by the package; the loaders import ``datasets`` and fetch the model onl
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 
 from .. import registry
@@ -17,10 +18,9 @@ def _dataset(name: str) -> registry.BuiltinDataset:
 
 
 def _real_model(name: str, *, dataset_name: str | None, cache_dir: str | None) -> str:
-    """``smollm2`` / ``real``: the cached SmolLM2-135M-Instruct (fetched once)."""
-    from .fetch import get_real_model
-
-    return get_real_model(cache_dir)
+    """``smollm2`` / ``real``: the cached SmolLM2-135M-Instruct (fetched once). Read from the package at call time,
+    so a test's replacement of ``trl_ext.realmodel.get_real_model`` is the one called."""
+    return sys.modules[__package__].get_real_model(cache_dir)
 
 
 for _name in REAL_TASKS:

@@ -1,9 +1,11 @@
 """The testbed's tasks and warm models in :mod:`trl_ext.registry` (``--task addition``, ``--model testbed:TASK``,
 ``--model testbed-warm``). Imported by the package, so importing any testbed module registers them; the loaders
-import ``datasets`` and torch only when a name is used."""
+import ``datasets`` and torch only when a name is used. The warm model is read from the package at call time (a
+test's replacement of ``trl_ext.testbed.get_warm_model`` is the one called)."""
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 
 from .. import registry
@@ -27,16 +29,12 @@ def _warm_model_of_dataset(name: str, *, dataset_name: str | None, cache_dir: st
     if dataset_name not in TASKS:
         raise ValueError(f"--model_name_or_path testbed-warm is the warm model of a testbed task: pass "
                          f"--dataset_name one of {', '.join(TASKS)} (got --dataset_name {dataset_name!r}).")
-    from .warmup import get_warm_model
-
-    return get_warm_model(dataset_name, seed=0, cache_dir=cache_dir, verbose=True)
+    return sys.modules[__package__].get_warm_model(dataset_name, seed=0, cache_dir=cache_dir, verbose=True)
 
 
 def _warm_model_of_task(name: str, *, dataset_name: str | None, cache_dir: str | None) -> str:
     """``testbed:TASK``: the warm model of TASK."""
-    from .warmup import get_warm_model
-
-    return get_warm_model(name.split(":", 1)[1], seed=0, cache_dir=cache_dir, verbose=True)
+    return sys.modules[__package__].get_warm_model(name.split(":", 1)[1], seed=0, cache_dir=cache_dir, verbose=True)
 
 
 for _name in TASKS:
