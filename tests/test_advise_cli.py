@@ -210,12 +210,12 @@ def test_cli_bad_input_exit_2(tmp_path, capsys):
 
 def test_use_vllm_without_vllm_is_a_clear_error(tmp_path, capsys, monkeypatch):
     """``--use_vllm`` where vLLM is not installed: exit 2 with the install lines, before any model is loaded."""
-    import trl_ext.priors.value_table as vt
     from trl_ext.advise.vllm_path import VLLM_MISSING, build_engine, is_vllm_engine, require_vllm
     from trl_ext.cli import main
+    from trl_ext.measurement import offline_sampling
     from trl_ext.testbed import save_tiny_model
 
-    monkeypatch.setattr(vt, "_import_vllm", lambda: None)
+    monkeypatch.setattr(offline_sampling, "import_vllm", lambda: None)
     model_dir = save_tiny_model(tmp_path / "model")
     assert main(["advise", "--model", model_dir, "--dataset", "addition", "--num_prompts", "4", "--num_samples",
                  "4", "--use_vllm"]) == 2

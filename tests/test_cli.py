@@ -100,7 +100,7 @@ def test_help_names_the_reference_forms(capsys):
 
 
 def test_refs_module_is_light():
-    code = ("import sys; import trl_ext._refs; "
+    code = ("import sys; import trl_ext.refs; "
             "bad = [m for m in ('trl', 'torch', 'transformers', 'datasets') if m in sys.modules]; print(bad); "
             "sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -108,8 +108,8 @@ def test_refs_module_is_light():
 
 
 def test_resolve_callable_accepted_forms(tmp_path, monkeypatch, clean_path):
-    from trl_ext._refs import resolve_callable
     from trl_ext.measurement.noise_floor import deterministic_toy_scorer
+    from trl_ext.refs import resolve_callable
 
     assert resolve_callable("trl_ext.measurement.noise_floor:deterministic_toy_scorer") is deterministic_toy_scorer
     pkg = tmp_path / "proj"
@@ -147,7 +147,7 @@ def test_resolve_callable_accepted_forms(tmp_path, monkeypatch, clean_path):
     ],
 )
 def test_resolve_callable_errors(ref, match):
-    from trl_ext._refs import RefError, resolve_callable
+    from trl_ext.refs import RefError, resolve_callable
 
     with pytest.raises(RefError, match=match):
         resolve_callable(ref, option="--reward")
@@ -155,7 +155,7 @@ def test_resolve_callable_errors(ref, match):
 
 
 def test_resolve_callable_reports_failures_inside_the_module(tmp_path, clean_path):
-    from trl_ext._refs import RefError, resolve_callable
+    from trl_ext.refs import RefError, resolve_callable
 
     (tmp_path / "broken.py").write_text("def f(:\n")
     with pytest.raises(RefError, match="running .*broken.py' failed: SyntaxError"):
@@ -167,16 +167,16 @@ def test_resolve_callable_reports_failures_inside_the_module(tmp_path, clean_pat
 
 
 def test_every_reference_option_uses_the_shared_resolver(tmp_path, monkeypatch, capsys):
-    """gate, build-value-table and noise-floor resolve their function references with trl_ext._refs only."""
-    from trl_ext import _refs
+    """gate, build-value-table and noise-floor resolve their function references with trl_ext.refs only."""
+    from trl_ext import refs
 
     seen = []
 
     def spy(ref, *, option="reference"):
         seen.append((option, ref))
-        raise _refs.RefError(f"SPY {option} {ref}")
+        raise refs.RefError(f"SPY {option} {ref}")
 
-    monkeypatch.setattr(_refs, "resolve_callable", spy)
+    monkeypatch.setattr(refs, "resolve_callable", spy)
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     items = tmp_path / "items.jsonl"
@@ -203,7 +203,7 @@ def _rows():
 def test_load_dataset_rows_file_forms(tmp_path):
     import json
 
-    from trl_ext._refs import load_dataset_rows
+    from trl_ext.refs import load_dataset_rows
 
     rows = _rows()
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
@@ -224,7 +224,7 @@ def test_load_dataset_rows_file_forms(tmp_path):
 def test_load_dataset_rows_save_to_disk_and_errors(tmp_path):
     from datasets import Dataset, DatasetDict
 
-    from trl_ext._refs import RefError, load_dataset_rows
+    from trl_ext.refs import RefError, load_dataset_rows
 
     rows = _rows()
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))

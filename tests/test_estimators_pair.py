@@ -504,7 +504,7 @@ def test_design_solver_failure_falls_back_to_uniform(monkeypatch, fake):
         def fake(*a):
             raise RuntimeError("LSQ subproblem exploded")
 
-    monkeypatch.setattr(P, "_run_slsqp", fake)
+    monkeypatch.setattr(P, "run_slsqp", fake)
     c = np.array([10.0, 20.0, 30.0, 40.0])
     p = np.array([0.5, 0.5, 0.5, 0.45])
     d = P.pair_design(p, c, 50.0)

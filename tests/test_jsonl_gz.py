@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from trl_ext._io import open_text, read_jsonl, resolve_jsonl, write_text_atomic
-from trl_ext._refs import _rows_from_jsonl
+from trl_ext.refs import _rows_from_jsonl
 from trl_ext.stats import compare_cli
 from trl_ext.stats.outcomes import OutcomeFormatError, read_outcomes
 from trl_ext.testbed import read_outcomes_jsonl, write_outcomes_jsonl

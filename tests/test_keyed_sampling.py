@@ -15,12 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from trl_ext.measurement.keyed_noise import _mul32, _triple32
 from trl_ext.measurement.keyed_sampling import (
     HASH_VERSION,
     KeyedGumbelLogitsProcessor,
     SamplerSettings,
-    _mul32,
-    _triple32,
     keyed_generate,
     keyed_gumbel,
     keyed_uniform,

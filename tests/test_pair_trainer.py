@@ -896,7 +896,7 @@ def test_solver_failure_falls_back_and_is_logged(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("injected solver failure")
 
-    monkeypatch.setattr(pair_est, "_run_slsqp", boom)
+    monkeypatch.setattr(pair_est, "run_slsqp", boom)
     tr = make_trainer(tmp_path)
     preload_labels(tr)
     tr.train()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from scipy import stats as sst
 
 from trl_ext import stats as S
-from trl_ext.stats.two_part import _binom_two_sided_half
+from trl_ext.stats.two_part import binom_two_sided_half
 
 # --------------------------------------------------------------------------------------------------------------
 # Floors: the paper's worked cases
@@ -157,14 +157,14 @@ def test_exact_binomial_equals_enumeration(n, data, p):
 
 
 def test_vectorised_half_test_is_the_scalar_test():
-    """``_binom_two_sided_half`` (the floors' Monte Carlo) is ``exact_binomial_test`` elementwise, bit for bit."""
+    """``binom_two_sided_half`` (the floors' Monte Carlo) is ``exact_binomial_test`` elementwise, bit for bit."""
     ks, ns = zip(*[(k, n) for n in range(0, 45) for k in range(n + 1)])
-    got = _binom_two_sided_half(np.array(ks), np.array(ns))
+    got = binom_two_sided_half(np.array(ks), np.array(ns))
     want = [S.exact_binomial_test(k, n) for k, n in zip(ks, ns)]
     assert got.tolist() == want
-    grid = _binom_two_sided_half(np.array([[3, 4], [0, 7]]), 7)
+    grid = binom_two_sided_half(np.array([[3, 4], [0, 7]]), 7)
     assert grid.shape == (2, 2) and grid[1, 0] == S.exact_binomial_test(0, 7)
-    assert float(_binom_two_sided_half(0, 0)) == 1.0
+    assert float(binom_two_sided_half(0, 0)) == 1.0
 
 
 def test_binomtest_equals_the_closed_form_at_one_half():

@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_ext.priors import TablePrior, load_value_table, prompt_key
-from trl_ext.priors import value_table as vt
+from trl_ext.measurement import offline_sampling
+from trl_ext.priors import TablePrior, load_value_table, prompt_key, value_table_sampling
 from trl_ext.priors.value_table import build_value_table, reward_func_name, value_table_seed
 from trl_ext.testbed import build_tiny_model, build_tokenizer, make_dataset
 
@@ -127,7 +127,7 @@ def test_score_is_trl_nansum(data):
         return lambda prompts, completions, **kw: list(col)
 
     funcs = [const(c) for c in cols]
-    got = vt._score(funcs, weights, ["p"] * 4, ["c"] * 4, [[1]] * 4, {})
+    got = offline_sampling.score_completions(funcs, weights, ["p"] * 4, ["c"] * 4, [[1]] * 4, {})
     for j in range(4):
         vals = [w * c[j] for w, c in zip(weights, cols) if c[j] is not None]
         if not vals:
@@ -138,16 +138,16 @@ def test_score_is_trl_nansum(data):
 
 def test_score_bad_outputs():
     with pytest.raises(ValueError, match="returned 1 rewards for 2"):
-        vt._score([lambda prompts, completions, **k: [1.0]], [1.0], ["a", "b"], ["x", "y"], [[1], [1]], {})
+        offline_sampling.score_completions([lambda prompts, completions, **k: [1.0]], [1.0], ["a", "b"], ["x", "y"], [[1], [1]], {})
     with pytest.raises(ValueError, match="non-numeric"):
-        vt._score([lambda prompts, completions, **k: ["x", 1.0]], [1.0], ["a", "b"], ["x", "y"], [[1], [1]], {})
+        offline_sampling.score_completions([lambda prompts, completions, **k: ["x", 1.0]], [1.0], ["a", "b"], ["x", "y"], [[1], [1]], {})
     with pytest.raises(TypeError, match=r"\*\*kwargs"):
-        vt._score([lambda prompts, completions: [1.0, 1.0]], [1.0], ["a", "b"], ["x", "y"], [[1], [1]], {})
+        offline_sampling.score_completions([lambda prompts, completions: [1.0, 1.0]], [1.0], ["a", "b"], ["x", "y"], [[1], [1]], {})
 
     async def areward(prompts, completions, **kw):
         return [0.5] * len(prompts)
 
-    assert vt._score([areward], [2.0], ["a"], ["x"], [[1]], {}) == [1.0]
+    assert offline_sampling.score_completions([areward], [2.0], ["a"], ["x"], [[1]], {}) == [1.0]
 
 
 # ------------------------------------------------------------------------------------------------ builder
@@ -476,7 +476,7 @@ def test_bad_inputs(tmp_path, model, tok, ds):
         build(model, tok, ds, p, funcs=[torch.nn.Linear(2, 1)])
     with pytest.raises(TypeError, match="causal LM"):
         build(object(), tok, ds, p)
-    if vt._import_vllm() is None:  # with vLLM installed the path goes to vllm.LLM (tests/test_vllm_real.py)
+    if offline_sampling.import_vllm() is None:  # with vLLM installed the path goes to vllm.LLM (tests/test_vllm_real.py)
         with pytest.raises(ImportError, match="vllm is not installed"):
             build("some/path", tok, ds, p, use_vllm=True)
     with pytest.raises(ValueError, match="returned 1 rewards"):
@@ -559,7 +559,7 @@ def _fake_vllm():
 
 def test_vllm_branch_with_stand_in(tmp_path, monkeypatch, ds):
     fake = _fake_vllm()
-    monkeypatch.setattr(vt, "_import_vllm", lambda: fake)
+    monkeypatch.setattr(offline_sampling, "import_vllm", lambda: fake)
     llm = fake.LLM(model="ref")
     rec = Recorder()
     a = tmp_path / "a.jsonl"
@@ -676,12 +676,12 @@ def test_progress_fallback_prints_without_tqdm(monkeypatch, capsys):
     import sys
 
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # makes `from tqdm.auto import tqdm` raise ImportError
-    bar = vt._Progress(20, True)
+    bar = value_table_sampling.Progress(20, True)
     for _ in range(20):
         bar.update(1)
     bar.close()
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("value table:")]
     assert 2 <= len(lines) <= 12 and lines[-1].startswith("value table: 20/20")
-    silent = vt._Progress(5, False)
+    silent = value_table_sampling.Progress(5, False)
     silent.update(5)
     assert capsys.readouterr().err == ""

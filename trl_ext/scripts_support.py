@@ -30,6 +30,8 @@ from typing import Any
 
 from trl import ScriptArguments
 
+from trl_ext import registry
+
 __all__ = [
     "MODEL_ALIASES",
     "ExtScriptArguments",
@@ -57,15 +59,16 @@ MODEL_ALIASES: dict[str, str] = {
 
 def builtin_tasks() -> dict[str, str]:
     """Built-in task name -> where it lives: ``"testbed"`` (every task of :data:`trl_ext.testbed.TASKS`) or ``"real"``
-    (every task of :data:`trl_ext.realmodel.REAL_TASKS`)."""
+    (every task of :data:`trl_ext.realmodel.REAL_TASKS`). Importing them registers their tasks and models in
+    :mod:`trl_ext.registry`."""
     from trl_ext.realmodel import REAL_TASKS
     from trl_ext.testbed import TASKS
 
     return {**dict.fromkeys(TASKS, "testbed"), **dict.fromkeys(REAL_TASKS, "real")}
 
 
-def _names(kind: str | None = None) -> str:
-    return ", ".join(t for t, k in builtin_tasks().items() if kind is None or k == kind)
+def _names() -> str:
+    return ", ".join(builtin_tasks())
 
 
 @dataclass
@@ -114,19 +117,8 @@ def resolve_model_name(name: str | None, *, dataset_name: str | None = None, cac
                          f"{sorted(MODEL_ALIASES)}.")
     if os.path.isdir(name):
         return name
-    key = name.strip().lower()
-    if key in ("smollm2", "real"):
-        from trl_ext.realmodel import get_real_model
-
-        return get_real_model(cache_dir)
-    if key == "testbed-warm":
-        if builtin_tasks().get(dataset_name or "") != "testbed":
-            raise ValueError(f"--model_name_or_path testbed-warm is the warm model of a testbed task: pass "
-                             f"--dataset_name one of {_names('testbed')} (got --dataset_name {dataset_name!r}).")
-        from trl_ext.testbed import get_warm_model
-
-        return get_warm_model(dataset_name, seed=0, cache_dir=cache_dir, verbose=True)
-    return name
+    builtin_tasks()  # registers the models of the testbed and the real model
+    return registry.resolve_model(name, dataset_name=dataset_name, cache_dir=cache_dir) or name
 
 
 def set_model_init_kwargs(model_args: Any, training_args: Any) -> None:
@@ -151,15 +143,9 @@ def _builtin_split(task: str, split: str, n: int | None, seed: int):
         from trl_ext.external_tasks.reasoning_gym import make_rg_dataset
 
         return make_rg_dataset(task, split, n, seed=seed)
-    testbed = builtin_tasks()[task] == "testbed"
-    if testbed:
-        from trl_ext.testbed import make_dataset, split_size
-
-        size = split_size(task, split)
-    else:
-        from trl_ext.realmodel.tasks import split_items
-
-        size = len(split_items(task, split))
+    builtin_tasks()  # registers them
+    spec = registry.get_dataset(task)
+    size = spec.split_size(split)
     option = "--dataset_num_prompts" if split == "train" else "--eval_num_prompts"
     if n is None:
         n = size
@@ -169,11 +155,7 @@ def _builtin_split(task: str, split: str, n: int | None, seed: int):
         if split == "train":
             raise ValueError(f"{option} {n} is larger than the train split of {task} ({size} prompts).")
         n = size
-    if testbed:
-        return make_dataset(task, n, seed=seed, split=split)
-    from trl_ext.realmodel import make_real_dataset
-
-    return make_real_dataset(task, n, seed=seed, split=split)
+    return spec.make(split, n, seed)
 
 
 def _is_saved_dataset(path: str) -> bool:
@@ -213,7 +195,7 @@ def load_datasets(script_args: ExtScriptArguments, training_args: Any = None):
     if os.path.isfile(name) or _is_saved_dataset(name):
         from datasets import Dataset
 
-        from trl_ext._refs import load_dataset_rows
+        from trl_ext.refs import load_dataset_rows
 
         if want_eval and not _is_saved_dataset(name):
             raise ValueError(f"--eval_strategy {getattr(strategy, 'value', strategy)} needs a test split, and the "
@@ -257,17 +239,9 @@ def builtin_reward_funcs(dataset_name: str | None) -> dict[str, Callable]:
 
         funcs = dict(RG_REWARD_FUNCS)
         return {**funcs, **{f.__name__: f for f in funcs.values()}}
-    kind = builtin_tasks().get(dataset_name or "")
-    if kind == "real":
-        from trl_ext.realmodel.tasks import accuracy_reward, format_reward
-
-        funcs = {"accuracy": accuracy_reward, "format": format_reward}
-    elif kind == "testbed":
-        from trl_ext.testbed import get_reward_funcs
-
-        funcs = {"accuracy": get_reward_funcs(dataset_name)[0]}
-    else:
+    if dataset_name not in builtin_tasks():
         return {}
+    funcs = registry.get_dataset(dataset_name).rewards()
     return {**funcs, **{f.__name__: f for f in funcs.values()}}
 
 
@@ -275,33 +249,9 @@ def resolve_reward_funcs(specs: list[str] | None, dataset_name: str | None, *,
                          flag: str = "--reward_funcs") -> list[Callable]:
     """Reward functions for ``--reward_funcs`` (see :class:`ExtScriptArguments`); a built-in task's default when
     ``specs`` is empty. ``flag``: the option the calling command takes them from (its messages name it)."""
-    from trl_ext._refs import RefError, resolve_callable
+    from trl_ext.refs import resolve_reward_funcs as resolve
 
-    builtin = builtin_reward_funcs(dataset_name)
-    if not specs:
-        if not builtin:
-            raise ValueError(f"{flag} is required for dataset {dataset_name!r} (only the built-in tasks "
-                             f"{_names()} have default rewards): pass 'package.module:function' or "
-                             "'path/to/file.py:function'.")
-        return [next(iter(builtin.values()))]
-    funcs = []
-    for spec in specs:
-        if spec in builtin:
-            funcs.append(builtin[spec])
-            continue
-        ref = spec
-        if ":" not in spec and "." in spec and not spec.endswith(".py"):  # TRL's dotted form pkg.module.function
-            ref = ":".join(spec.rsplit(".", 1))
-        if ":" not in ref:
-            names = f"built-in names for {dataset_name!r}: {sorted(builtin)}" if builtin else (
-                f"no built-in names for dataset {dataset_name!r} (built-in tasks: {_names()})")
-            raise ValueError(f"unknown reward function {spec!r}: {names}; or 'package.module:function', "
-                             "'path/to/file.py:function', 'package.module.function'.")
-        try:
-            funcs.append(resolve_callable(ref, option=flag))
-        except RefError as e:
-            raise ValueError(str(e)) from e
-    return funcs
+    return resolve(specs, builtin_reward_funcs(dataset_name), dataset_name, flag=flag, tasks=builtin_tasks())
 
 
 # ------------------------------------------------------------------------------------------------ script body

@@ -11,7 +11,7 @@
 See ``docs/advise.md``. Names are imported lazily so that importing the package stays light.
 """
 
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _LAZY = {
     "Advice": "recommend",
@@ -27,14 +27,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -141,64 +141,48 @@ def _check(args) -> str | None:
     return None
 
 
-def _resolve_model(name: str) -> str:
+def _resolve_model(name: str, dataset: str | None) -> str:
+    """A local folder, or a model name registered in :mod:`trl_ext.registry` (``testbed:TASK``, ``testbed-warm``,
+    ``smollm2``: built or fetched once); ``dataset`` is the built-in task it will see."""
+    from trl_ext import registry
+
     if os.path.isdir(name):
         return name
-    if name.startswith("testbed:"):
-        from trl_ext.testbed import get_warm_model
-
-        return get_warm_model(name.split(":", 1)[1], seed=0, verbose=True)
-    return None
+    path = registry.resolve_model(name, dataset_name=dataset)
+    if path is None or not os.path.isdir(path):
+        raise ValueError(f"--model {name!r} is not a local folder, 'testbed:TASK', 'testbed-warm' or 'smollm2' "
+                         "(nothing is downloaded).")
+    return path
 
 
 def load_inputs(args):
-    """``(model_path, rows, row_indices, reward_funcs, dataset label, default max_new_tokens)``; raises ValueError."""
-    from trl_ext.scripts_support import (
-        _builtin_split,
-        builtin_tasks,
-        is_rg_spec,
-        resolve_model_name,
-        resolve_reward_funcs,
-    )
+    """``(model_path, rows, row_indices, reward_funcs, dataset label, default max_new_tokens)``; raises ValueError.
 
-    tasks = builtin_tasks()
-    model = _resolve_model(args.model)
-    if model is None:
-        model = resolve_model_name(args.model, dataset_name=args.dataset if args.dataset in tasks else None)
-        if not os.path.isdir(model):
-            raise ValueError(f"--model {args.model!r} is not a local folder, 'testbed:TASK', 'testbed-warm' or "
-                             "'smollm2' (nothing is downloaded).")
-    builtin = args.dataset in tasks or is_rg_spec(args.dataset)
-    funcs = resolve_reward_funcs(args.reward, args.dataset if builtin else None, flag="--reward")
-    if is_rg_spec(args.dataset):  # reasoning-gym: its split, the task's own scorer
-        split = args.split or "train"
-        rows = [dict(r) for r in _builtin_split(args.dataset, split, args.num_prompts, args.seed)]
-        return model, rows, list(range(len(rows))), funcs, f"{args.dataset}/{split} (seed {args.seed})", 256
-    if args.dataset in tasks:
-        split = args.split or "train"
-        if tasks[args.dataset] == "testbed":
-            from trl_ext.testbed import split_size
-
-            size = split_size(args.dataset, split)
-        else:
-            from trl_ext.realmodel.tasks import split_items
-
-            size = len(split_items(args.dataset, split))
-        n = min(args.num_prompts, size)  # drawn by the task's own seeded sampler, as the benchmarks draw prompts
-        rows = [dict(r) for r in _builtin_split(args.dataset, split, n, args.seed)]
-        idx = list(range(n))
-        default_cap = 256
-        if tasks[args.dataset] == "testbed":
-            from trl_ext.testbed import TASKS
-
-            spec = TASKS[args.dataset]
-            default_cap = int(spec.max_answer_chars(**spec.defaults)) + 2
-        label = f"{args.dataset}/{split} (seed {args.seed})"
-        return model, rows, idx, funcs, label, default_cap
-    from trl_ext._refs import load_dataset_rows
+    Built-in tasks and model names come from :mod:`trl_ext.registry` (``trl-ext`` registers the testbed's and the
+    real model's before running), reasoning-gym specs from :mod:`trl_ext.external_tasks`."""
+    from trl_ext import registry
+    from trl_ext.refs import load_dataset_rows, resolve_reward_funcs
 
     from .sample import select_rows
 
+    tasks = registry.dataset_names()
+    model = _resolve_model(args.model, args.dataset if args.dataset in tasks else None)
+    if args.dataset.startswith("reasoning_gym:"):  # reasoning-gym: its split, the task's own scorer
+        from trl_ext.external_tasks.reasoning_gym import RG_REWARD_FUNCS, make_rg_dataset
+
+        funcs = resolve_reward_funcs(args.reward, dict(RG_REWARD_FUNCS), args.dataset, flag="--reward")
+        split = args.split or "train"
+        rows = [dict(r) for r in make_rg_dataset(args.dataset, split, args.num_prompts, seed=args.seed)]
+        return model, rows, list(range(len(rows))), funcs, f"{args.dataset}/{split} (seed {args.seed})", 256
+    if args.dataset in tasks:
+        task = registry.get_dataset(args.dataset)
+        funcs = resolve_reward_funcs(args.reward, task.rewards(), args.dataset, flag="--reward")
+        split = args.split or "train"
+        n = min(args.num_prompts, task.split_size(split))  # drawn by the task's own seeded sampler, as the benchmarks
+        rows = [dict(r) for r in task.make(split, n, args.seed)]
+        default_cap = 256 if task.max_answer_chars is None else task.max_answer_chars + 2
+        return model, rows, list(range(n)), funcs, f"{args.dataset}/{split} (seed {args.seed})", default_cap
+    funcs = resolve_reward_funcs(args.reward, {}, None, flag="--reward")
     rows = load_dataset_rows(args.dataset, split=args.split)
     idx, rows = select_rows(rows, args.num_prompts, args.seed)
     return model, rows, idx, funcs, args.dataset + (f" [{args.split}]" if args.split else ""), 256
@@ -211,7 +195,7 @@ def load_models(args, model_path: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from trl_ext.priors.value_table_sampling import _eos_ids
+    from trl_ext.measurement.offline_sampling import eos_ids
 
     from .vllm_path import build_engine, require_vllm
 
@@ -235,7 +219,7 @@ def load_models(args, model_path: str):
         except OSError:
             generation_config = None
 
-    eos = _eos_ids(_Gen, tokenizer)
+    eos = eos_ids(_Gen, tokenizer)
     llm = build_engine(model_path, seed=args.seed, dtype=args.vllm_dtype, max_model_len=args.vllm_max_model_len,
                        enforce_eager=args.vllm_enforce_eager)
     return llm, tokenizer, hf, eos

@@ -24,10 +24,10 @@ def _pool_scores(func, prompts, completions, completion_ids, columns) -> np.ndar
     """One call of ``func`` on the whole sample; ``None`` -> NaN."""
     from transformers import TrainerState
 
-    from trl_ext.priors.value_table_inputs import _call_reward, _noop, reward_func_name
+    from trl_ext.measurement.offline_sampling import call_reward, discard_log, reward_func_name
 
-    out = list(_call_reward(func, prompts=prompts, completions=completions, completion_ids=completion_ids,
-                            trainer_state=TrainerState(), log_extra=_noop, log_metric=_noop, **columns))
+    out = list(call_reward(func, prompts=prompts, completions=completions, completion_ids=completion_ids,
+                            trainer_state=TrainerState(), log_extra=discard_log, log_metric=discard_log, **columns))
     if len(out) != len(completions):
         raise ValueError(f"reward function {reward_func_name(func)!r} returned {len(out)} rewards for "
                          f"{len(completions)} completions.")
@@ -39,13 +39,13 @@ def _batch_scorer(func, prompts, completions, completion_ids, columns):
     each batch calls ``func`` once, TRL style."""
     from transformers import TrainerState
 
-    from trl_ext.priors.value_table_inputs import _call_reward, _noop
+    from trl_ext.measurement.offline_sampling import call_reward, discard_log
 
     def score(ids: list[str]) -> list:
         idx = [int(s.split(":", 1)[1]) for s in ids]
-        return list(_call_reward(func, prompts=[prompts[i] for i in idx], completions=[completions[i] for i in idx],
+        return list(call_reward(func, prompts=[prompts[i] for i in idx], completions=[completions[i] for i in idx],
                                  completion_ids=[completion_ids[i] for i in idx], trainer_state=TrainerState(),
-                                 log_extra=_noop, log_metric=_noop,
+                                 log_extra=discard_log, log_metric=discard_log,
                                  **{c: [v[i] for i in idx] for c, v in columns.items()}))
 
     return score
@@ -81,7 +81,7 @@ def reward_noise_floors(funcs, prompts, completions, completion_ids, columns, *,
         scorable samples, or ``None`` / an error inside a batch).
     """
     from trl_ext.measurement.noise_floor import NoiseFloorError, measure_noise_floor
-    from trl_ext.priors.value_table_inputs import reward_func_name
+    from trl_ext.measurement.offline_sampling import reward_func_name
 
     if n_items < 1 or batch_size < 2 or not 1 <= positions <= batch_size:
         raise ValueError(f"noise floor settings: n_items >= 1, batch_size >= 2 and 1 <= positions <= batch_size; got "

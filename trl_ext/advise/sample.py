@@ -87,9 +87,9 @@ def select_rows(rows: list[dict], num_prompts: int | None, seed: int) -> tuple[l
 
 
 def _check_chat_template(rows, prompt_column, tokenizer) -> None:
-    from trl_ext.priors.value_table_inputs import _is_conversation
+    from trl_ext.measurement.offline_sampling import is_conversation
 
-    conv = [i for i, r in enumerate(rows) if _is_conversation(r[prompt_column])]
+    conv = [i for i, r in enumerate(rows) if is_conversation(r[prompt_column])]
     if conv and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{len(conv)} of {len(rows)} prompts (first: row {conv[0]}) are conversations (lists of "
                          f"messages) but the tokenizer has no chat template. Use the tokenizer of a chat model, set "
@@ -99,11 +99,10 @@ def _check_chat_template(rows, prompt_column, tokenizer) -> None:
 def _prepare(tokenizer, rows, reward_funcs, *, num_samples, seed, prompt_column, reward_weights, reward_range):
     """Validate the inputs; returns ``(rows, funcs, weights, prompts, prompt_ids, keys)``."""
     from trl_ext.measurement.keyed_sampling import prompt_key_of, request_key
-    from trl_ext.priors.value_table_inputs import _check_prompt_rows
-    from trl_ext.priors.value_table_sampling import _prompt_token_ids
+    from trl_ext.measurement.offline_sampling import check_prompt_rows, prompt_token_ids
 
     rows = [dict(r) for r in rows]
-    _check_prompt_rows(rows, prompt_column, empty="advise needs prompts to sample",
+    check_prompt_rows(rows, prompt_column, empty="advise needs prompts to sample",
                        hint="name the prompt column with --prompt_column / prompt_column=")
     if num_samples < 2:
         raise ValueError(f"num_samples must be >= 2 (a pass rate and a zero-variance share need two samples), got "
@@ -122,7 +121,7 @@ def _prepare(tokenizer, rows, reward_funcs, *, num_samples, seed, prompt_column,
             raise ValueError("the tokenizer has neither a pad nor an end token; set tokenizer.pad_token.")
         tokenizer.pad_token = tokenizer.eos_token  # as TRL does
     prompts = [r[prompt_column] for r in rows]
-    prompt_ids = _prompt_token_ids(prompts, tokenizer)
+    prompt_ids = prompt_token_ids(prompts, tokenizer)
     keys = [request_key(int(seed), 0, prompt_key_of(p), mode="advise") for p in prompts]
     return rows, funcs, weights, prompts, prompt_ids, keys
 
@@ -130,18 +129,18 @@ def _prepare(tokenizer, rows, reward_funcs, *, num_samples, seed, prompt_column,
 def _score_and_pack(tokenizer, rows, prompts, prompt_ids, keys, comps, eos, funcs, weights, *, num_samples,
                     max_new_tokens, prompt_column, reward_range, row_indices, settings, seeds=None) -> Sample:
     """Decode, score (TRL style) and pack the completions ``comps[i][j]`` into a :class:`Sample`."""
-    from trl_ext.priors.value_table_inputs import _is_conversation, _score
+    from trl_ext.measurement.offline_sampling import is_conversation, score_completions
 
     eos_set = set(eos)
     flat_ids = [c for per in comps for c in per]
     texts = tokenizer.batch_decode(flat_ids, skip_special_tokens=True)
-    completions = [t if not _is_conversation(prompts[j // num_samples]) else [{"role": "assistant", "content": t}]
+    completions = [t if not is_conversation(prompts[j // num_samples]) else [{"role": "assistant", "content": t}]
                    for j, t in enumerate(texts)]
     rep_rows = [r for r in rows for _ in range(num_samples)]
     skip = set(_RESERVED) | {prompt_column}
     columns = {c: [r.get(c) for r in rep_rows] for c in rows[0] if c not in skip}
-    rewards = np.asarray(_score(funcs, weights, [r[prompt_column] for r in rep_rows], completions, flat_ids, columns),
-                         dtype=np.float64).reshape(len(rows), num_samples)
+    rewards = np.asarray(score_completions(funcs, weights, [r[prompt_column] for r in rep_rows], completions, flat_ids,
+                                           columns), dtype=np.float64).reshape(len(rows), num_samples)
     if reward_range is not None:
         lo, hi = float(reward_range[0]), float(reward_range[1])
         rewards = (rewards - lo) / (hi - lo)
@@ -202,14 +201,14 @@ def draw_sample(model, tokenizer, rows: list[dict], reward_funcs, *, num_samples
         returning the wrong number of values or non-numbers, fewer than 2 samples, a bad reward range.
     """
     from trl_ext.measurement.keyed_sampling import SamplerSettings
-    from trl_ext.priors.value_table_sampling import _eos_ids, _generate_keyed
+    from trl_ext.measurement.offline_sampling import eos_ids, generate_keyed
 
     from .vllm_path import generate_vllm, is_vllm_engine
 
     rows, funcs, weights, prompts, prompt_ids, keys = _prepare(
         tokenizer, rows, reward_funcs, num_samples=num_samples, seed=seed, prompt_column=prompt_column,
         reward_weights=reward_weights, reward_range=reward_range)
-    eos = [int(e) for e in eos_token_ids] if eos_token_ids is not None else _eos_ids(model, tokenizer)
+    eos = [int(e) for e in eos_token_ids] if eos_token_ids is not None else eos_ids(model, tokenizer)
     seeds = None
     if is_vllm_engine(model):
         comps, seeds, settings = generate_vllm(model, prompt_ids, keys, num_samples, temperature=temperature,
@@ -221,7 +220,7 @@ def draw_sample(model, tokenizer, rows: list[dict], reward_funcs, *, num_samples
                               eos_token_ids=eos, pad_token_id=int(tokenizer.pad_token_id))
         model.eval()
         with torch.no_grad():
-            comps = _generate_keyed(model, prompt_ids, keys, num_samples, batch_size, cfg)
+            comps = generate_keyed(model, prompt_ids, keys, num_samples, batch_size, cfg)
         settings = cfg.to_dict()
     return _score_and_pack(tokenizer, rows, prompts, prompt_ids, keys, comps, eos, funcs, weights,
                            num_samples=num_samples, max_new_tokens=max_new_tokens, prompt_column=prompt_column,
@@ -303,17 +302,15 @@ def advise(model, tokenizer, dataset, reward_funcs, *, num_prompts: int | None =
     -------
     Advice, or (Advice, Sample) with ``return_sample=True``.
     """
-    from trl_ext.priors.value_table_inputs import _dataset_rows
+    from trl_ext.measurement.offline_sampling import dataset_rows
 
     from .noise import reward_noise_floors
     from .recommend import measure, recommend
     from .vllm_path import is_vllm_engine
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    try:
-        rows = _dataset_rows(dataset, prompt_column)
-    except ValueError as e:
-        raise ValueError(str(e).replace("a value table needs at least one prompt", "advise needs prompts")) from e
+    rows = dataset_rows(dataset, prompt_column, empty="advise needs prompts",
+                        hint="pass prompt_column=<the prompt column>")
     idx, rows = select_rows(rows, num_prompts, seed)
     if len(rows) < 2:
         raise ValueError(f"advise needs at least 2 prompts (the dataset has {len(rows)}); the between-prompt "

@@ -25,9 +25,9 @@ VLLM_MISSING = ("--use_vllm needs vLLM, which is not installed in this environme
 
 def require_vllm():
     """The ``vllm`` module; ``ImportError`` with :data:`VLLM_MISSING` when it is not installed."""
-    from trl_ext.priors.value_table import _import_vllm
+    from trl_ext.measurement import offline_sampling
 
-    vllm = _import_vllm()
+    vllm = offline_sampling.import_vllm()
     if vllm is None:
         raise ImportError(VLLM_MISSING)
     return vllm
@@ -35,9 +35,9 @@ def require_vllm():
 
 def is_vllm_engine(model) -> bool:
     """Whether ``model`` is a ``vllm.LLM`` (False when vLLM is not installed)."""
-    from trl_ext.priors.value_table import _import_vllm
+    from trl_ext.measurement import offline_sampling
 
-    vllm = _import_vllm()
+    vllm = offline_sampling.import_vllm()
     return vllm is not None and isinstance(model, vllm.LLM)
 
 

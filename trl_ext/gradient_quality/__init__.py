@@ -10,7 +10,7 @@ rollout's gradient) and :mod:`.cli` (``trl-ext gradient-quality``). See ``docs/g
 Names are imported lazily, so ``trl-ext --help`` (which imports :mod:`.cli`) stays free of torch.
 """
 
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _LAZY = {
     "build_pool": "collect",
@@ -39,10 +39,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -8,7 +8,7 @@
 Names are imported lazily so that ``import trl_ext.measurement`` does not pull in torch or transformers.
 """
 
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _LAZY = {
     "ShutGateStats": "shut_gate",
@@ -29,8 +29,4 @@ _LAZY = {
 
 __all__ = list(_LAZY)
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, cache=False)

@@ -146,12 +146,11 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
     """
     import numpy as np
 
-    from trl_ext.priors.value_table_inputs import _check_prompt_rows, _score
-
+    from .offline_sampling import check_prompt_rows, score_completions
     from .shut_gate import shut_gate_stats
 
     rows = [dict(r) for r in dataset]
-    _check_prompt_rows(rows, prompt_column, empty="nothing to measure",
+    check_prompt_rows(rows, prompt_column, empty="nothing to measure",
                        hint="name the prompt column with --prompt_column / prompt_column=")
     if row_indices is not None and len(row_indices) != len(rows):
         raise ValueError(f"row_indices has {len(row_indices)} entries for {len(rows)} rows.")
@@ -170,7 +169,8 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
     prompts = [r[prompt_column] for r in rep_rows]
     skip = set(_RESERVED) | {prompt_column}
     columns = {k: [r.get(k) for r in rep_rows] for k in rows[0] if k not in skip}
-    rewards = np.asarray(_score(funcs, weights, prompts, completions, completion_ids, columns), dtype=np.float64)
+    rewards = np.asarray(score_completions(funcs, weights, prompts, completions, completion_ids, columns),
+                         dtype=np.float64)
     gids = np.repeat(np.arange(len(rows)), num_generations)
     stats = shut_gate_stats(rewards, gids, success_threshold=success_threshold, atol=atol)
     return stats, _gate_records(rows, prompt_column, completions, rewards, num_generations, row_indices)
@@ -184,18 +184,19 @@ def _sample_gate_completions(model, tokenizer, rows: list[dict], prompt_column: 
     import torch
 
     from trl_ext.measurement.keyed_sampling import truncate_at_eos
-    from trl_ext.priors.value_table_sampling import _eos_ids, _prompt_token_ids
+
+    from .offline_sampling import eos_ids, prompt_token_ids
 
     torch.manual_seed(seed)
     device = next(model.parameters()).device
     pad = int(tokenizer.pad_token_id)
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     model.eval()
     completions: list = []
     completion_ids: list[list[int]] = []
     for start in range(0, len(rows), batch_prompts):
         chunk = [r[prompt_column] for r in rows[start:start + batch_prompts]]
-        ids = _prompt_token_ids(chunk, tokenizer)
+        ids = prompt_token_ids(chunk, tokenizer)
         width = max(len(x) for x in ids)
         input_ids = torch.tensor([[pad] * (width - len(x)) + list(x) for x in ids], dtype=torch.long, device=device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], dtype=torch.long, device=device)
@@ -246,7 +247,7 @@ def _sample_rows(rows: list[dict], n: int, seed: int) -> tuple[list[int], list[d
 
 def _load_inputs(args):
     """(rows, row_indices, reward_funcs, source label); raises ValueError with a message for the user."""
-    from trl_ext._refs import load_dataset_rows, resolve_callable
+    from trl_ext.refs import load_dataset_rows, resolve_callable
 
     funcs = [resolve_callable(ref, option="--reward") for ref in (args.reward or [])]
     if args.dataset is not None:
@@ -257,11 +258,12 @@ def _load_inputs(args):
         idx, rows = _sample_rows(rows, args.num_prompts, args.seed)
         label = args.dataset + (f" [{args.split}]" if args.split else "")
         return rows, idx, funcs, label
-    from trl_ext.testbed import get_reward_funcs, make_dataset
+    from trl_ext import registry
 
     task, split = args.task or "addition", args.split or "train"
-    rows = [dict(r) for r in make_dataset(task, args.num_prompts, seed=args.seed, split=split)]
-    return rows, list(range(len(rows))), funcs or get_reward_funcs(task), f"{task}/{split}"
+    builtin = registry.get_dataset(task, source="testbed")
+    rows = [dict(r) for r in builtin.make(split, args.num_prompts, args.seed)]
+    return rows, list(range(len(rows))), funcs or builtin.default_rewards(), f"{task}/{split}"
 
 
 def main(args) -> int:

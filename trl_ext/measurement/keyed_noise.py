@@ -18,8 +18,8 @@ __all__ = ["HASH_VERSION", "keyed_gumbel", "keyed_uniform", "per_request_seed", 
 #: Identifies the noise function. Logged with every rollout; replay refuses records with another version.
 HASH_VERSION = "triple32x2/v1"
 
-_MASK32 = 0xFFFFFFFF
-_MAX_KEY = 2**63 - 1
+MASK32 = 0xFFFFFFFF
+MAX_KEY = 2**63 - 1
 _SALT_A = 0x9E3779B9
 _SALT_B = 0x85EBCA6B
 _TWO52 = float(2**52)
@@ -29,7 +29,7 @@ def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """``(x * c) mod 2**32`` for int64 ``x`` in ``[0, 2**32)`` without int64 overflow (16-bit split)."""
     lo = x & 0xFFFF
     hi = x >> 16
-    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _MASK32
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & MASK32
 
 
 def _triple32(x: torch.Tensor) -> torch.Tensor:
@@ -44,7 +44,7 @@ def _triple32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _as_int64_vector(name: str, values, n: int | None, device, upper: int) -> torch.Tensor:
+def as_int64_vector(name: str, values, n: int | None, device, upper: int) -> torch.Tensor:
     if not isinstance(values, torch.Tensor) and hasattr(values, "__len__") and len(values) == 0:
         values = torch.zeros(0, dtype=torch.int64)
     try:
@@ -66,11 +66,11 @@ def _as_int64_vector(name: str, values, n: int | None, device, upper: int) -> to
 
 
 def _row_states(keys, sample_indices, positions, device) -> tuple[torch.Tensor, torch.Tensor]:
-    keys = _as_int64_vector("keys", keys, None, device, _MAX_KEY)
+    keys = as_int64_vector("keys", keys, None, device, MAX_KEY)
     n = keys.numel()
-    sample_indices = _as_int64_vector("sample_indices", sample_indices, n, device, _MASK32)
-    positions = _as_int64_vector("positions", positions, n, device, _MASK32)
-    lo = keys & _MASK32
+    sample_indices = as_int64_vector("sample_indices", sample_indices, n, device, MASK32)
+    positions = as_int64_vector("positions", positions, n, device, MASK32)
+    lo = keys & MASK32
     hi = keys >> 32
     lanes = []
     for salt in (_SALT_A, _SALT_B):
@@ -204,7 +204,7 @@ def request_key(seed: int, step: int, prompt_key: Any, *, mode: str = "train") -
     if isinstance(prompt_key, bool) or not isinstance(prompt_key, str | int):
         raise TypeError(f"prompt_key must be a str or int (question id, row index), got {type(prompt_key).__name__}")
     payload = _canonical(["trl_ext.keyed/v1", seed, mode, step, prompt_key])
-    return int.from_bytes(hashlib.blake2b(payload.encode("utf-8"), digest_size=8).digest(), "big") & _MAX_KEY
+    return int.from_bytes(hashlib.blake2b(payload.encode("utf-8"), digest_size=8).digest(), "big") & MAX_KEY
 
 
 def per_request_seed(key: int, sample_index: int) -> int:
@@ -227,9 +227,9 @@ def per_request_seed(key: int, sample_index: int) -> int:
     int
         In ``[0, 2**63 - 1]``.
     """
-    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= _MAX_KEY:
+    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= MAX_KEY:
         raise ValueError(f"key must be an int in [0, 2**63 - 1], got {key!r}")
     if isinstance(sample_index, bool) or not isinstance(sample_index, int) or sample_index < 0:
         raise ValueError(f"sample_index must be a non-negative int, got {sample_index!r}")
     payload = _canonical(["trl_ext.seed/v1", key, sample_index])
-    return int.from_bytes(hashlib.blake2b(payload.encode("utf-8"), digest_size=8).digest(), "big") & _MAX_KEY
+    return int.from_bytes(hashlib.blake2b(payload.encode("utf-8"), digest_size=8).digest(), "big") & MAX_KEY

@@ -62,19 +62,12 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-# The noise and the keys live in keyed_noise; every name stays importable from here.
+# The noise and the keys live in keyed_noise; its public names stay importable from here.
 from .keyed_noise import (  # noqa: F401
-    _MASK32,
-    _MAX_KEY,
-    _SALT_A,
-    _SALT_B,
-    _TWO52,
     HASH_VERSION,
-    _as_int64_vector,
-    _canonical,
-    _mul32,
-    _row_states,
-    _triple32,
+    MASK32,
+    MAX_KEY,
+    as_int64_vector,
     keyed_gumbel,
     keyed_uniform,
     per_request_seed,
@@ -254,13 +247,13 @@ class KeyedGumbelLogitsProcessor(LogitsProcessor):
         min_p: float | None = None,
         noise_dtype: torch.dtype = torch.float64,
     ):
-        self.keys = _as_int64_vector("keys", list(keys), None, "cpu", _MAX_KEY)
+        self.keys = as_int64_vector("keys", list(keys), None, "cpu", MAX_KEY)
         n = self.keys.numel()
         if n == 0:
             raise ValueError("keys is empty: pass one request key per row of the batch")
-        self.sample_indices = _as_int64_vector("sample_indices", list(sample_indices), n, "cpu", _MASK32)
+        self.sample_indices = as_int64_vector("sample_indices", list(sample_indices), n, "cpu", MASK32)
         offs = [0] * n if position_offsets is None else list(position_offsets)
-        self.position_offsets = _as_int64_vector("position_offsets", offs, n, "cpu", _MASK32)
+        self.position_offsets = as_int64_vector("position_offsets", offs, n, "cpu", MASK32)
         if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) or prompt_length < 0:
             raise ValueError(f"prompt_length must be a non-negative int, got {prompt_length!r}")
         self.prompt_length = prompt_length

@@ -36,9 +36,9 @@ class _InputError(ValueError):
 
 
 def load_scorer(spec: str):
-    """Resolve ``package.module:function`` or ``path/to/file.py:function`` (:func:`trl_ext._refs.resolve_callable`,
+    """Resolve ``package.module:function`` or ``path/to/file.py:function`` (:func:`trl_ext.refs.resolve_callable`,
     the resolver every ``trl-ext`` command uses); errors say what to fix and name the accepted forms."""
-    from trl_ext._refs import RefError, resolve_callable
+    from trl_ext.refs import RefError, resolve_callable
 
     try:
         return resolve_callable(spec, option="--scorer")

@@ -42,7 +42,7 @@ Prompt = str | Sequence[Mapping[str, Any]]
 _ROUNDOFF = 1e-9
 
 
-def _is_probability(p: Any) -> bool:
+def is_probability(p: Any) -> bool:
     """True for a real number in [0, 1] (numpy scalars included); False for bools, NaN and non-numbers."""
     return (isinstance(p, numbers.Real) and not isinstance(p, bool | np.bool_) and bool(np.isfinite(p))
             and 0.0 <= float(p) <= 1.0)
@@ -273,7 +273,7 @@ class ConstantPrior(ValuePrior):
     """
 
     def __init__(self, p: float = 0.5, *, use_context_mean: bool = False):
-        if not _is_probability(p):
+        if not is_probability(p):
             raise ValueError(f"ConstantPrior: p must be a probability in [0, 1], got {p!r}.")
         self.p = float(p)
         self.use_context_mean = bool(use_context_mean)

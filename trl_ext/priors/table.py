@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import ValuePrior, _is_probability
+from .base import ValuePrior, is_probability
 from .table_format import ValueTable, load_value_table, prompt_key
 
 __all__ = ["TablePrior"]
@@ -72,7 +72,7 @@ class TablePrior(ValuePrior):
         elif isinstance(table, Mapping):
             probs = {}
             for k, p in table.items():
-                if not _is_probability(p):
+                if not is_probability(p):
                     raise ValueError(f"TablePrior: mapping value for {str(k)[:40]!r} must be in [0, 1], got {p!r}.")
                 key = k if _looks_like_key(k) else key_fn(k)
                 probs[key] = float(p)

@@ -16,15 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from .table_rows import (
-    _COMPLETE,
-    _IN_PROGRESS,
-    _REBUILD_HINT,
+    REBUILD_HINT,
+    STATUS_COMPLETE,
+    STATUS_IN_PROGRESS,
     TABLE_FORMAT,
     TABLE_VERSION,
     ValueTable,
     ValueTableRow,
-    _canonical_line,
-    _content_hash,
+    canonical_line,
+    rows_content_hash,
 )
 
 __all__ = ["load_value_table", "save_value_table", "ValueTableWriter"]
@@ -59,8 +59,8 @@ def _parse_header(line: str, path: str) -> tuple[dict, dict | None]:
     integ = h.get("integrity")
     if integ is None:
         return md, None
-    ok = isinstance(integ, dict) and integ.get("status") in (_COMPLETE, _IN_PROGRESS)
-    if ok and integ["status"] == _COMPLETE:
+    ok = isinstance(integ, dict) and integ.get("status") in (STATUS_COMPLETE, STATUS_IN_PROGRESS)
+    if ok and integ["status"] == STATUS_COMPLETE:
         n, sha = integ.get("n_rows"), integ.get("sha256")
         ok = (isinstance(n, int) and not isinstance(n, bool) and n >= 0 and isinstance(sha, str) and len(sha) == 64
               and all(c in "0123456789abcdef" for c in sha))
@@ -78,16 +78,16 @@ def _check_integrity(table: ValueTable, integ: dict | None, path: str, *, allow_
         if warn_legacy:
             warnings.warn(
                 f"{path}: this value table records no row count or content hash (written by trl_ext 0.1), so a table "
-                f"cut short or edited cannot be detected ({n} rows read). To check and upgrade it, {_REBUILD_HINT}; "
+                f"cut short or edited cannot be detected ({n} rows read). To check and upgrade it, {REBUILD_HINT}; "
                 "a table you saved yourself: save_value_table(path, load_value_table(path)).",
                 UserWarning, stacklevel=3,
             )
         return
-    if integ["status"] == _IN_PROGRESS:
+    if integ["status"] == STATUS_IN_PROGRESS:
         if not allow_incomplete:
             raise ValueError(
                 f"{path}: this value table is incomplete: its build has not finished (still running, interrupted, or "
-                f"stopped early by --max_prompts / max_prompts=), {n} rows so far. To finish it, {_REBUILD_HINT}. "
+                f"stopped early by --max_prompts / max_prompts=), {n} rows so far. To finish it, {REBUILD_HINT}. "
                 "(load_value_table(..., allow_incomplete=True) reads the partial table on purpose.)"
             )
         return
@@ -96,7 +96,7 @@ def _check_integrity(table: ValueTable, integ: dict | None, path: str, *, allow_
         if not allow_incomplete:
             raise ValueError(
                 f"{path}: this value table is truncated: its header records {want} rows but the file holds {n} (the "
-                f"file was cut, e.g. by an interrupted copy or a full disk). To restore it, {_REBUILD_HINT}, or copy "
+                f"file was cut, e.g. by an interrupted copy or a full disk). To restore it, {REBUILD_HINT}, or copy "
                 "the complete file again."
             )
         return
@@ -208,7 +208,7 @@ def save_value_table(path: str | os.PathLike, table: ValueTable) -> None:
         raise TypeError(f"save_value_table expects a ValueTable, got {type(table).__name__}.")
     path = os.fspath(path)
     rows = list(table)
-    integrity = {"status": _COMPLETE, "n_rows": len(rows), "sha256": table.content_hash}
+    integrity = {"status": STATUS_COMPLETE, "n_rows": len(rows), "sha256": table.content_hash}
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(_header_line(_header(table.metadata, integrity)))
@@ -266,20 +266,20 @@ class ValueTableWriter:
                     )
             self.metadata = existing.metadata
             self.done_keys = set(existing.keys())
-            self._lines = {r.prompt_key: _canonical_line(r) for r in existing}
+            self._lines = {r.prompt_key: canonical_line(r) for r in existing}
             self._status = (existing.integrity or {}).get("status")  # None: a trl_ext 0.1 table
         else:
             self.metadata = _header(metadata)["metadata"]
-            self._status = _IN_PROGRESS
+            self._status = STATUS_IN_PROGRESS
             self._f = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
-            self._f.write(_header_line(self._header_for(_IN_PROGRESS)))
+            self._f.write(_header_line(self._header_for(STATUS_IN_PROGRESS)))
             self._f.flush()
 
     def _header_for(self, status: str) -> dict:
-        if status == _IN_PROGRESS:
-            integrity: dict[str, Any] = {"status": _IN_PROGRESS}
+        if status == STATUS_IN_PROGRESS:
+            integrity: dict[str, Any] = {"status": STATUS_IN_PROGRESS}
         else:
-            integrity = {"status": _COMPLETE, "n_rows": len(self._lines), "sha256": _content_hash(self._lines.items())}
+            integrity = {"status": STATUS_COMPLETE, "n_rows": len(self._lines), "sha256": rows_content_hash(self._lines.items())}
         return {"format": TABLE_FORMAT, "version": TABLE_VERSION, "metadata": self.metadata, "integrity": integrity}
 
     def _rewrite_header(self, header: Mapping[str, Any]) -> None:
@@ -317,20 +317,20 @@ class ValueTableWriter:
             raise TypeError(f"ValueTableWriter.write expects a ValueTableRow, got {type(row).__name__}.")
         if row.prompt_key in self.done_keys:
             raise ValueError(f"{self.path}: prompt_key {row.prompt_key!r} is already in the table.")
-        if self._status != _IN_PROGRESS:  # reopening a finished (or 0.1) table: unfinished until closed again
-            self._rewrite_header(self._header_for(_IN_PROGRESS))
-            self._status = _IN_PROGRESS
+        if self._status != STATUS_IN_PROGRESS:  # reopening a finished (or 0.1) table: unfinished until closed again
+            self._rewrite_header(self._header_for(STATUS_IN_PROGRESS))
+            self._status = STATUS_IN_PROGRESS
         if self._f is None:
             self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._f.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
         self._f.flush()
         self.done_keys.add(row.prompt_key)
-        self._lines[row.prompt_key] = _canonical_line(row)
+        self._lines[row.prompt_key] = canonical_line(row)
 
     @property
     def content_hash(self) -> str:
         """:attr:`ValueTable.content_hash` of the rows written so far (earlier runs' included)."""
-        return _content_hash(self._lines.items())
+        return rows_content_hash(self._lines.items())
 
     def close(self, complete: bool = True) -> None:
         """Close the file; with ``complete=True`` (default) record the table as finished (row count + SHA-256).
@@ -346,8 +346,8 @@ class ValueTableWriter:
             self._f.close()
         self._closed = True
         if complete:
-            self._rewrite_header(self._header_for(_COMPLETE))
-            self._status = _COMPLETE
+            self._rewrite_header(self._header_for(STATUS_COMPLETE))
+            self._status = STATUS_COMPLETE
 
     def __enter__(self) -> ValueTableWriter:
         return self

@@ -52,31 +52,18 @@ on resume.
 
 from __future__ import annotations
 
-# The format is implemented in two modules: rows and in-memory tables (table_rows) and files (table_file). Every name
-# stays importable from here.
+# The format is implemented in two modules: rows and in-memory tables (table_rows) and files (table_file). Their
+# public names stay importable from here.
 from .table_file import (  # noqa: F401
     ValueTableWriter,
-    _check_integrity,
-    _header,
-    _header_line,
-    _load,
-    _parse_header,
     load_value_table,
     save_value_table,
 )
 from .table_rows import (  # noqa: F401
-    _COMPLETE,
-    _IN_PROGRESS,
-    _MEAN_TOL,
-    _REBUILD_HINT,
     TABLE_FORMAT,
     TABLE_VERSION,
     ValueTable,
     ValueTableRow,
-    _canonical_line,
-    _canonical_prompt,
-    _content_hash,
-    _is_number,
     prompt_key,
 )
 

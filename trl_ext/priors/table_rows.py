@@ -23,8 +23,8 @@ __all__ = ["TABLE_FORMAT", "TABLE_VERSION", "prompt_key", "ValueTableRow", "Valu
 TABLE_FORMAT = "trl_ext.value_table"
 TABLE_VERSION = 1
 _MEAN_TOL = 1e-6
-_COMPLETE, _IN_PROGRESS = "complete", "in_progress"
-_REBUILD_HINT = "re-run `trl-ext build-value-table` with the same arguments (it resumes the build and finishes the table)"
+STATUS_COMPLETE, STATUS_IN_PROGRESS = "complete", "in_progress"
+REBUILD_HINT = "re-run `trl-ext build-value-table` with the same arguments (it resumes the build and finishes the table)"
 
 
 def _canonical_prompt(prompt: Any) -> str:
@@ -280,7 +280,7 @@ class ValueTable:
         table (e.g. in a model card): two tables with the same rows have the same hash whatever their row order,
         header metadata or file formatting. Computed from the rows on every access.
         """
-        return _content_hash((k, _canonical_line(r)) for k, r in self._rows.items())
+        return rows_content_hash((k, canonical_line(r)) for k, r in self._rows.items())
 
     @property
     def is_binary(self) -> bool | None:
@@ -330,12 +330,12 @@ class ValueTable:
         return problems
 
 
-def _canonical_line(row: ValueTableRow) -> str:
+def canonical_line(row: ValueTableRow) -> str:
     """A row's canonical JSON line (sorted keys, no whitespace, non-ASCII kept, ``\n``-terminated)."""
     return json.dumps(row.to_json(), sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
 
 
-def _content_hash(items: Iterable[tuple[str, str]]) -> str:
+def rows_content_hash(items: Iterable[tuple[str, str]]) -> str:
     """SHA-256 over ``(prompt_key, canonical line)`` pairs taken in ``prompt_key`` order (keys are unique), so the
     hash does not depend on the order the rows were written."""
     h = hashlib.sha256()

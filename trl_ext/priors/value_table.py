@@ -53,36 +53,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .table_format import ValueTable, ValueTableRow, ValueTableWriter, load_value_table, prompt_key  # noqa: F401
-
-# The prompt / dataset / reward helpers and the generation backends live in value_table_inputs and
-# value_table_sampling; they stay importable from here (trl-ext gate and advise, tests and older code import them).
-from .value_table_inputs import (  # noqa: F401
-    DEFAULT_REWARD_RANGE,
-    _await,
-    _call_reward,
-    _check_build_settings,
-    _check_prompt,
-    _check_prompt_rows,
-    _check_range,
-    _check_reward_funcs,
-    _dataset_rows,
-    _distinct_prompts,
-    _is_conversation,
-    _noop,
-    _score,
+from ..measurement import offline_sampling
+from ..measurement.offline_sampling import (
+    eos_ids,
+    generate_keyed,
+    generate_multinomial,
+    generate_vllm_requests,
+    prompt_token_ids,
+    render_prompts,
     reward_func_name,
+    score_completions,
 )
-from .value_table_sampling import (  # noqa: F401
-    _eos_ids,
-    _generate_keyed,
-    _generate_multinomial,
-    _generate_vllm,
-    _prepare_model,
-    _Progress,
-    _prompt_token_ids,
-    _render_prompts,
+from .table_format import ValueTable, ValueTableRow, ValueTableWriter, load_value_table, prompt_key  # noqa: F401
+from .value_table_inputs import (
+    DEFAULT_REWARD_RANGE,
+    check_build_settings,
+    check_range,
+    check_reward_funcs,
+    distinct_prompts,
 )
+from .value_table_sampling import Progress, prepare_model
 
 __all__ = [
     "DEFAULT_REWARD_RANGE",
@@ -137,22 +127,13 @@ def value_table_seed(seed: int, key: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- backend
-def _import_vllm():
-    """The ``vllm`` module, or None if it is not installed (tests replace this function with a stand-in)."""
-    try:
-        import vllm  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return vllm
-
-
 def _resolve_backend(model: Any, use_vllm: Any) -> tuple[str, Any]:
     """Return ``("vllm", vllm_module)`` or ``("transformers", None)`` following ``use_vllm``."""
     if use_vllm not in ("auto", True, False):
         raise ValueError(f"use_vllm must be 'auto', True or False, got {use_vllm!r}.")
     if use_vllm is False:
         return "transformers", None
-    vllm = _import_vllm()
+    vllm = offline_sampling.import_vllm()  # looked up at call time: tests replace it
     if vllm is not None and isinstance(model, vllm.LLM):
         return "vllm", vllm
     if use_vllm is True:
@@ -284,18 +265,19 @@ def _plan_build(model, tokenizer, dataset, reward_funcs, *, num_samples, max_new
                 model_id, metadata, device) -> tuple[_ChunkSampler, dict, list[int], int, bool | None]:
     """Check everything :func:`build_value_table` was given, pick the backend, load the model: ``(sampler of the
     chunks, header metadata, first row of each distinct prompt, repeated rows, the model's train mode before)``."""
-    _check_build_settings(num_samples=num_samples, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                          temperature=temperature, top_p=top_p, seed=seed, sampler=sampler, max_prompts=max_prompts)
-    funcs, weights = _check_reward_funcs(reward_funcs, reward_weights)
-    low, high = _check_range(reward_range)
-    rows = _dataset_rows(dataset, prompt_column)
+    check_build_settings(num_samples=num_samples, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         temperature=temperature, top_p=top_p, seed=seed, sampler=sampler, max_prompts=max_prompts)
+    funcs, weights = check_reward_funcs(reward_funcs, reward_weights)
+    low, high = check_range(reward_range)
+    rows = offline_sampling.dataset_rows(dataset, prompt_column, empty="a value table needs at least one prompt",
+                                         hint="pass prompt_column=<the prompt column>")
     backend, vllm = _resolve_backend(model, use_vllm)
-    keys, unique_idx, n_dup = _distinct_prompts(rows, prompt_column)
+    keys, unique_idx, n_dup = distinct_prompts(rows, prompt_column)
     if n_dup:
         warnings.warn(f"{n_dup} dataset rows repeat an earlier prompt; each distinct prompt is sampled once.",
                       UserWarning, stacklevel=3)
-    model, tokenizer, llm, mid, was_training = _prepare_model(model, tokenizer, backend, vllm, model_id=model_id,
-                                                             seed=seed, device=device)
+    model, tokenizer, llm, mid, was_training = prepare_model(model, tokenizer, backend, vllm, model_id=model_id,
+                                                            seed=seed, device=device)
     if tokenizer is None and any(not isinstance(rows[i][prompt_column], str) for i in unique_idx):
         raise ValueError("conversational prompts need a tokenizer (chat template); pass tokenizer=.")
     md = _table_metadata(metadata, model_id=mid, seed=seed, funcs=funcs, weights=weights, reward_range=(low, high),
@@ -328,7 +310,7 @@ def _write_rows(job: _ChunkSampler, output_path: str | os.PathLike, md: dict, *,
             stats["stopped_early"] = True
         chunk = job.batch_size if job.backend == "vllm" else max(1, job.batch_size // job.num_samples)
         job.prepare()
-        bar = _Progress(len(todo), progress)
+        bar = Progress(len(todo), progress)
         try:
             for start in range(0, len(todo), chunk):
                 new_rows, n_nan = job.rows_for(todo[start : start + chunk])
@@ -432,7 +414,7 @@ class _ChunkSampler:
             return
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.eos = _eos_ids(self.model, tok)
+        self.eos = eos_ids(self.model, tok)
         if pad is None or not self.eos:
             raise ValueError("the tokenizer needs an eos token (and a pad token, else eos is used for padding).")
         self.pad = int(pad)
@@ -460,9 +442,9 @@ class _ChunkSampler:
         prompts = [self.rows[i][self.prompt_column] for i in idx]
         seeds = [value_table_seed(self.seed, self.keys[i]) for i in idx]
         if self.backend == "vllm":
-            gen = _generate_vllm(self.llm, self.vllm, _render_prompts(prompts, self.tokenizer), seeds,
-                                 self.num_samples, temperature=self.temperature, top_p=self.top_p,
-                                 max_new_tokens=self.max_new_tokens)
+            gen = generate_vllm_requests(self.llm, self.vllm, render_prompts(prompts, self.tokenizer), seeds,
+                                         self.num_samples, temperature=self.temperature, top_p=self.top_p,
+                                         max_new_tokens=self.max_new_tokens)
             comp_ids = [[ids for ids, _ in g] for g in gen]
             if self.tokenizer is not None:
                 texts = [self.tokenizer.batch_decode(c, skip_special_tokens=True) for c in comp_ids]
@@ -471,14 +453,14 @@ class _ChunkSampler:
             return prompts, texts, comp_ids
         import torch
 
-        p_ids = _prompt_token_ids(prompts, self.tokenizer)
+        p_ids = prompt_token_ids(prompts, self.tokenizer)
         with torch.no_grad():
             if self.sampler == "keyed":
-                comp_ids = _generate_keyed(self.model, p_ids, seeds, self.num_samples, self.batch_size, self.settings)
+                comp_ids = generate_keyed(self.model, p_ids, seeds, self.num_samples, self.batch_size, self.settings)
             else:
-                comp_ids = _generate_multinomial(self.model, p_ids, seeds, self.num_samples, self.batch_size,
-                                                 temperature=self.temperature, top_p=self.top_p,
-                                                 max_new_tokens=self.max_new_tokens, eos=self.eos, pad=self.pad)
+                comp_ids = generate_multinomial(self.model, p_ids, seeds, self.num_samples, self.batch_size,
+                                                temperature=self.temperature, top_p=self.top_p,
+                                                max_new_tokens=self.max_new_tokens, eos=self.eos, pad=self.pad)
         texts = [self.tokenizer.batch_decode(c, skip_special_tokens=True) for c in comp_ids]
         return prompts, texts, comp_ids
 
@@ -496,7 +478,7 @@ class _ChunkSampler:
                 flat_ids.append(list(ci[s]))
                 for c in other:
                     columns[c].append(self.rows[i].get(c))
-        return _score(self.funcs, self.weights, flat_prompts, flat_comps, flat_ids, columns)
+        return score_completions(self.funcs, self.weights, flat_prompts, flat_comps, flat_ids, columns)
 
     def table_row(self, i: int, r: list[float]) -> tuple[ValueTableRow, int]:
         """The row of dataset row ``i`` from its samples' rewards ``r``, and its number of NaN samples."""

@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_reward(spec: str):
     """Resolve ``package.module:function`` or ``path/to/file.py:function`` with the resolver every ``trl-ext``
-    command uses (:func:`trl_ext._refs.resolve_callable`; the current directory is importable).
+    command uses (:func:`trl_ext.refs.resolve_callable`; the current directory is importable).
 
     Raises
     ------
@@ -90,7 +90,7 @@ def load_reward(spec: str):
         On a malformed spec, a missing module/file/attribute, or a non-callable attribute; the message names the
         accepted forms.
     """
-    from trl_ext._refs import resolve_callable
+    from trl_ext.refs import resolve_callable
 
     return resolve_callable(spec, option="--reward")
 
@@ -169,13 +169,14 @@ def main(args: argparse.Namespace) -> int:
         _check_model_argument(args.model)
         _apply_training_config(args)
         if args.task is not None:
-            from trl_ext.testbed import TASKS, get_reward_funcs, make_dataset
+            from trl_ext import registry
 
             if args.num_prompts is None:
                 raise ValueError("--num_prompts is required with --task.")
-            dataset = make_dataset(args.task, args.num_prompts, seed=args.dataset_seed, split=args.split)
-            funcs = [load_reward(s) for s in args.reward] if args.reward else get_reward_funcs(args.task)
-            max_new = args.max_new_tokens or TASKS[args.task].max_answer_chars(**TASKS[args.task].defaults) + 1
+            task = registry.get_dataset(args.task, source="testbed")
+            dataset = task.make(args.split, args.num_prompts, args.dataset_seed)
+            funcs = [load_reward(s) for s in args.reward] if args.reward else task.default_rewards()
+            max_new = args.max_new_tokens or task.max_answer_chars + 1
             ds_name = f"testbed:{args.task}/{args.split}/n={args.num_prompts}/seed={args.dataset_seed}"
         elif args.dataset.startswith("reasoning_gym:"):
             from trl_ext.external_tasks.reasoning_gym import make_rg_dataset, rg_accuracy_reward
@@ -185,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
             max_new = args.max_new_tokens or TRL_DEFAULT_MAX_COMPLETION_LENGTH
             ds_name = f"{args.dataset}/{args.split}/n={len(dataset)}/seed={args.dataset_seed}"
         else:
-            from trl_ext._refs import ACCEPTED_FORMS, load_dataset_rows
+            from trl_ext.refs import ACCEPTED_FORMS, load_dataset_rows
 
             if not args.reward:
                 raise ValueError(f"--dataset needs at least one --reward: {ACCEPTED_FORMS}.")

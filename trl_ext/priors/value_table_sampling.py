@@ -1,10 +1,5 @@
-"""Generation backends of the value-table builder: keyed Gumbel-max and multinomial sampling with transformers, seeded
-vLLM requests, prompt rendering / tokenization as TRL does it, and the build's progress line.
-
-Used by :func:`~trl_ext.priors.value_table.build_value_table` (see its module docstring for the determinism of each
-sampler) and by ``trl-ext gate`` / ``trl-ext advise``. Every name is importable from
-:mod:`trl_ext.priors.value_table` as well.
-"""
+"""The value-table builder's model loading and progress line (:func:`~trl_ext.priors.value_table.build_value_table`);
+the sampling itself is :mod:`trl_ext.measurement.offline_sampling`, shared with ``trl-ext gate`` and ``advise``."""
 
 from __future__ import annotations
 
@@ -13,104 +8,10 @@ import sys
 import time
 from typing import Any
 
-__all__: list[str] = []
+__all__ = ["Progress", "prepare_model"]
 
 
-def _render_prompts(prompts: list, tokenizer: Any) -> list[str]:
-    """Text fed to vLLM: plain prompts as is, conversations through the tokenizer's chat template."""
-    out = []
-    for p in prompts:
-        if isinstance(p, str):
-            out.append(p)
-        else:
-            if tokenizer is None:
-                raise ValueError("conversational prompts need a tokenizer with a chat template.")
-            out.append(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True))
-    return out
-
-
-def _prompt_token_ids(prompts: list, tokenizer: Any) -> list[list[int]]:
-    """Prompt token ids exactly as TRL's ``_tokenize_prompts`` builds them (text: ``tokenizer(text=...)``;
-    conversations: ``apply_chat_template(add_generation_prompt=True)``)."""
-    ids: list[list[int]] = []
-    for p in prompts:
-        if isinstance(p, str):
-            ids.append(list(tokenizer(text=[p])["input_ids"][0]))
-        else:
-            t = tokenizer.apply_chat_template(conversation=[p], add_generation_prompt=True, tokenize=True,
-                                              return_dict=True)
-            ids.append(list(t["input_ids"][0]))
-    for p, i in zip(prompts, ids):
-        if not i:
-            raise ValueError(f"prompt {p!r:.60} tokenizes to zero tokens.")
-    return ids
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    eos: list[int] = []
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for e in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])) + [tokenizer.eos_token_id]:
-        if e is not None and int(e) not in eos:
-            eos.append(int(e))
-    return eos
-
-
-def _generate_keyed(model, prompt_ids, keys, num_samples, batch_size, settings) -> list[list[list[int]]]:
-    from trl_ext.measurement.keyed_sampling import keyed_generate
-
-    flat = [(i, s) for i in range(len(prompt_ids)) for s in range(num_samples)]
-    out: list[list[list[int]]] = [[None] * num_samples for _ in prompt_ids]  # type: ignore[list-item]
-    for start in range(0, len(flat), batch_size):
-        chunk = flat[start : start + batch_size]
-        comps = keyed_generate(model, [prompt_ids[i] for i, _ in chunk], [keys[i] for i, _ in chunk],
-                               [s for _, s in chunk], settings)
-        for (i, s), c in zip(chunk, comps):
-            out[i][s] = c
-    return out
-
-
-def _generate_multinomial(model, prompt_ids, keys, num_samples, batch_size, *, temperature, top_p,
-                          max_new_tokens, eos, pad) -> list[list[list[int]]]:
-    import torch
-    from transformers import GenerationConfig
-
-    from trl_ext.measurement.keyed_sampling import truncate_at_eos
-
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p,
-                           top_k=0, min_p=None, repetition_penalty=1.0, num_beams=1, pad_token_id=pad,
-                           eos_token_id=eos, disable_compile=True)
-    device = next(model.parameters()).device
-    out = []
-    for ids, key in zip(prompt_ids, keys):
-        comps: list[list[int]] = []
-        devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(key)
-            for start in range(0, num_samples, batch_size):
-                m = min(batch_size, num_samples - start)
-                inp = torch.tensor([ids] * m, dtype=torch.long, device=device)
-                gen = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=cfg)
-                comps.extend(truncate_at_eos(gen[:, inp.shape[1] :].cpu(), eos))
-        out.append(comps)
-    return out
-
-
-def _generate_vllm(llm, vllm, texts, keys, num_samples, *, temperature, top_p, max_new_tokens):
-    params = [vllm.SamplingParams(n=num_samples, seed=int(k), temperature=temperature, top_p=top_p,
-                                  max_tokens=max_new_tokens) for k in keys]
-    outputs = llm.generate(texts, params, use_tqdm=False)
-    if len(outputs) != len(texts):
-        raise RuntimeError(f"vLLM returned {len(outputs)} results for {len(texts)} prompts.")
-    result = []
-    for o in outputs:
-        comps = list(o.outputs)
-        if len(comps) != num_samples:
-            raise RuntimeError(f"vLLM returned {len(comps)} samples for a prompt, expected n={num_samples}.")
-        result.append([(list(c.token_ids), c.text) for c in comps])
-    return result
-
-
-class _Progress:
+class Progress:
     """tqdm when installed, else a line every ~10% (or nothing when disabled)."""
 
     def __init__(self, total: int, enabled: bool):
@@ -138,7 +39,7 @@ class _Progress:
             self._bar.close()
 
 
-def _prepare_model(model: Any, tokenizer: Any, backend: str, vllm: Any, *, model_id: str | None, seed: int,
+def prepare_model(model: Any, tokenizer: Any, backend: str, vllm: Any, *, model_id: str | None, seed: int,
                    device: str | None) -> tuple[Any, Any, Any, str, bool | None]:
     """``(model, tokenizer, llm, model id, was_training)`` of a build: a path loaded (transformers) or handed to
     ``vllm.LLM``, the tokenizer taken from the engine or the path when not given, a transformers model put in eval

@@ -5,6 +5,7 @@
 Importing this package is light (no torch / transformers): ``trl-ext --help`` imports it.
 """
 
+from . import _register  # noqa: F401 - registers the tasks and SmolLM2 in trl_ext.registry
 from .fetch import (
     RealModelError,
     default_cache_root,

@@ -15,8 +15,9 @@ Pure numpy/scipy; no TRL import. Submodules are loaded lazily so that ``trl-ext 
 
 from __future__ import annotations
 
-from importlib import import_module
 from pathlib import Path
+
+from .._lazy import lazy_exports
 
 _SUBMODULES = ("floors", "paired", "two_part", "length", "outcomes", "compare")
 _EXPORTS = {
@@ -48,13 +49,4 @@ def metric_path(name: str = "accuracy_with_floor") -> str:
     return str(path)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
-    if name in _SUBMODULES:
-        return import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'trl_ext.stats' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *_LAZY, *_SUBMODULES])
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, submodules=_SUBMODULES, cache=False)

@@ -95,7 +95,7 @@ def question_level_arrays(runs_json: str, methods) -> tuple[dict, list | None, l
     whose curve points name per-question outcome files; questions are those every file has, in sorted order."""
     import numpy as np
 
-    from ..testbed.evaluation import read_outcomes_jsonl as read_outcome_records
+    from .outcomes import read_outcomes_jsonl as read_outcome_records
 
     base = os.path.dirname(os.path.abspath(runs_json))
     data = read_json(runs_json)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _st
 
+from .two_part import binom_two_sided_half
+
 __all__ = [
     "DETECTION_Z",
     "detection_z",
@@ -290,8 +292,6 @@ def _check_mc_args(n_questions, n_seeds, discordance, n_sim):
 
 def _simulate_calls(gaps, n_questions, n_seeds, discordance, alpha, n_sim, seed, require_unanimity):
     """Catch rate of the two-part rule for each gap, with common random numbers across gaps."""
-    from .two_part import _binom_two_sided_half  # local: avoid an import cycle at module load
-
     d = float(discordance)
     out = []
     # Chunk the simulations to bound memory (at most ~4e6 uniforms alive at once). The uniforms are regenerated from
@@ -318,7 +318,7 @@ def _simulate_calls(gaps, n_questions, n_seeds, discordance, alpha, n_sim, seed,
             qv = np.sign(v.sum(axis=1))  # (m, N) per-question majority vote
             ka = (qv > 0).sum(axis=1)
             kb = (qv < 0).sum(axis=1)
-            p = _binom_two_sided_half(ka, ka + kb)
+            p = binom_two_sided_half(ka, ka + kb)
             call = (p < alpha) & (ka > kb)
             if require_unanimity:
                 call &= (net > 0).all(axis=1)

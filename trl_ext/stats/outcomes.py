@@ -12,17 +12,23 @@ absent (the comparison then reports that it cannot use them). Files may be gzip-
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .._io import read_jsonl, resolve_jsonl
+from .._io import read_jsonl, resolve_jsonl, write_text_atomic
 
-__all__ = ["OutcomeFormatError", "RunOutcomes", "read_outcomes", "pair_seed_files", "align_runs"]
+__all__ = ["OutcomeFormatError", "RunOutcomes", "read_outcomes", "pair_seed_files", "align_runs", "REQUIRED_KEYS",
+           "read_outcomes_jsonl", "write_outcomes_jsonl"]
+
+#: Keys every outcome record must have (checked by :func:`write_outcomes_jsonl` / :func:`read_outcomes_jsonl`).
+REQUIRED_KEYS: tuple[str, ...] = ("question_id", "correct", "pass_rate", "n_samples", "completion_tokens")
 
 _SEED_RE = re.compile(r"seed[_-]?(\d+)", re.IGNORECASE)
 
@@ -195,3 +201,53 @@ def align_runs(runs: Sequence[RunOutcomes], *, intersect: bool = False) -> tuple
     dropped = {r.path: [q for q in r.question_ids if q not in common] for r in runs}
     return [r.select(order) for r in runs], {"n_common": len(order),
                                              "dropped": {p: d for p, d in dropped.items() if d}}
+
+
+# ------------------------------------------------------------------- the strict writer / reader of the evaluation
+def _validate_record(rec: dict, where: str) -> None:
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: outcome record must be a JSON object, got {type(rec).__name__}")
+    missing = [k for k in REQUIRED_KEYS if k not in rec]
+    if missing:
+        raise ValueError(f"{where}: outcome record lacks key(s) {missing}")
+    if rec["correct"] not in (0, 1) or isinstance(rec["correct"], bool):
+        raise ValueError(f"{where}: 'correct' must be 0 or 1, got {rec['correct']!r}")
+    pr = rec["pass_rate"]
+    if not isinstance(pr, (int, float)) or not (0.0 <= pr <= 1.0):
+        raise ValueError(f"{where}: 'pass_rate' must be a number in [0, 1], got {pr!r}")
+    if not isinstance(rec["n_samples"], int) or rec["n_samples"] < 1:
+        raise ValueError(f"{where}: 'n_samples' must be a positive int, got {rec['n_samples']!r}")
+
+
+def write_outcomes_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> str:
+    """Write per-question outcome records, one JSON object per line (atomically: tmp file then rename;
+    gzip-compressed, deterministically, when ``path`` ends with ``.gz``).
+
+    Raises ``ValueError`` if a record misses a required key, has a bad value, or a ``question_id`` repeats.
+    Returns the path written.
+    """
+    path = os.fspath(path)
+    seen: set[str] = set()
+    lines = []
+    for i, rec in enumerate(records):
+        _validate_record(rec, f"record {i}")
+        qid = str(rec["question_id"])
+        if qid in seen:
+            raise ValueError(f"record {i}: duplicate question_id {qid!r}; one record per question")
+        seen.add(qid)
+        lines.append(json.dumps({**rec, "question_id": qid}, sort_keys=True))
+    return write_text_atomic(path, "\n".join(lines) + ("\n" if lines else ""))
+
+
+def read_outcomes_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read records written by :func:`write_outcomes_jsonl` (:func:`trl_ext._io.read_jsonl`: blank lines skipped). A
+    ``.gz`` file is gunzipped; a missing ``X.jsonl`` whose ``X.jsonl.gz`` exists is read from the latter.
+
+    Raises ``ValueError`` naming the line for invalid JSON or an invalid record, and for an unreadable file.
+    """
+    path = resolve_jsonl(path)
+    out = []
+    for lineno, rec in read_jsonl(path, numbered=True):
+        _validate_record(rec, f"{path}:{lineno}")
+        out.append(rec)
+    return out

@@ -39,7 +39,7 @@ def _half_p(k: int, n: int) -> float:
     return exact_binomial_test(k, n)
 
 
-def _binom_two_sided_half(k, n):
+def binom_two_sided_half(k, n):
     """:func:`~trl_ext.stats.paired.exact_binomial_test` ``(k, n)`` (p = 1/2, two-sided) elementwise over arrays.
 
     Not a second implementation: one ``scipy.stats.binomtest`` per distinct ``(k, n)`` (cached), which is what the

@@ -6,7 +6,8 @@ Names are imported lazily so that ``import trl_ext.testbed.cli`` (used by ``trl-
 torch/transformers.
 """
 
-from importlib import import_module
+from .._lazy import lazy_exports
+from . import _register  # noqa: F401 - registers the tasks and warm models in trl_ext.registry
 
 _LAZY = {
     "SPECIAL_TOKENS": "tokenizer",
@@ -40,14 +41,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

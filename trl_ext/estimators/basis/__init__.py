@@ -19,7 +19,7 @@ Pipeline per training step (Section 4, Algorithm 3):
 
 All functions are pure numpy/scipy and vectorized; nothing here imports TRL.
 
-Layout (every name, private helpers included, is importable from here):
+Layout (the public names are importable from here):
 
 - :mod:`.values` -- step 1: the beta grid and the offline ``V_beta`` values (Proposition 2, Appendix 10).
 - :mod:`.refinement` -- step 2: the batchwise leave-one-out baseline (Eq. 2, Eq. 4-6) and its fallbacks.
@@ -33,18 +33,7 @@ Layout (every name, private helpers included, is importable from here):
 from __future__ import annotations
 
 from .._validation import to_numpy  # noqa: F401 - importable here before the split
-from ._checks import (  # noqa: F401 - private helpers, importable here before the split
-    _FALLBACKS,
-    _OBJECTIVES,
-    BASIS_VARIANTS,
-    _as_1d_float,
-    _check_beta,
-    _check_eps,
-    _check_fallback,
-    _check_unit_interval,
-    _check_variant,
-    _f64,
-)
+from ._checks import BASIS_VARIANTS
 from .advantages import (
     RANGE_TOL,
     baseline_on_reward_scale,
@@ -54,29 +43,10 @@ from .advantages import (
     std_scale_advantages,
 )
 from .calibration import CalibrationResult, calibrate_beta
-from .grid import (  # noqa: F401 - private helpers, importable here before the split
-    _CHUNK_CELLS,
-    _TINY,
-    _closed_form_values_into,
-    _exclusive_sum_into,
-    _grid_losses,
-)
 from .options import BASIS_OPTION_DEFAULTS, check_beta_grid, validate_basis_options
-from .refinement import (  # noqa: F401 - private helpers, importable here before the split
-    BaselineResult,
-    _exclusive_sum,
-    _exclusive_sum_exact,
-    _fallback_values,
-    _loo_mean,
-    _prep_rewards,
-    _refine,
-    batchwise_baseline,
-)
-from .registry import _register, basis_registry_advantages  # noqa: F401 - registers "basis" on import
-from .values import (  # noqa: F401 - private helpers, importable here before the split
-    _check_grid,
-    _to_padded,
-    _v_and_q,
+from .refinement import BaselineResult, batchwise_baseline
+from .registry import basis_registry_advantages  # noqa: F401 - registers "basis" on import
+from .values import (
     default_beta_grid,
     v_beta,
     v_beta_from_samples,

@@ -10,17 +10,17 @@ import numpy as np
 from .._validation import to_numpy
 
 BASIS_VARIANTS: tuple[str, ...] = ("unb", "vop", "rvg")
-_FALLBACKS: tuple[str, ...] = ("zero", "batch_mean", "value")
-_OBJECTIVES: tuple[str, ...] = ("robust", "paper")
+FALLBACKS: tuple[str, ...] = ("zero", "batch_mean", "value")
+OBJECTIVES: tuple[str, ...] = ("robust", "paper")
 
 
-def _f64(x) -> np.ndarray:
+def f64(x) -> np.ndarray:
     """``x`` (numpy, sequence, or torch tensor of any dtype / device / grad state) as a float64 numpy array."""
     return np.asarray(to_numpy(x), dtype=np.float64)
 
 
-def _as_1d_float(x, name: str) -> np.ndarray:
-    arr = _f64(x)
+def as_1d_float(x, name: str) -> np.ndarray:
+    arr = f64(x)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of shape (N,), got shape {arr.shape}; flatten or index it first.")
     if arr.size == 0:
@@ -28,7 +28,7 @@ def _as_1d_float(x, name: str) -> np.ndarray:
     return arr
 
 
-def _check_unit_interval(arr: np.ndarray, name: str, allow_nan: bool) -> None:
+def check_unit_interval(arr: np.ndarray, name: str, allow_nan: bool) -> None:
     nan = np.isnan(arr)
     if nan.any() and not allow_nan:
         raise ValueError(f"{name} contains {int(nan.sum())} NaN value(s) at indices {np.flatnonzero(nan)[:10].tolist()}; "
@@ -42,28 +42,28 @@ def _check_unit_interval(arr: np.ndarray, name: str, allow_nan: bool) -> None:
                          f"max={fin.max():.6g}. Rescale bounded rewards with (r - lo) / (hi - lo).")
 
 
-def _check_variant(variant: str) -> str:
+def check_variant(variant: str) -> str:
     v = str(variant).lower()
     if v not in BASIS_VARIANTS:
         raise ValueError(f"variant must be one of {BASIS_VARIANTS}, got {variant!r}.")
     return v
 
 
-def _check_fallback(fallback: str) -> str:
-    if fallback not in _FALLBACKS:
-        raise ValueError(f"fallback must be one of {_FALLBACKS}, got {fallback!r}.")
+def check_fallback(fallback: str) -> str:
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
     return fallback
 
 
-def _check_eps(eps: float) -> float:
+def check_eps(eps: float) -> float:
     eps = float(eps)
     if not (0.0 <= eps < 0.5) or np.isnan(eps):
         raise ValueError(f"eps must satisfy 0 <= eps < 0.5 (the paper uses 1e-6), got {eps!r}.")
     return eps
 
 
-def _check_beta(beta) -> np.ndarray:
-    b = _f64(beta)
+def check_beta(beta) -> np.ndarray:
+    b = f64(beta)
     if np.isnan(b).any() or (b <= 0).any():
         raise ValueError("beta must be > 0 (np.inf allowed: the reference policy's value); got "
                          f"{b.ravel()[:5].tolist()}{'...' if b.size > 5 else ''}.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import to_numpy
-from ._checks import _f64
+from ._checks import f64
 from .calibration import CalibrationResult, calibrate_beta
 
 RANGE_TOL = 1e-6
@@ -55,7 +55,7 @@ def rewards_to_unit(rewards, reward_range, tol: float = RANGE_TOL) -> np.ndarray
         weights; a bad ``reward_range``.
     """
     lo, hi = check_reward_range(reward_range)
-    r = _f64(rewards)
+    r = f64(rewards)
     u = (r - lo) / (hi - lo)
     fin = np.isfinite(u)
     outside = fin & ((u < -tol) | (u > 1 + tol))
@@ -90,7 +90,7 @@ def basis_advantages(rewards, p_hat, beta_grid=None, variant="unb", objective="r
     calibration : CalibrationResult
         Calibrated on the [0, 1] scale (its ``baseline`` is ``b^unit``; :func:`baseline_on_reward_scale` maps it).
     """
-    r = _f64(rewards)
+    r = f64(rewards)
     u = r if reward_range is None else rewards_to_unit(r, reward_range)
     cal = calibrate_beta(u, p_hat, beta_grid=beta_grid, variant=variant, objective=objective, eps=eps,
                          fallback=fallback, min_active_fraction=min_active_fraction)
@@ -147,7 +147,7 @@ def std_scale_advantages(advantages, valid=None, eps: float = 1e-4) -> tuple[np.
     advantages they need not be 0 (e.g. every prompt on the zero fallback with reward 1), and are then multiplied by
     ``1 / eps``. With ``eps = 0`` such a batch divides by zero.
     """
-    a = _f64(advantages)
+    a = f64(advantages)
     if a.ndim != 1:
         raise ValueError(f"advantages must be a 1-D array of shape (N,), got shape {a.shape}.")
     ok = np.isfinite(a) if valid is None else np.asarray(to_numpy(valid), dtype=bool)

@@ -8,10 +8,10 @@ from typing import Literal
 
 import numpy as np
 
-from ._checks import _OBJECTIVES, _check_eps, _check_fallback, _check_unit_interval, _check_variant, _f64
-from .grid import _closed_form_values_into, _grid_losses
-from .refinement import BaselineResult, _fallback_values, _prep_rewards, batchwise_baseline
-from .values import _check_grid, _v_and_q
+from ._checks import OBJECTIVES, check_eps, check_fallback, check_unit_interval, check_variant, f64
+from .grid import closed_form_values_into, grid_losses
+from .refinement import BaselineResult, batchwise_baseline, fallback_values, prep_rewards
+from .values import check_grid, v_and_q
 
 
 @dataclass
@@ -128,20 +128,20 @@ def calibrate_beta(
     every reward is NaN (both objectives undefined), the largest beta is returned with ``loss = inf``; the NaN count
     is in ``result.n_nan_rewards``.
     """
-    variant = _check_variant(variant)
-    fallback = _check_fallback(fallback)
-    eps = _check_eps(eps)
-    if objective not in _OBJECTIVES:
-        raise ValueError(f"objective must be one of {_OBJECTIVES}, got {objective!r}.")
+    variant = check_variant(variant)
+    fallback = check_fallback(fallback)
+    eps = check_eps(eps)
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
     maf = float(min_active_fraction)
     if not (0.0 <= maf <= 1.0):
         raise ValueError(f"min_active_fraction must lie in [0, 1], got {min_active_fraction!r}.")
-    grid = _check_grid(beta_grid)
-    n, missing, values_for, values_into = _grid_values(_f64(p_hat), grid)
-    r, valid, r0 = _prep_rewards(rewards, n)
+    grid = check_grid(beta_grid)
+    n, missing, values_for, values_into = _grid_values(f64(p_hat), grid)
+    r, valid, r0 = prep_rewards(rewards, n)
 
-    fb = None if fallback == "value" else _fallback_values(r0, valid, fallback)
-    robust, paper, act_frac = _grid_losses(values_into, grid.size, r0, valid, fb, variant, eps)
+    fb = None if fallback == "value" else fallback_values(r0, valid, fallback)
+    robust, paper, act_frac = grid_losses(values_into, grid.size, r0, valid, fb, variant, eps)
 
     losses, idx, constraint_ok = _select_beta(robust if objective == "robust" else paper, act_frac, grid, maf)
     beta = float(grid[idx])
@@ -183,19 +183,19 @@ def _grid_values(ph: np.ndarray, grid: np.ndarray):
     values_for : callable
         ``values_for(sl) -> (v, q)``: fresh ``(k, N)`` arrays for the grid rows ``sl`` (missing prompts: V = 0).
     values_into : callable
-        ``values_into(sl, v_buf, q_buf) -> (v, q)`` for :func:`_grid_losses` (same values, written into buffers).
+        ``values_into(sl, v_buf, q_buf) -> (v, q)`` for :func:`grid_losses` (same values, written into buffers).
     """
     if ph.ndim == 1:
         n = ph.shape[0]
         if n == 0:
             raise ValueError("p_hat is empty: BASIS needs at least one prompt in the batch.")
-        _check_unit_interval(ph, "p_hat", allow_nan=True)
+        check_unit_interval(ph, "p_hat", allow_nan=True)
         missing = np.isnan(ph)
         p_row = np.where(missing, 0.0, ph)[None, :]
-        values_into = _closed_form_values_into(p_row[0], grid)
+        values_into = closed_form_values_into(p_row[0], grid)
 
         def values_for(sl: slice) -> tuple[np.ndarray, np.ndarray]:
-            return _v_and_q(p_row, grid[sl, None])
+            return v_and_q(p_row, grid[sl, None])
 
     elif ph.ndim == 2:
         n = ph.shape[0]
@@ -204,7 +204,7 @@ def _grid_values(ph: np.ndarray, grid: np.ndarray):
                              f"got {ph.shape}.")
         if n == 0:
             raise ValueError("p_hat is empty: BASIS needs at least one prompt in the batch.")
-        _check_unit_interval(ph.ravel(), "p_hat (V_beta table)", allow_nan=True)
+        check_unit_interval(ph.ravel(), "p_hat (V_beta table)", allow_nan=True)
         row_nan = np.isnan(ph)
         missing = row_nan.all(axis=1)
         if (row_nan.any(axis=1) & ~missing).any():

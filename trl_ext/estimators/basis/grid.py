@@ -8,16 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logit
 
-from .refinement import _exclusive_sum_exact
+from .refinement import exclusive_sum_exact
 
-# Cells per grid chunk in _grid_losses (32 grid rows for N = 512): its work buffers stay cache-resident and are reused
+# Cells per grid chunk in grid_losses (32 grid rows for N = 512): its work buffers stay cache-resident and are reused
 # for every chunk, and a (230, 512) grid takes 8 rounds of numpy calls.
 _CHUNK_CELLS = 16384
 _TINY = 5e-324  # smallest positive float64: max(q, _TINY) == q for every q > 0
 
 
-def _closed_form_values_into(p: np.ndarray, grid: np.ndarray):
-    """``values_into(sl, v_buf, q_buf)`` for :func:`_grid_losses` from pass rates ``p`` of shape (N,).
+def closed_form_values_into(p: np.ndarray, grid: np.ndarray):
+    """``values_into(sl, v_buf, q_buf)`` for :func:`grid_losses` from pass rates ``p`` of shape (N,).
 
     Writes ``V_beta`` and ``1 - V_beta`` of the grid rows ``sl`` into the buffers with the operations of
     :func:`_v_and_q` (``-(lp + 1/beta)`` is computed as ``(-lp) - 1/beta``, the same IEEE result), so every value
@@ -82,11 +82,11 @@ def _exclusive_sum_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     np.subtract(tot[:, None], x, out=out)
     rows = np.flatnonzero(tot - x.max(axis=1) < 1e-6 * tot)
     if rows.size:
-        out[rows] = np.maximum(_exclusive_sum_exact(x[rows]), 0.0)
+        out[rows] = np.maximum(exclusive_sum_exact(x[rows]), 0.0)
     return out
 
 
-def _grid_losses(values_into, n_grid: int, r0: np.ndarray, valid: np.ndarray, fb: np.ndarray | None, variant: str,
+def grid_losses(values_into, n_grid: int, r0: np.ndarray, valid: np.ndarray, fb: np.ndarray | None, variant: str,
                  eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Both calibration objectives and the active fraction on every grid value (the hot loop of :func:`calibrate_beta`).
 
@@ -158,7 +158,7 @@ def _grid_losses(values_into, n_grid: int, r0: np.ndarray, valid: np.ndarray, fb
 
 @dataclass(frozen=True)
 class _GridBatch:
-    """Per-call constants of :func:`_grid_losses`: the batch's finite-reward mask, the fallback and the settings."""
+    """Per-call constants of :func:`grid_losses`: the batch's finite-reward mask, the fallback and the settings."""
 
     n: int
     valid: np.ndarray

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _FALLBACKS, _OBJECTIVES, BASIS_VARIANTS
+from ._checks import BASIS_VARIANTS, FALLBACKS, OBJECTIVES
 
 __all__ = ["BASIS_OPTION_DEFAULTS", "check_beta_grid", "validate_basis_options"]
 
@@ -14,7 +14,7 @@ BASIS_OPTION_DEFAULTS = {"variant": "unb", "objective": "robust", "fallback": "z
 the paper's defaults (Appendix 10: ``eps``; ``fallback="zero"``, the vanilla G = 1 baseline); ``BASISConfig`` sets them
 as its ``basis_<name>`` fields, ``rollout_strategy_kwargs`` by ``<name>`` (``docs/basis.md``)."""
 
-_CHOICES = {"variant": BASIS_VARIANTS, "objective": _OBJECTIVES, "fallback": _FALLBACKS}
+_CHOICES = {"variant": BASIS_VARIANTS, "objective": OBJECTIVES, "fallback": FALLBACKS}
 
 
 def validate_basis_options(options: dict, prefix: str = "") -> dict:

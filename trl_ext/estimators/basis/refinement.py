@@ -8,7 +8,7 @@ from typing import Literal
 
 import numpy as np
 
-from ._checks import _as_1d_float, _check_eps, _check_fallback, _check_unit_interval, _check_variant
+from ._checks import as_1d_float, check_eps, check_fallback, check_unit_interval, check_variant
 
 
 @dataclass
@@ -57,7 +57,7 @@ class BaselineResult:
         return float(np.mean((self.baseline == 0.0) | (self.baseline == 1.0)))
 
 
-def _exclusive_sum_exact(x: np.ndarray) -> np.ndarray:
+def exclusive_sum_exact(x: np.ndarray) -> np.ndarray:
     """``out[..., i] = sum_{j != i} x[..., j]`` by prefix + suffix sums (no subtraction of a dominant own term)."""
     zeros = np.zeros(x.shape[:-1] + (1,))
     pre = np.cumsum(np.concatenate([zeros, x[..., :-1]], axis=-1), axis=-1)
@@ -76,9 +76,9 @@ def _exclusive_sum(x: np.ndarray) -> np.ndarray:
     bad = out < 1e-6 * tot
     if bad.any():
         if x.ndim == 1:
-            return _exclusive_sum_exact(x)
+            return exclusive_sum_exact(x)
         rows = bad.reshape(-1, x.shape[-1]).any(axis=1).reshape(x.shape[:-1])
-        out[rows] = _exclusive_sum_exact(x[rows])
+        out[rows] = exclusive_sum_exact(x[rows])
     return np.maximum(out, 0.0)
 
 
@@ -116,7 +116,7 @@ def _loo_mean(r0: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.where(cnt > 0, out, 0.0)
 
 
-def _fallback_values(r0: np.ndarray, valid: np.ndarray, mode: str, v0: np.ndarray | None = None) -> np.ndarray:
+def fallback_values(r0: np.ndarray, valid: np.ndarray, mode: str, v0: np.ndarray | None = None) -> np.ndarray:
     """Fallback baselines: zeros, the leave-one-out batch mean, or the initial value itself (0 where missing)."""
     if mode == "zero":
         return np.zeros_like(r0)
@@ -125,12 +125,12 @@ def _fallback_values(r0: np.ndarray, valid: np.ndarray, mode: str, v0: np.ndarra
     return v0
 
 
-def _prep_rewards(rewards, n: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r = _as_1d_float(rewards, "rewards")
+def prep_rewards(rewards, n: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r = as_1d_float(rewards, "rewards")
     if n is not None and r.shape[0] != n:
         raise ValueError(f"rewards has {r.shape[0]} entries but the values/p_hat describe {n} prompts; "
                          "pass one reward and one value per prompt, in the same order.")
-    _check_unit_interval(r, "rewards", allow_nan=True)
+    check_unit_interval(r, "rewards", allow_nan=True)
     valid = ~np.isnan(r)
     return r, valid, np.where(valid, r, 0.0)
 
@@ -188,12 +188,12 @@ def batchwise_baseline(
     ValueError
         Shape mismatch, empty batch, rewards or values outside [0, 1] or infinite, unknown variant/fallback, bad eps.
     """
-    variant = _check_variant(variant)
-    fallback = _check_fallback(fallback)
-    eps = _check_eps(eps)
-    v = _as_1d_float(values, "values")
-    _check_unit_interval(v, "values", allow_nan=True)
-    r, valid, r0 = _prep_rewards(rewards, v.shape[0])
+    variant = check_variant(variant)
+    fallback = check_fallback(fallback)
+    eps = check_eps(eps)
+    v = as_1d_float(values, "values")
+    check_unit_interval(v, "values", allow_nan=True)
+    r, valid, r0 = prep_rewards(rewards, v.shape[0])
     missing = np.isnan(v)
     v0 = np.where(missing, 0.0, v)
     q0 = 1.0 - v0
@@ -201,7 +201,7 @@ def batchwise_baseline(
     src = active & valid
     base, has = _refine(r0, src, v0, q0, variant)
     use_fb = ~(active & has)
-    baseline = np.where(use_fb, _fallback_values(r0, valid, fallback, v0), base)
+    baseline = np.where(use_fb, fallback_values(r0, valid, fallback, v0), base)
     return BaselineResult(
         baseline=baseline,
         active=active,

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from ._checks import _f64
+from ._checks import f64
 from .advantages import baseline_on_reward_scale, basis_advantages
 
 
@@ -78,7 +78,7 @@ def _register():
             adv, divisor = std_scale(adv, ok, eps=norm_eps)
         scale = np.full(n, divisor)
         ids = np.arange(n) if group_ids is None else group_ids
-        st = group_stats(_f64(rewards), ids)
+        st = group_stats(f64(rewards), ids)
         cnt, sd_g = st["count"], np.nan_to_num(st["std"], nan=0.0)
         n_zero = int(np.sum((cnt >= 1) & ((cnt == 1) | np.isclose(sd_g, 0.0, atol=1e-12))))
         extras = {"beta": cal.beta, "loss": cal.loss, "active_fraction": cal.active_fraction,

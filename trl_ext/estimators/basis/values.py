@@ -7,7 +7,7 @@ import numpy as np
 from scipy.special import logit
 
 from .._validation import to_numpy
-from ._checks import _as_1d_float, _check_beta, _check_unit_interval, _f64
+from ._checks import as_1d_float, check_beta, check_unit_interval, f64
 
 
 def default_beta_grid() -> np.ndarray:
@@ -27,15 +27,15 @@ def default_beta_grid() -> np.ndarray:
 
 
 
-def _check_grid(beta_grid) -> np.ndarray:
-    grid = default_beta_grid() if beta_grid is None else _check_beta(beta_grid)
+def check_grid(beta_grid) -> np.ndarray:
+    grid = default_beta_grid() if beta_grid is None else check_beta(beta_grid)
     if grid.ndim != 1 or grid.size == 0:
         raise ValueError(f"beta_grid must be a non-empty 1-D array, got shape {grid.shape}.")
     return grid
 
 
 
-def _v_and_q(p_hat: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def v_and_q(p_hat: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """V_beta and 1 - V_beta for binary rewards, both computed without cancellation (broadcasting).
 
     With x = logit(p) + 1/beta and e = exp(-x): V = 1 / (1 + e) and 1 - V = e V. The logit is clipped to
@@ -88,10 +88,10 @@ def v_beta(p_hat, beta) -> np.ndarray:
     ``1[p_hat > 0]`` (the reward-optimal policy). For fixed ``p_hat`` in (0, 1) the value is strictly decreasing in
     ``beta`` and strictly increasing in ``p_hat``; ``p_hat`` in {0, 1} is a fixed point for every ``beta``.
     """
-    p = _f64(p_hat)
-    _check_unit_interval(p.ravel(), "p_hat", allow_nan=False)
-    b = _check_beta(beta)
-    return _v_and_q(p, b)[0]
+    p = f64(p_hat)
+    check_unit_interval(p.ravel(), "p_hat", allow_nan=False)
+    b = check_beta(beta)
+    return v_and_q(p, b)[0]
 
 
 def v_beta_table(p_hat, beta_grid=None) -> np.ndarray:
@@ -108,8 +108,8 @@ def v_beta_table(p_hat, beta_grid=None) -> np.ndarray:
     -------
     numpy.ndarray, shape (N, K)
     """
-    p = _as_1d_float(p_hat, "p_hat")
-    return v_beta(p[:, None], _check_grid(beta_grid)[None, :])
+    p = as_1d_float(p_hat, "p_hat")
+    return v_beta(p[:, None], check_grid(beta_grid)[None, :])
 
 
 def _to_padded(reward_samples, counts) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +120,7 @@ def _to_padded(reward_samples, counts) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(reward_samples, np.ndarray) and reward_samples.ndim == 2:
             arr = reward_samples.astype(np.float64)
             return arr, np.ones(arr.shape, dtype=bool)
-        rows = [_f64(r).ravel() for r in reward_samples]
+        rows = [f64(r).ravel() for r in reward_samples]
         if not rows:
             raise ValueError("reward_samples is empty: pass one array of reference rewards per prompt.")
         m = max((r.size for r in rows), default=0)
@@ -130,7 +130,7 @@ def _to_padded(reward_samples, counts) -> tuple[np.ndarray, np.ndarray]:
             arr[i, : r.size] = r
             mask[i, : r.size] = True
         return arr, mask
-    arr = _f64(reward_samples)
+    arr = f64(reward_samples)
     if arr.ndim != 2:
         raise ValueError(f"with counts, reward_samples must be a padded 2-D array (N, M), got shape {arr.shape}.")
     c = to_numpy(counts)
@@ -189,7 +189,7 @@ def v_beta_from_samples(reward_samples, beta, counts=None, *, return_counts: boo
         bad = np.flatnonzero(n_used == 0)
         raise ValueError(f"{bad.size} prompt(s) have no finite reference reward (indices {bad[:10].tolist()}); "
                          "their V_beta is undefined -- resample them or drop them from the table.")
-    b = _check_beta(beta)
+    b = check_beta(beta)
     if b.ndim > 1:
         raise ValueError(f"beta must be a scalar or 1-D grid, got shape {b.shape}.")
     r = np.where(real, arr, 0.0)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from .._validation import as_float_array, factorize_groups, to_numpy  # noqa: F401 - importable here before the split
 from ..baselines import AdvantageResult, register_advantage_estimator  # noqa: F401 - importable here before the split
-from ._checks import _f64, _joint, _probabilities, _scores, _selected, _vector  # noqa: F401 - private, re-exported
 from .advantages import (
     PairAdvantages,
     fixed_normalizer,
@@ -45,15 +44,13 @@ from .advantages import (
     scorable_selection,
     standardize_pair_advantages,
 )
-from .design import (  # noqa: F401 - `_run_slsqp` is the patch point of the solver-failure tests
+from .design import (  # noqa: F401 - `run_slsqp` is the patch point of the solver-failure tests
     PairDesign,
-    _phi,
-    _repair_budget,
-    _run_slsqp,
     pair_design,
+    run_slsqp,
     uniform_design,
 )
-from .graph import _check_edge_matrix, edge_proxies, shared_vertex_term  # noqa: F401 - private, re-exported
+from .graph import edge_proxies, shared_vertex_term
 from .group_draw import (
     GroupDraw,
     anchor_marginal_inclusion,

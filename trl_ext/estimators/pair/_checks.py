@@ -10,13 +10,13 @@ import numpy as np
 from .._validation import to_numpy
 
 
-def _f64(x) -> np.ndarray:
+def f64(x) -> np.ndarray:
     """``x`` (numpy, sequence, or torch tensor of any dtype / device / grad state) as a float64 numpy array."""
     return np.asarray(to_numpy(x), dtype=np.float64)
 
 
-def _vector(name: str, x, *, allow_nan: bool = False, min_len: int = 1) -> np.ndarray:
-    arr = _f64(x)
+def check_vector(name: str, x, *, allow_nan: bool = False, min_len: int = 1) -> np.ndarray:
+    arr = f64(x)
     if arr.ndim != 1:
         raise ValueError(f"`{name}` must be a 1-D array of shape (G,), got shape {arr.shape}.")
     if arr.shape[0] < min_len:
@@ -27,8 +27,8 @@ def _vector(name: str, x, *, allow_nan: bool = False, min_len: int = 1) -> np.nd
     return arr
 
 
-def _scores(scores, G: int) -> np.ndarray:
-    s = _f64(scores)
+def check_scores(scores, G: int) -> np.ndarray:
+    s = f64(scores)
     if s.ndim != 2 or s.shape[0] != G:
         raise ValueError(
             f"`scores` must have shape (G, D) = ({G}, D) (one score vector per vertex), got {s.shape}; "
@@ -39,8 +39,8 @@ def _scores(scores, G: int) -> np.ndarray:
     return s
 
 
-def _probabilities(name: str, x, G: int | None = None) -> np.ndarray:
-    p = _vector(name, x)
+def check_probabilities(name: str, x, G: int | None = None) -> np.ndarray:
+    p = check_vector(name, x)
     if G is not None and p.shape[0] != G:
         raise ValueError(f"`{name}` has {p.shape[0]} entries but the group has G = {G}.")
     if np.any(p <= 0.0) or np.any(p > 1.0):
@@ -52,7 +52,7 @@ def _probabilities(name: str, x, G: int | None = None) -> np.ndarray:
     return p
 
 
-def _selected(selected, G: int) -> np.ndarray:
+def check_selected(selected, G: int) -> np.ndarray:
     sel = to_numpy(selected)
     if sel.shape != (G,):
         raise ValueError(f"`selected` must have shape ({G},), got {sel.shape}.")
@@ -63,9 +63,9 @@ def _selected(selected, G: int) -> np.ndarray:
     return sel
 
 
-def _joint(joint, inclusion: np.ndarray) -> np.ndarray:
+def check_joint(joint, inclusion: np.ndarray) -> np.ndarray:
     G = inclusion.shape[0]
-    rho = _f64(joint)
+    rho = f64(joint)
     if rho.shape != (G, G):
         raise ValueError(f"`joint` must be a ({G}, {G}) joint-inclusion matrix, got {rho.shape}.")
     if not np.all(np.isfinite(rho)):

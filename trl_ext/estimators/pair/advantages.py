@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import _joint, _probabilities, _selected, _vector
+from ._checks import check_joint, check_probabilities, check_selected, check_vector
 from .inclusion import independent_joint_inclusion
 from .variance import effective_sample_size
 
@@ -86,8 +86,8 @@ def scorable_selection(rewards, selected) -> tuple[np.ndarray, int]:
     (observed, n_unscorable) : ndarray of bool (G,), int
         ``observed = selected & ~isnan(rewards)``, the vertices whose edges enter Eq. 12-13.
     """
-    r = _vector("rewards", rewards, allow_nan=True)
-    sel = _selected(selected, r.shape[0])
+    r = check_vector("rewards", rewards, allow_nan=True)
+    sel = check_selected(selected, r.shape[0])
     if np.any(np.isinf(r[sel])):
         bad = np.flatnonzero(sel & np.isinf(r)).tolist()
         raise ValueError(f"selected (completed) vertices {bad} have infinite rewards; pass finite rewards (NaN marks "
@@ -140,16 +140,16 @@ def pair_advantages(rewards, selected, inclusion, *, joint=None, w_max=None, sel
     theirs is observed, their advantage is 0, everything else (``pi``, ``rho``, ``M``) is unchanged; they are
     counted in ``n_unscorable``.
     """
-    pi = _probabilities("inclusion", inclusion)
+    pi = check_probabilities("inclusion", inclusion)
     G = pi.shape[0]
     if G < 2:
         raise ValueError("a candidate group needs G >= 2 vertices to have pairs.")
-    r = _vector("rewards", rewards, allow_nan=True)
+    r = check_vector("rewards", rewards, allow_nan=True)
     if r.shape[0] != G:
         raise ValueError(f"`rewards` has {r.shape[0]} entries but `inclusion` has G = {G}.")
-    sel_all = _selected(selected, G)
+    sel_all = check_selected(selected, G)
     sel, n_unscorable = scorable_selection(r, sel_all)
-    rho = independent_joint_inclusion(pi) if joint is None else _joint(joint, pi)
+    rho = independent_joint_inclusion(pi) if joint is None else check_joint(joint, pi)
     if w_max is not None:
         w_max = float(w_max)
         if not math.isfinite(w_max) or w_max < 1.0:
@@ -268,8 +268,8 @@ def standardize_pair_advantages(advantages, rewards, selected, eps: float = 1e-4
         Shapes that differ, advantages that are not finite, ``eps`` negative or not finite, an infinite reward on a
         selected vertex.
     """
-    a = _vector("advantages", advantages)
-    r = _vector("rewards", rewards, allow_nan=True)
+    a = check_vector("advantages", advantages)
+    r = check_vector("rewards", rewards, allow_nan=True)
     if r.shape != a.shape:
         raise ValueError(f"`rewards` has {r.shape[0]} entries but `advantages` has {a.shape[0]}.")
     eps = float(eps)

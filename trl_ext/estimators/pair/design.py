@@ -10,8 +10,8 @@ from functools import partial
 
 import numpy as np
 
-from ._checks import _vector
-from .graph import _check_edge_matrix, edge_proxies, shared_vertex_term
+from ._checks import check_vector
+from .graph import check_edge_matrix, edge_proxies, shared_vertex_term
 
 
 def uniform_design(cost_hat, budget) -> np.ndarray:
@@ -30,7 +30,7 @@ def uniform_design(cost_hat, budget) -> np.ndarray:
         Constant probabilities; the expected cost :math:`\sum_i c_i\pi_i` is ``min(C, sum(c))``. Note that this may be
         below a probability floor when ``C < pi_min * sum(c)`` (see :func:`pair_design`).
     """
-    c = _vector("cost_hat", cost_hat)
+    c = check_vector("cost_hat", cost_hat)
     if np.any(c <= 0):
         raise ValueError("`cost_hat` must be > 0 (predicted remaining suffix tokens).")
     budget = float(budget)
@@ -113,7 +113,7 @@ def _repair_budget(x: np.ndarray, c: np.ndarray, budget: float, x_max: float) ->
     return x
 
 
-def _run_slsqp(a, b, c, budget, x_start, x_max, max_iter, tol):
+def run_slsqp(a, b, c, budget, x_start, x_max, max_iter, tol):
     """Solve Eq. 10-11 in x = -log(pi) with SLSQP. Returns (x, n_iter, success, message)."""
     from scipy import optimize
 
@@ -235,8 +235,8 @@ def pair_design(
 
 def _check_design_args(p_hat, cost_hat, budget, pi_min, max_iter, on_infeasible):
     """Validated ``(p, c, pi_min, budget)`` of :func:`pair_design` (positivity of costs, the floor, the budget)."""
-    p = _vector("p_hat", p_hat)
-    c = _vector("cost_hat", cost_hat)
+    p = check_vector("p_hat", p_hat)
+    c = check_vector("cost_hat", cost_hat)
     G = p.shape[0]
     if c.shape[0] != G:
         raise ValueError(f"`cost_hat` has {c.shape[0]} entries but `p_hat` has {G}.")
@@ -262,7 +262,7 @@ def _design_edges(p: np.ndarray, G: int, kind: str, score_norm, edge_weights) ->
     """The edge proxies :math:`a_{ij}` of Eq. 10: from ``p_hat`` (Eq. 8-9) or the caller's ``edge_weights``."""
     if edge_weights is None:
         return edge_proxies(p, kind=kind, score_norm=score_norm)
-    a = _check_edge_matrix(edge_weights)
+    a = check_edge_matrix(edge_weights)
     if a.shape != (G, G):
         raise ValueError(f"`edge_weights` must have shape ({G}, {G}), got {a.shape}.")
     return a
@@ -315,7 +315,7 @@ def _start_point(x0, pi_u: np.ndarray, G: int, x_max: float) -> tuple[np.ndarray
     """
     if x0 is None:
         return -np.log(pi_u), False
-    x_start = _vector("x0", x0)
+    x_start = check_vector("x0", x0)
     if x_start.shape[0] != G:
         raise ValueError(f"`x0` has {x_start.shape[0]} entries but the group has G = {G}.")
     return np.clip(x_start, 0.0, x_max), True
@@ -326,11 +326,11 @@ def _solve_design(make, a, b, c, budget, pi_u, x_start, x_max, max_iter, tol) ->
 
     Any rejection returns the uniform design ``pi_u`` with ``fell_back=True`` and the reason.
     """
-    # The solver is looked up on the package at call time: tests replace `trl_ext.estimators.pair._run_slsqp`
+    # The solver is looked up on the package at call time: tests replace `trl_ext.estimators.pair.run_slsqp`
     # (monkeypatch) to simulate solver failures, and the replacement must reach this call.
-    run_slsqp = sys.modules[__package__]._run_slsqp
+    solver = sys.modules[__package__].run_slsqp
     try:
-        x, n_iter, success, message, status = run_slsqp(a, b, c, budget, x_start, x_max, max_iter, tol)
+        x, n_iter, success, message, status = solver(a, b, c, budget, x_start, x_max, max_iter, tol)
     except Exception as exc:  # noqa: BLE001 - any solver crash becomes a documented fallback
         return make(pi_u, True, f"solver failed: {type(exc).__name__}: {exc}")
     if not np.all(np.isfinite(x)):

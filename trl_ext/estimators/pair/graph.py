@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _f64, _vector
+from ._checks import check_vector, f64
 
 
 def edge_proxies(p_hat, kind: str = "disagreement", score_norm=None) -> np.ndarray:
@@ -30,7 +30,7 @@ def edge_proxies(p_hat, kind: str = "disagreement", score_norm=None) -> np.ndarr
         Symmetric, nonnegative, zero diagonal. All zeros when every ``p_hat`` is 0 or every one is 1
         (saturated group, Appendix F): :func:`pair_design` then returns the uniform design.
     """
-    p = _vector("p_hat", p_hat)
+    p = check_vector("p_hat", p_hat)
     if np.any(p < 0.0) or np.any(p > 1.0):
         raise ValueError("`p_hat` must lie in [0, 1] (predicted success probabilities).")
     d = p[:, None] * (1.0 - p[None, :]) + (1.0 - p[:, None]) * p[None, :]
@@ -39,7 +39,7 @@ def edge_proxies(p_hat, kind: str = "disagreement", score_norm=None) -> np.ndarr
     elif kind == "score_norm":
         if score_norm is None:
             raise ValueError('kind="score_norm" needs `score_norm` (predicted score norms m_i >= 0).')
-        m = _vector("score_norm", score_norm)
+        m = check_vector("score_norm", score_norm)
         if m.shape != p.shape:
             raise ValueError(f"`score_norm` must have shape {p.shape}, got {m.shape}.")
         if np.any(m < 0):
@@ -52,8 +52,8 @@ def edge_proxies(p_hat, kind: str = "disagreement", score_norm=None) -> np.ndarr
     return a
 
 
-def _check_edge_matrix(a) -> np.ndarray:
-    a = _f64(a)
+def check_edge_matrix(a) -> np.ndarray:
+    a = f64(a)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
         raise ValueError(f"edge proxies must be a square (G, G) matrix, got {a.shape}.")
     if not np.all(np.isfinite(a)):
@@ -82,6 +82,6 @@ def shared_vertex_term(a) -> np.ndarray:
     -------
     ndarray, shape (G,), nonnegative.
     """
-    a = _check_edge_matrix(a)
+    a = check_edge_matrix(a)
     root = np.sqrt(a).sum(axis=1)
     return np.maximum(root**2 - a.sum(axis=1), 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _probabilities
+from ._checks import check_probabilities
 
 
 def independent_joint_inclusion(inclusion) -> np.ndarray:
@@ -20,7 +20,7 @@ def independent_joint_inclusion(inclusion) -> np.ndarray:
     -------
     ndarray, shape (G, G)
     """
-    pi = _probabilities("inclusion", inclusion)
+    pi = check_probabilities("inclusion", inclusion)
     rho = np.outer(pi, pi)
     np.fill_diagonal(rho, pi)
     return rho
@@ -48,7 +48,7 @@ def anchor_pair_joint_inclusion(inclusion, anchor) -> tuple[np.ndarray, np.ndarr
     (marginals, joint) : ndarray (G,), ndarray (G, G)
         Conditional marginals and joint inclusion probabilities to log and to pass to :func:`pair_advantages`.
     """
-    pi = _probabilities("inclusion", inclusion).copy()
+    pi = check_probabilities("inclusion", inclusion).copy()
     G = pi.shape[0]
     try:
         k, l_ = (int(v) for v in anchor)
@@ -74,7 +74,7 @@ def draw_selection(inclusion, rng: np.random.Generator, anchor=None) -> np.ndarr
     -------
     ndarray of bool, shape (G,)
     """
-    pi = _probabilities("inclusion", inclusion)
+    pi = check_probabilities("inclusion", inclusion)
     sel = rng.random(pi.shape[0]) < pi
     if anchor is not None:
         pi_c, _ = anchor_pair_joint_inclusion(pi, anchor)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _scores, _vector
+from ._checks import check_scores, check_vector
 
 
 def pair_kernel(rewards, scores) -> np.ndarray:
@@ -22,8 +22,8 @@ def pair_kernel(rewards, scores) -> np.ndarray:
     ndarray, shape (G, G, D)
         ``h[i, j]``; symmetric in ``(i, j)`` with a zero diagonal.
     """
-    r = _vector("rewards", rewards)
-    s = _scores(scores, r.shape[0])
+    r = check_vector("rewards", rewards)
+    s = check_scores(scores, r.shape[0])
     return 0.5 * (r[:, None] - r[None, :])[:, :, None] * (s[:, None, :] - s[None, :, :])
 
 
@@ -43,7 +43,7 @@ def complete_pair_average(rewards, scores) -> np.ndarray:
     -------
     ndarray, shape (D,)
     """
-    r = _vector("rewards", rewards, min_len=2)
+    r = check_vector("rewards", rewards, min_len=2)
     h = pair_kernel(r, scores)
     G = r.shape[0]
     iu = np.triu_indices(G, k=1)
@@ -62,8 +62,8 @@ def loo_score_gradient(rewards, scores) -> np.ndarray:
     -------
     ndarray, shape (D,)
     """
-    r = _vector("rewards", rewards, min_len=2)
-    s = _scores(scores, r.shape[0])
+    r = check_vector("rewards", rewards, min_len=2)
+    s = check_scores(scores, r.shape[0])
     G = r.shape[0]
     loo_mean = (r.sum() - r) / (G - 1)
     return ((r - loo_mean)[:, None] * s).sum(axis=0) / G

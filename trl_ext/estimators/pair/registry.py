@@ -6,7 +6,7 @@ import numpy as np
 
 from .._validation import as_float_array, factorize_groups, to_numpy
 from ..baselines import AdvantageResult, register_advantage_estimator
-from ._checks import _probabilities, _selected
+from ._checks import check_probabilities, check_selected
 from .advantages import pair_advantages, scorable_selection
 
 
@@ -43,8 +43,8 @@ def pair_group_advantages(rewards, group_ids, selected, inclusion, w_max=None, s
     sel = to_numpy(selected)
     if sel.shape != (n,):
         raise ValueError(f"`selected` must have shape ({n},), got {sel.shape}.")
-    sel = _selected(sel, n)
-    pi = _probabilities("inclusion", inclusion, n)
+    sel = check_selected(sel, n)
+    pi = check_probabilities("inclusion", inclusion, n)
     sel_ok, n_nan = scorable_selection(r, sel)
     adv = np.zeros(n)
     n_deg = 0

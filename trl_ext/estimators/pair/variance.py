@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _f64, _probabilities
+from ._checks import check_probabilities, f64
 from .kernel import pair_kernel
 
 
@@ -22,7 +22,7 @@ def effective_sample_size(weights) -> float:
     float
         In [1, E] for E >= 1 with some positive weight; 0.0 for an empty (or all-zero) set.
     """
-    w = _f64(weights).ravel()
+    w = f64(weights).ravel()
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError("`weights` must be finite and nonnegative.")
     top = float(w.max()) if w.size else 0.0
@@ -56,7 +56,7 @@ def design_covariance(rewards, scores, inclusion) -> np.ndarray:
     """
     h = pair_kernel(rewards, scores)
     G = h.shape[0]
-    pi = _probabilities("inclusion", inclusion, G)
+    pi = check_probabilities("inclusion", inclusion, G)
     M = G * (G - 1) / 2.0
     iu = np.triu_indices(G, k=1)
     he = h[iu]  # (E, D)

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ._checks import _vector
-from .graph import _check_edge_matrix, edge_proxies, shared_vertex_term
+from ._checks import check_vector
+from .graph import check_edge_matrix, edge_proxies, shared_vertex_term
 
 
 def design_priority(p_hat, cost_hat, budget, pi_min: float = 0.08, *, kind: str = "disagreement", score_norm=None,
@@ -29,13 +29,13 @@ def design_priority(p_hat, cost_hat, budget, pi_min: float = 0.08, *, kind: str 
     ndarray, shape (G,)
         Nonnegative priorities (0 for a vertex without any predicted contrast).
     """
-    p = _vector("p_hat", p_hat)
-    c = _vector("cost_hat", cost_hat)
+    p = check_vector("p_hat", p_hat)
+    c = check_vector("cost_hat", cost_hat)
     if c.shape != p.shape:
         raise ValueError(f"`cost_hat` has {c.shape[0]} entries but `p_hat` has {p.shape[0]}.")
     if np.any(c <= 0):
         raise ValueError("`cost_hat` must be > 0 (predicted remaining suffix tokens).")
-    a = edge_proxies(p, kind=kind, score_norm=score_norm) if edge_weights is None else _check_edge_matrix(edge_weights)
+    a = edge_proxies(p, kind=kind, score_norm=score_norm) if edge_weights is None else check_edge_matrix(edge_weights)
     b = shared_vertex_term(a)
     pi_u = min(1.0, max(float(pi_min), float(budget) / float(c.sum())))
     return (a.sum(axis=1) / pi_u + b) / c
@@ -45,8 +45,8 @@ def fit_to_budget(x, cost_hat, budget, pi_min: float) -> np.ndarray:
     """Shift ``x = -log(pi)`` by one constant (inside the box ``[0, -log pi_min]``) so the expected cost
     ``sum_i c_i e^{-x_i}`` equals ``budget`` (or comes as close as the box allows). Bisection; used to make a warm
     start feasible and on the budget surface, where the optimum of Eq. 10-11 lies."""
-    x = _vector("x", x)
-    c = _vector("cost_hat", cost_hat)
+    x = check_vector("x", x)
+    c = check_vector("cost_hat", cost_hat)
     x_max = -math.log(float(pi_min))
     budget = float(budget)
     lo, hi = -x_max - 1.0, x_max + 1.0
@@ -85,7 +85,7 @@ class DesignWarmStart:
 
     def initial_point(self, p_hat, cost_hat, budget, pi_min: float = 0.08, **proxy_kw) -> np.ndarray | None:
         """The warm start ``x0`` for :func:`pair_design` (same arguments), or ``None`` without a profile for G."""
-        c = _vector("cost_hat", cost_hat)
+        c = check_vector("cost_hat", cost_hat)
         profile = self.profiles.get(int(c.shape[0]))
         if profile is None:
             return None
@@ -103,7 +103,7 @@ class DesignWarmStart:
         """
         by_g: dict[int, list[np.ndarray]] = {}
         for x in solutions:
-            x = np.sort(_vector("x", x))
+            x = np.sort(check_vector("x", x))
             by_g.setdefault(int(x.shape[0]), []).append(x)
         for g, xs in by_g.items():
             self.profiles[g] = np.mean(np.stack(xs), axis=0)

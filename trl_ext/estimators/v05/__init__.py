@@ -42,29 +42,20 @@ from .._validation import (  # noqa: F401 - importable here before the split
 )
 from ..baselines import AdvantageResult, register_advantage_estimator  # noqa: F401 - importable here before the split
 from .estimator import v05_advantages, v05_signed_rewards
-from .fusion import (  # noqa: F401 - private helpers, importable here before the split
-    _TIE_RTOL,
+from .fusion import (
     DEFAULT_SIGMA_FLOOR,
     FusionResult,
-    _check_prior,
-    _fuse,
-    _ragged_to_groups,
     fused_advantages,
     fused_advantages_batch,
     shrinkage_fusion,
     shrinkage_fusion_batch,
     to_signed_reward,
 )
-from .osla import (  # noqa: F401 - `osla_step` is the patch point tests spy on; private helpers re-exported
+from .osla import (  # noqa: F401 - `osla_step` is the patch point tests spy on
     V05_K_INIT,
     V05_PAPER_COST,
     OslaAllocation,
     OslaStep,
-    _check_bias2,
-    _check_cost,
-    _check_frac,
-    _check_k,
-    _global_stop,
     osla_allocate,
     osla_cap,
     osla_need_more,

@@ -61,7 +61,7 @@ def _fuse(mean: np.ndarray, k: np.ndarray, prior: np.ndarray) -> tuple[np.ndarra
     return bias2, weight, np.clip(baseline, -1.0, 1.0)
 
 
-def _check_prior(prior: Any, name: str = "prior") -> np.ndarray:
+def check_prior(prior: Any, name: str = "prior") -> np.ndarray:
     v = as_float_array(prior, name, ndim=None)
     check_no_nan(v.reshape(-1), name)
     check_range(v, name, -1.0, 1.0)
@@ -91,7 +91,7 @@ def shrinkage_fusion(rewards: Any, prior: float) -> FusionResult:
     """
     r = as_float_array(rewards, "rewards", ndim=1)
     check_range(r, "rewards", -1.0, 1.0)
-    v = _check_prior(prior)
+    v = check_prior(prior)
     if v.ndim != 0:
         raise ValueError(f"prior must be a scalar for shrinkage_fusion, got shape {v.shape}; "
                          f"use shrinkage_fusion_batch for many prompts.")
@@ -148,7 +148,7 @@ def shrinkage_fusion_batch(rewards: Any, group_ids: Any, priors: Any) -> FusionR
         Length mismatch between priors and groups, out-of-range values, or a group without any finite reward.
     """
     r, codes, ok, k, g = _ragged_to_groups(rewards, group_ids)
-    v = _check_prior(priors, "priors")
+    v = check_prior(priors, "priors")
     if v.ndim != 1 or v.shape[0] != g:
         raise ValueError(f"priors must have shape ({g},) (one per group, in order of first appearance), got {v.shape}.")
     if (k == 0).any():

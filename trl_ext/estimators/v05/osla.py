@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import as_float_array, check_no_nan, check_positive_scalar, to_numpy
-from .fusion import FusionResult, _check_prior, shrinkage_fusion_batch
+from .fusion import FusionResult, check_prior, shrinkage_fusion_batch
 
 V05_PAPER_COST = 0.0039  #: the paper's marginal rollout cost c (1/sqrt(c) ~ 16.01 -> cap 16)
 V05_K_INIT = 4  #: k_init = k_min from Appendix A.8 (1/sqrt(k) >= 2/k  <=>  k >= 4)
@@ -60,7 +60,7 @@ def osla_cap(cost: float) -> int:
     return int(math.floor(1.0 / math.sqrt(c) + 0.5))
 
 
-def _check_k(k: Any) -> np.ndarray:
+def check_k(k: Any) -> np.ndarray:
     kk = to_numpy(k)
     if kk.dtype.kind == "f":
         if np.isnan(kk).any() or (kk != np.round(kk)).any():
@@ -79,7 +79,7 @@ def osla_need_more(k: Any, bias2: Any, cost: float, cap: int | None = None) -> n
     Stateless and vectorised; ``k`` and ``bias2`` broadcast. ``cap`` defaults to :func:`osla_cap`.
     A prompt whose prior is accepted (bias2 == 0) never needs more.
     """
-    kk = _check_k(k)
+    kk = check_k(k)
     cap = osla_cap(cost) if cap is None else int(cap)
     if cap < 1:
         raise ValueError(f"cap must be >= 1, got {cap}.")
@@ -103,7 +103,7 @@ def osla_next_counts(k: Any, bias2: Any, cost: float, step: int = 2, cap: int | 
     """
     if int(step) != step or step < 1:
         raise ValueError(f"step must be a positive integer, got {step!r}.")
-    kk = _check_k(k)
+    kk = check_k(k)
     cap = osla_cap(cost) if cap is None else int(cap)
     need = osla_need_more(kk, bias2, cost, cap=cap)
     return np.where(need, np.minimum(kk + int(step), cap), kk)
@@ -200,7 +200,7 @@ def osla_step(
         ``stop`` / ``stopped_globally`` are Python bools for a single batch (1-D input), else arrays of the leading
         shape.
     """
-    kk = _check_k(k)
+    kk = check_k(k)
     b = as_float_array(bias2, "bias2", ndim=None)
     kk, b = np.broadcast_arrays(kk, b)
     if kk.ndim == 0 or kk.shape[-1] == 0:
@@ -274,7 +274,7 @@ def osla_allocate(
         Bad priors / k_init, a ``sample`` output of the wrong shape or range, or a prompt whose rewards are all
         NaN (fusion needs at least one finite reward).
     """
-    v = _check_prior(priors, "priors")
+    v = check_prior(priors, "priors")
     if v.ndim != 1 or v.size == 0:
         raise ValueError(f"priors must be a non-empty 1-D array, got shape {v.shape}.")
     cap = osla_cap(cost) if cap is None else int(cap)

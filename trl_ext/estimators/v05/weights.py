@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .osla import _check_k
+from .osla import check_k
 
 
 def equal_prompt_weights(k: Any) -> np.ndarray:
@@ -31,7 +31,7 @@ def equal_prompt_weights(k: Any) -> np.ndarray:
         ``mean(k) / k``; in ``[k_min / k_max, k_max / k_min]`` (at most ``cap / k_init`` = 4 with the paper's
         defaults, so ``|c_j A_i| <= 4 x 2 / sigma_floor``).
     """
-    kk = _check_k(k)
+    kk = check_k(k)
     if kk.ndim != 1 or kk.size == 0:
         raise ValueError(f"k must be a non-empty 1-D array of per-prompt rollout counts, got shape {kk.shape}.")
     return float(kk.mean()) / kk.astype(np.float64)

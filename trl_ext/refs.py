@@ -28,10 +28,10 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["ACCEPTED_FORMS", "DATASET_FORMS", "RefError", "resolve_callable", "load_dataset_rows"]
+__all__ = ["ACCEPTED_FORMS", "DATASET_FORMS", "RefError", "resolve_callable", "resolve_reward_funcs", "load_dataset_rows"]
 
 #: How a function reference may be written (quoted in every error message).
 ACCEPTED_FORMS = "'package.module:function' (importable; the current directory is on the path) or 'path/to/file.py:function'"
@@ -138,6 +138,43 @@ def resolve_callable(ref: str, *, option: str = "reference") -> Callable[..., An
     if not callable(obj):
         raise RefError(f"{option} {ref!r}: {attr!r} is not callable (it is a {type(obj).__name__}).")
     return obj
+
+
+def resolve_reward_funcs(specs: list[str] | None, builtin: Mapping[str, Callable], dataset_name: str | None, *,
+                         flag: str = "--reward_funcs", tasks: Iterable[str] | None = None) -> list[Callable]:
+    """Reward functions by name, for the commands that take a built-in task or a user's dataset (``trl-ext advise``,
+    the example scripts): a name of ``builtin`` (the task's rewards by name; each also by its function's name),
+    ``package.module:function``, ``path/to/file.py:function`` or TRL's dotted ``package.module.function``. With no
+    ``specs``, the task's first reward. ``flag`` names the option and ``tasks`` the built-in tasks (default: every
+    registered one) in messages; ``ValueError`` on a bad name."""
+    from trl_ext.registry import dataset_names
+
+    builtin = {**builtin, **{f.__name__: f for f in builtin.values()}}
+    tasks = ", ".join(dataset_names() if tasks is None else tasks)
+    if not specs:
+        if not builtin:
+            raise ValueError(f"{flag} is required for dataset {dataset_name!r} (only the built-in tasks "
+                             f"{tasks} have default rewards): pass 'package.module:function' or "
+                             "'path/to/file.py:function'.")
+        return [next(iter(builtin.values()))]
+    funcs = []
+    for spec in specs:
+        if spec in builtin:
+            funcs.append(builtin[spec])
+            continue
+        ref = spec
+        if ":" not in spec and "." in spec and not spec.endswith(".py"):  # TRL's dotted form pkg.module.function
+            ref = ":".join(spec.rsplit(".", 1))
+        if ":" not in ref:
+            names = f"built-in names for {dataset_name!r}: {sorted(builtin)}" if builtin else (
+                f"no built-in names for dataset {dataset_name!r} (built-in tasks: {tasks})")
+            raise ValueError(f"unknown reward function {spec!r}: {names}; or 'package.module:function', "
+                             "'path/to/file.py:function', 'package.module.function'.")
+        try:
+            funcs.append(resolve_callable(ref, option=flag))
+        except RefError as e:
+            raise ValueError(str(e)) from e
+    return funcs
 
 
 # ------------------------------------------------------------------------------------------------- datasets
