@@ -18,9 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "trl_ext"
 
-NOT_YET = ("trl_ext.trainers",)
-"""Packages the scan skips for now: ``trl_ext/trainers/`` is being refactored in parallel (its private imports and
-circles are fixed there). Remove the entry once that work is merged."""
+CYCLES_NOT_YET = ("trl_ext.trainers",)
+"""Packages the import-cycle rule skips for now: ``trl_ext/trainers/`` has two annotation-only circles
+({base, config, rollouts} and {v05.strategy, v05.trainer}) that the trainer-layer refactor (strategies return data
+through a small API protocol) removes. The other two rules scan every package."""
 
 CORE = ("trl_ext.estimators", "trl_ext.priors", "trl_ext.stats", "trl_ext.measurement", "trl_ext.advise",
         "trl_ext.trainers")
@@ -77,8 +78,8 @@ def import_edges(modules: dict[str, Path]) -> list[Edge]:
     return edges
 
 
-def _scanned(edges: list[Edge]) -> list[Edge]:
-    return [e for e in edges if not _inside(e.source, NOT_YET)]
+def _scanned(edges: list[Edge], skip=()) -> list[Edge]:
+    return [e for e in edges if not _inside(e.source, skip)]
 
 
 def private_imports(edges: list[Edge]) -> list[str]:
@@ -96,8 +97,8 @@ def core_imports_of_dev(edges: list[Edge], core=CORE, dev=DEV) -> list[str]:
 def import_cycles(edges: list[Edge]) -> list[list[str]]:
     """Rule (c): the strongly connected components with more than one module (or a module importing itself)."""
     graph: dict[str, set[str]] = {}
-    for e in _scanned(edges):
-        if not _inside(e.target, NOT_YET):
+    for e in _scanned(edges, CYCLES_NOT_YET):
+        if not _inside(e.target, CYCLES_NOT_YET):
             graph.setdefault(e.source, set()).add(e.target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}

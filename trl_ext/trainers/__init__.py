@@ -5,30 +5,21 @@
 :mod:`._trl_compat`. Names are imported lazily so ``import trl_ext.trainers`` stays cheap.
 """
 
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _LAZY = {
-    "GRPOTrainer": "trl_ext.trainers.base",
-    "ExtGRPOConfig": "trl_ext.trainers.config",
-    "trl_grpo_advantages": "trl_ext.trainers.base",
-    "EXT_STATE_FILE": "trl_ext.trainers.state",
-    "RolloutBatch": "trl_ext.trainers.batch",
-    "BASISTrainer": "trl_ext.trainers.basis",
-    "BASISConfig": "trl_ext.trainers.basis",
-    "V05GRPOTrainer": "trl_ext.trainers.v05",
-    "V05GRPOConfig": "trl_ext.trainers.v05",
-    "PAIRTrainer": "trl_ext.trainers.pair",
-    "PAIRConfig": "trl_ext.trainers.pair",
+    "GRPOTrainer": "base",
+    "ExtGRPOConfig": "config",
+    "trl_grpo_advantages": "base",
+    "EXT_STATE_FILE": "state",
+    "RolloutBatch": "batch",
+    "BASISTrainer": "basis",
+    "BASISConfig": "basis",
+    "V05GRPOTrainer": "v05",
+    "V05GRPOConfig": "v05",
+    "PAIRTrainer": "pair",
+    "PAIRConfig": "pair",
 }
 
 __all__ = list(_LAZY)
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext.trainers' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
