@@ -48,7 +48,8 @@ class ExtGRPOConfig(trl.GRPOConfig):
         metadata={"help": "Registered advantage estimator: grpo (TRL's advantages, bitwise, honouring scale_rewards "
                           "and multi_objective_aggregation; the default), dr_grpo (group mean, no std; use with "
                           "loss_type='dr_grpo'), rloo (leave-one-out), reinforce_pp (global batch mean and std; "
-                          "accepts num_generations=1), or a name registered with "
+                          "accepts num_generations=1), james_stein (leave-one-out mean shrunk toward the other "
+                          "prompts' mean), or a name registered with "
                           "trl_ext.estimators.register_advantage_estimator."},
     )
     advantage_estimator_kwargs: dict | str | None = field(
