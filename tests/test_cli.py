@@ -36,7 +36,7 @@ def test_version_and_unknown_command(capsys):
 
 def test_help_does_not_import_trl_or_torch():
     code = ("import sys; from trl_ext import cli; cli.build_parser(); "
-            "bad = [m for m in ('trl', 'torch', 'transformers') if m in sys.modules]; print(bad); "
+            "bad = [m for m in ('trl', 'torch', 'transformers', 'datasets') if m in sys.modules]; print(bad); "
             "sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

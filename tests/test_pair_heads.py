@@ -217,10 +217,10 @@ def test_heads_live_in_estimators_without_trl():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_roc_auc_is_the_pairwise_probability_with_half_ties():
+def test_auc_is_the_pairwise_probability_with_half_ties():
     import numpy as np
 
-    from trl_ext.estimators.pair_heads import roc_auc
+    from trl_ext.stats.auc import auc as roc_auc
 
     rng = np.random.default_rng(0)
     for _ in range(10):

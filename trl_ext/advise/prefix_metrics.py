@@ -9,38 +9,12 @@ import math
 
 import numpy as np
 
+from ..stats.auc import auc  # eq. E1 (the PAIR heads log the same AUC)
+
 __all__ = ["auc", "binary_prediction_metrics", "loo_prompt_reference", "score_predictions", "within_group_auc"]
 
 
 # ------------------------------------------------------------------------------------------------ metrics
-def auc(scores, labels) -> float:
-    """Area under the ROC curve (Mann-Whitney U over average ranks), ties counted one half (eq. E1).
-
-    Parameters
-    ----------
-    scores : array_like of float
-        Predicted scores (higher = more likely positive).
-    labels : array_like of {0, 1}
-        Outcomes, same length.
-
-    Returns
-    -------
-    float
-        ``P(score of a random positive > score of a random negative) + 0.5 P(tie)``; NaN when a class is empty.
-    """
-    from scipy.stats import rankdata
-
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels, dtype=np.float64).ravel()
-    if s.shape != y.shape:
-        raise ValueError(f"scores and labels differ in length: {s.size} vs {y.size}")
-    if not np.all((y == 0) | (y == 1)):
-        raise ValueError("labels must be 0 or 1")
-    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = rankdata(s, method="average")
-    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def within_group_auc(scores, labels, groups) -> dict:

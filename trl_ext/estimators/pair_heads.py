@@ -151,23 +151,6 @@ def brier_score(p_hat, rewards, weights=None) -> float:
     return float((w * (p - r) ** 2).sum() / w.sum())
 
 
-def roc_auc(p_hat, rewards) -> float:
-    """Probability that a success scores above a failure (ties count half; Mann-Whitney), NaN without both."""
-    p = torch.as_tensor(p_hat, dtype=torch.float64).flatten()
-    r = torch.as_tensor(rewards, dtype=torch.float64).flatten() > 0.5
-    n_pos, n_neg = int(r.sum()), int((~r).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = torch.argsort(p)
-    ranks = torch.empty_like(p)
-    ranks[order] = torch.arange(1, p.numel() + 1, dtype=torch.float64)
-    for value in torch.unique(p):  # average ranks over ties
-        tied = p == value
-        if int(tied.sum()) > 1:
-            ranks[tied] = ranks[tied].mean()
-    return float((ranks[r].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
 def expected_calibration_error(p_hat, rewards, n_bins: int = 15) -> float:
     """ECE with ``n_bins`` equal-mass bins (Appendix C: 15): sum_b (n_b/n) |mean(p_b) - mean(r_b)|."""
     p = torch.as_tensor(p_hat, dtype=torch.float64).flatten()
@@ -417,6 +400,8 @@ class PrefixHeads:
     def diagnostics(self) -> dict:
         """Brier score, ECE (15 equal-mass bins), ROC AUC and cost MAPE of the current heads on the calibration
         slice."""
+        from ..stats.auc import auc
+
         if self.n_labels == 0:
             return {"brier": float("nan"), "ece": float("nan"), "auc": float("nan"), "cost_mape": float("nan"),
                     "n": 0}
@@ -426,7 +411,7 @@ class PrefixHeads:
         return {
             "brier": brier_score(pred.p_hat, r),
             "ece": expected_calibration_error(pred.p_hat, r),
-            "auc": roc_auc(pred.p_hat, r),
+            "auc": auc(pred.p_hat.double().numpy(), (r > 0.5).double().numpy()),  # the one ROC AUC (stats.auc)
             "cost_mape": cost_mape(pred.cost_hat, self._cost[cal]),
             "n": int(r.numel()),
         }
