@@ -98,13 +98,13 @@ class BatchAccounting:
             return rows_trl / real_rows.clamp(min=1).to(adv.dtype)
         return None
 
-    def _ext_build_batch(self, inputs, prompts, completion_ids_list, rpf: torch.Tensor) -> RolloutBatch:
+    def _ext_build_batch(self, inputs, prompts, completion_ids_list, rpf: torch.Tensor, replay: dict | None,
+                         side_inputs: dict) -> RolloutBatch:
         """Gather the per-row data of this generation batch into a :class:`RolloutBatch` (all ranks identical)."""
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         n_proc, rank = self.accelerator.num_processes, self.accelerator.process_index
         n_local = len(prompts)
-        replay = self._ext_replay
         col = compat.ROW_IDX_COLUMN
         has_idx = all(col in x for x in inputs)
         row_idx_local = torch.tensor([int(x[col]) if has_idx else -1 for x in inputs], dtype=torch.long,
@@ -144,7 +144,7 @@ class BatchAccounting:
                     raise RuntimeError(
                         f"Rows of group {key!r} are not contiguous in the generation batch; trl_ext needs each "
                         "prompt's rollouts next to each other (TRL's RepeatSampler guarantees it for the default "
-                        "path; for finish_rollouts sort rollouts by group)."
+                        "path; a rollout strategy must sort its rollouts by group)."
                     )
                 seen.add(key)
                 next_id += 1
@@ -171,9 +171,8 @@ class BatchAccounting:
                 numeric = all(isinstance(v, int | float) and not isinstance(v, bool) or v is None for v in values)
                 extra[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
                                            dtype=torch.float64) if numeric else values
-        side = self._ext_gather_side_inputs(inputs, replay) if self._ext_strategy_feeds(mode) else {}
         return RolloutBatch(
-            side_inputs=side,
+            side_inputs=self._ext_gather_side_inputs(side_inputs, n_local),
             rewards=rewards.cpu(),
             rewards_per_func=rpf.cpu(),
             group_ids=group_ids,
@@ -189,27 +188,19 @@ class BatchAccounting:
             mode=mode,
         )
 
-    def _ext_gather_side_inputs(self, inputs, replay) -> dict:
-        """The strategy's side inputs for this rank's rows (``RolloutStrategy.side_inputs``, then what
-        ``finish_rollouts(side_inputs=...)`` was given), gathered over ranks: ``{name: float64 ndarray (N,)}``, or
-        ``(N, K)`` for an input given as one length-``K`` list of numbers per row."""
+    def _ext_gather_side_inputs(self, side_inputs: dict, n_local: int) -> dict:
+        """A strategy's per-row side inputs of this rank's rows, gathered over ranks: ``{name: float64 ndarray
+        (N,)}``, or ``(N, K)`` for an input given as one length-``K`` list of numbers per row. No collective when
+        the strategy supplies none (every rank supplies the same names)."""
         import numpy as np
 
-        provides = sorted(self.rollout_strategy.provides)
-        if not provides:  # no collective at all for strategies without side inputs
-            return {}
-        local = dict(self.rollout_strategy.side_inputs(self, list(inputs)))
-        if replay is not None and replay.get("side_inputs"):
-            local.update(replay["side_inputs"])
         out = {}
-        for key in provides:
-            values = local.get(key)
-            if values is not None and len(values) != len(inputs):
+        for key in sorted(side_inputs):
+            values = side_inputs[key]
+            if len(values) != n_local:
                 raise ValueError(f"rollout strategy {self.rollout_strategy.name!r}: side input {key!r} has "
-                                 f"{len(values)} values for {len(inputs)} rows.")
-            parts = compat.gather_object([None if values is None else [_side_value(v) for v in values]])
-            if any(p is None for p in parts):
-                continue  # not supplied this batch: an estimator that needs it raises, naming the strategy
+                                 f"{len(values)} values for {n_local} rows.")
+            parts = compat.gather_object([[_side_value(v) for v in values]])
             out[key] = np.asarray([v for p in parts for v in p], dtype=np.float64)
         return out
 
@@ -278,12 +269,8 @@ class BatchAccounting:
             self.log_ext_metric("tie_break/confidence_scale_mean", float(np.mean(applied)), batch.mode)
         return scale
 
-    def _ext_finalize(self, out: dict) -> dict:
+    def _ext_finalize(self, out: dict, batch: RolloutBatch, replayed: bool) -> dict:
         """Replace TRL's advantages with :meth:`compute_advantages` and add trl_ext bookkeeping and metrics."""
-        batch = self._ext_pending
-        self._ext_pending = None
-        if batch is None:
-            raise RuntimeError("internal: _calculate_rewards did not run before _generate_and_score_completions ended.")
         mode = batch.mode
         device = out["advantages"].device
         adv = self.compute_advantages(batch)
@@ -317,9 +304,8 @@ class BatchAccounting:
             out["ext_real_rows"] = torch.tensor(float(n_real), device=device)
             if self.loss_type in compat.SEQUENCE_LEVEL_LOSSES:
                 out["ext_kl_rescale"] = torch.tensor(batch.num_rows / n_real, dtype=torch.float32, device=device)
-        fixed = self.rollout_strategy.fixed_policy_normalizer(self, batch) if mode == "train" else None
-        if fixed is not None:
-            out["ext_fixed_normalizer"] = torch.tensor(float(fixed), device=device)
+        if batch.fixed_normalizer is not None:
+            out["ext_fixed_normalizer"] = torch.tensor(float(batch.fixed_normalizer), device=device)
         # pad rows: no loss, excluded from the token normalizer
         pad_local = batch.is_pad[local].to(device)
         if pad_local.any():
@@ -341,7 +327,7 @@ class BatchAccounting:
             out["ext_num_signal"] = live_row.sum().to(device)
             out["ext_num_signal_tokens"] = compat.gather((loss_mask * live_local.unsqueeze(1)).sum()).sum()
             out["ext_signal_mask"] = live_local
-        self._ext_log_batch_metrics(batch, adv, live_row, mode)
+        self._ext_log_batch_metrics(batch, adv, live_row, mode, replayed)
         self.last_rollout_batch = batch
         self.last_advantages = adv
         return out
@@ -368,7 +354,8 @@ class BatchAccounting:
             m["ext/shared_prefix/decode_shared_fraction"].append(tot["decode_shared_positions"] / tot["decode_tokens"])
         m["ext/shared_prefix/max_branches"].append(float(branches))
 
-    def _ext_log_batch_metrics(self, batch: RolloutBatch, adv: torch.Tensor, live_row: torch.Tensor, mode: str):
+    def _ext_log_batch_metrics(self, batch: RolloutBatch, adv: torch.Tensor, live_row: torch.Tensor, mode: str,
+                               replayed: bool):
         m = compat.metrics(self, mode)
         real = ~batch.is_pad
         gid = torch.where(batch.is_pad, torch.full_like(batch.group_ids, -1), batch.group_ids)
@@ -409,7 +396,7 @@ class BatchAccounting:
                 old = [None] * (n_prev - len(old)) + old
                 logs["extra"][name] = deque(old + [v for v, k in zip(values, keep) if k],
                                             maxlen=logs["prompt"].maxlen)
-        if self._ext_replay is not None:
+        if replayed:
             # variable-size batch: the table holds exactly this generation batch's real rollouts (TRL's fixed-size
             # deques hold exactly the latest generation batch too)
             n_keep = int(real.sum())

@@ -37,6 +37,7 @@ are public names that its :class:`~trl_ext.trainers._trl_compat.TRLGlue` forward
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -78,7 +79,7 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
     validate_ext_config,
 )
 from .keyed_generation import KeyedSampler, check_before_trl_init
-from .rollout_io import RolloutIO
+from .rollout_io import RolloutAPI, RolloutIO
 from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
 from .state import EXT_STATE_FILE, EXT_STATE_VERSION
 
@@ -232,10 +233,6 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     train_estimator: ClassVar[str | None] = None
     """Method presets: the registered estimator used on train batches (its side inputs come from the preset's rollout
     strategy; evaluation batches keep ``advantage_estimator``). ``None``: ``advantage_estimator`` everywhere."""
-    train_estimator_in_eval: ClassVar[bool] = False
-    """Method presets whose ``train_estimator`` also scores evaluation batches (BASIS): the strategy's side inputs are
-    gathered, its ``estimator_kwargs`` added and its ``observe_advantages`` called on evaluation batches too
-    (``batch.mode`` tells them apart)."""
     keyed_sampler: KeyedSampler | None = None
     """The keyed generation back-end (``keyed_sampling=True``), else ``None`` (TRL's generation runs unchanged)."""
 
@@ -276,19 +273,14 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             from ..measurement.shared_prefix import check_sampler_settings
 
             check_sampler_settings(self.shared_prefix_settings())
-        self._ext_replay: dict | None = None
-        self._ext_pending: RolloutBatch | None = None
+        self._ext_call: dict | None = None  # the one scoped hand-off of a replay (see RolloutIO.replay_rollouts)
         self._ext_warned: set[str] = set()
         self._ext_totals = {"generated_tokens_total": 0, "generation_batches": 0, "tie_break_groups_opened_total": 0,
                             "unscorable_rows_total": 0}
         self.last_rollout_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
-        self.last_estimator_result = None
+        self.rollout_api = RolloutAPI(self)
         self.rollout_strategy: RolloutStrategy = self.create_rollout_strategy()
-        if self.rollout_strategy.has_fixed_normalizer and self.args.signal_only_denominator:
-            raise ValueError(f"{type(self).__name__}: signal_only_denominator cannot be combined with the fixed policy "
-                             f"normalizer of rollout strategy {self.rollout_strategy.name!r}; set "
-                             "signal_only_denominator=False.")
         if self.args.uses_advantage_estimator:  # a subclass's own strategy must serve the configured estimator
             check_side_inputs(self.args.advantage_estimator, type(self.rollout_strategy))
         if self.train_estimator is not None:
@@ -297,15 +289,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
         if self.accelerator.is_main_process:
-            estimator = self.args.advantage_estimator
-            if estimator_side_inputs(estimator) and not self.rollout_strategy.feeds_evaluation:
-                estimator = f"{estimator} (evaluation: grpo)"
-            if self.train_estimator is not None:
-                estimator = (self.train_estimator if self.train_estimator_in_eval
-                             else f"{self.train_estimator} (evaluation: {estimator})")
-            logger.info("%s: %s; advantage estimator %s.", type(self).__name__,
-                        self.rollout_strategy.describe(self), estimator)
-            for message in self.rollout_strategy.dropin_differences(self):
+            described = self.rollout_strategy.describe(self.rollout_api)
+            line, differences = (described, []) if isinstance(described, str) else described
+            logger.info("%s: %s; advantage estimator %s (on evaluation batches the strategy does not feed: grpo).",
+                        type(self).__name__, line, self.train_estimator or self.args.advantage_estimator)
+            for message in differences:
                 self.warn_dropin_difference(message)
 
     def warn_dropin_difference(self, message: str) -> None:
@@ -324,13 +312,16 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
 
     # ------------------------------------------------------------------------------------------------ public hooks
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """Advantages of every row of the generation batch, from the estimator named by ``advantage_estimator``.
+        """Advantages of every row of the generation batch: the estimator, then the rollout strategy's ``update``.
 
-        ``"grpo"`` without ``advantage_estimator_kwargs`` reproduces TRL 1.16 bitwise
-        (:func:`~trl_ext.estimators.trl_grpo_advantages` with the trainer's ``scale_rewards`` and
-        ``multi_objective_aggregation``), on ragged groups too. Any other registered name goes through
-        :meth:`registry_advantages`, the one valid-row adapter. Method presets name a registered
-        ``train_estimator`` fed by their strategy's side inputs instead of overriding this method (V0.5, BASIS).
+        The estimator is the config's ``advantage_estimator`` (a method preset's ``train_estimator``). It runs with
+        the inputs the batch carries: per-row ``side_inputs`` and the strategy's ``estimator_inputs``, under the
+        config's ``advantage_estimator_kwargs``. A batch that lacks an input the estimator needs is an error on
+        training batches and gets ``"grpo"`` on evaluation batches (TRL's fixed groups, which a method's strategy
+        does not feed). ``"grpo"`` without inputs reproduces TRL 1.16 bitwise
+        (:func:`~trl_ext.estimators.trl_grpo_advantages` with ``scale_rewards`` and ``multi_objective_aggregation``),
+        on ragged groups too; any other name goes through :meth:`registry_advantages`, the one valid-row adapter.
+        Then ``rollout_strategy.update(api, batch, result)`` learns from the batch and its metrics are logged.
 
         Parameters
         ----------
@@ -340,46 +331,46 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         Returns
         -------
         Tensor, shape (N,) or (N, T), float
-            Global advantages in batch order. Must be finite on valid rows and identical on every rank (compute it
-            from ``batch`` only). The base class then zeroes pad and unscorable rows, applies the tie-break
-            confidence scaling, slices the local rows and fixes the logs.
+            Global advantages in batch order. Must be finite on valid rows and identical on every rank (a subclass
+            computes them from ``batch`` only). The base class then zeroes pad and unscorable rows, applies the
+            tie-break confidence scaling, slices the local rows and fixes the logs.
         """
-        name, kwargs = self.args.advantage_estimator, self.args.advantage_estimator_kwargs
-        feeds = self._ext_strategy_feeds(batch.mode)
-        if feeds and self.train_estimator is not None:
-            # a method preset: its registered estimator on train batches, fed by its strategy
-            name, kwargs = self.train_estimator, {}
-        elif not feeds and estimator_side_inputs(name):  # evaluation batches the config's strategy cannot feed
+        name = self.train_estimator or self.args.advantage_estimator
+        kwargs = {**batch.estimator_inputs, **self.args.advantage_estimator_kwargs}
+        missing = set(estimator_side_inputs(name)) - set(batch.side_inputs) - set(batch.estimator_inputs)
+        if missing and batch.mode == "train":
+            raise RuntimeError(f"advantage estimator {name!r} needs {sorted(missing)}, which rollout strategy "
+                               f"{self.rollout_strategy.name!r} did not supply for this batch.")
+        if missing:  # an evaluation batch of TRL's fixed groups that the strategy does not feed
             name, kwargs = "grpo", {}
-        if feeds:
-            given = self.rollout_strategy.estimator_kwargs(self)
-            undeclared = set(given) - set(self.rollout_strategy.estimator_kwarg_names)
-            if undeclared:  # the config-time check reads the declaration: keep the two in step
-                raise RuntimeError(f"rollout strategy {self.rollout_strategy.name!r} returned estimator_kwargs "
-                                   f"{sorted(undeclared)} it does not declare in estimator_kwarg_names.")
-            kwargs = {**given, **kwargs}
         if name == "grpo" and not kwargs:
             gid = torch.where(batch.is_pad, torch.full_like(batch.group_ids, -1), batch.group_ids)
             adv, _ = trl_grpo_advantages(
                 batch.rewards, gid, scale_rewards=self.scale_rewards, rewards_per_func=batch.rewards_per_func,
                 reward_weights=self.reward_weights, aggregation=self.multi_objective_aggregation,
             )
-            return adv
-        return self.registry_advantages(batch, name, **kwargs)
+            result = None
+        else:
+            adv, result = self.registry_advantages(batch, name, **kwargs)
+        for key, value in self.rollout_strategy.update(self.rollout_api, batch, result).items():
+            self.log_ext_metric(key, value, batch.mode)
+        return adv
 
-    def registry_advantages(self, batch: RolloutBatch, name: str, **kwargs) -> torch.Tensor:
+    def registry_advantages(self, batch: RolloutBatch, name: str, **kwargs) -> tuple[torch.Tensor, object]:
         """Run the registered estimator ``name`` on the valid rows of ``batch``; 0 elsewhere.
 
         The one valid-row adapter: pad rows and unscorable rows (NaN reward) are removed before the estimator sees
         the batch (so it gets flat ``rewards`` and ``group_ids`` of real, scorable rollouts, groups possibly
-        ragged, plus the side inputs it was registered with, taken from ``batch.side_inputs`` on the same rows:
-        per row, or per group in order of first appearance) and get advantage 0; they are counted in ``adv/unscorable_rows``. The estimator's own fallbacks
-        (e.g. RLOO singletons) are counted in ``adv/degenerate_rows``. An estimator registered with
-        ``sees_unscorable=True`` (BASIS) also gets the unscorable rows, with their NaN rewards.
+        ragged, plus its registered side inputs taken from ``batch.side_inputs`` on the same rows: per row, or per
+        group in order of first appearance) and get advantage 0; they are counted in ``adv/unscorable_rows``. The
+        estimator's own fallbacks (e.g. RLOO singletons) are counted in ``adv/degenerate_rows``. An estimator
+        registered with ``sees_unscorable=True`` (BASIS) also gets the unscorable rows, with their NaN rewards.
 
         Returns
         -------
-        Tensor, shape (N,), float32
+        advantages : Tensor, shape (N,), float32
+        result : AdvantageResult or None
+            What the estimator returned (``None`` when no row was valid and it did not run).
         """
         estimator = get_advantage_estimator(name)
         valid = batch.valid
@@ -389,11 +380,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         if name in ESTIMATORS_SEEING_UNSCORABLE:  # it excludes NaN rewards itself and gives them 0: pads removed
             valid = ~batch.is_pad
         if not bool(valid.any()):
-            self.last_estimator_result = None
-            if self._ext_strategy_feeds(batch.mode):
-                self.rollout_strategy.observe_advantages(self, batch, None, valid)
-            return adv
-        side = side_input_arrays(batch, name, valid, self.rollout_strategy)
+            return adv, None
+        side = side_input_arrays(batch, name, valid)
         res = estimator(batch.rewards[valid].double().numpy(), batch.group_ids[valid].numpy(), **side, **kwargs)
         values = np.asarray(getattr(res, "advantages", res), dtype=np.float64)
         if values.shape != (int(valid.sum()),):
@@ -403,21 +391,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         self.log_ext_metric("adv/degenerate_rows", float(getattr(res, "n_degenerate", 0)), batch.mode)
         for key, value in (getattr(res, "extras", None) or {}).get("metrics", {}).items():  # estimator diagnostics
             self.log_ext_metric(f"adv/{key}", float(value), batch.mode)
-        self.last_estimator_result = res
-        if self._ext_strategy_feeds(batch.mode):
-            self.rollout_strategy.observe_advantages(self, batch, res, valid)
-        return adv
-
-    def _ext_strategy_feeds(self, mode: str) -> bool:
-        """Whether the rollout strategy feeds the estimator of a ``mode`` batch (side inputs, estimator kwargs,
-        ``observe_advantages``): train batches; evaluation batches of presets with ``train_estimator_in_eval``, and
-        of a config-selected estimator that needs side inputs (``advantage_estimator="basis"`` with
-        ``rollout_strategy="value_table"``: its evaluation batches need ``p_hat`` too)."""
-        if mode == "train":
-            return True
-        if self.train_estimator is not None:
-            return self.train_estimator_in_eval
-        return self.rollout_strategy.feeds_evaluation and bool(estimator_side_inputs(self.args.advantage_estimator))
+        return adv, res
 
     def ext_state_dict(self) -> dict:
         """State saved as ``trl_ext_state.pt`` in each checkpoint (extend with ``state = super().ext_state_dict()``).
@@ -487,25 +461,16 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
 
     # -------------------------------------------------------------------------- hooks TRL's private methods reach
     def ext_generate_and_score(self, inputs):
-        """One generation batch: the rollout strategy in train mode, TRL's fixed groups in evaluation (with keyed
-        sampling, the batch's rows key the generation calls that use them)."""
-        if self.keyed_sampler is None:
-            return self._generate_and_score_batch(inputs)
-        with self.keyed_sampler.batch_rows(inputs):
-            return self._generate_and_score_batch(inputs)
-
-    def _generate_and_score_batch(self, inputs):
-        if self.model.training and self._ext_replay is None:
-            return self.rollout_strategy.generate_and_score(self, list(inputs))
-        return self.score_fixed_groups(inputs)
-
-    def score_fixed_groups(self, inputs):
-        """TRL's generation, scoring and tail for ``inputs`` (or the rollouts :meth:`finish_rollouts` replays),
-        then :meth:`compute_advantages` and the trl_ext bookkeeping."""
-        self._ext_pending = None
-        out = super().ext_generate_and_score(inputs)
-        return self._ext_finalize(out)
-
+        """One generation batch, one way: the rollout strategy's :class:`RolloutGroups` -> one replay through TRL's
+        tail (:meth:`replay_rollouts`) -> the gathered batch -> :meth:`compute_advantages` (estimator, then the
+        strategy's ``update``) -> TRL's output with trl_ext's bookkeeping. With keyed sampling, the batch's rows key
+        the generation calls that use them."""
+        keyed = contextlib.nullcontext() if self.keyed_sampler is None else self.keyed_sampler.batch_rows(inputs)
+        with keyed:
+            rows = list(inputs)
+            groups = self.rollout_strategy.rollout(self.rollout_api, rows)
+            out, batch = self.replay_rollouts(groups, rows)
+            return self._ext_finalize(out, batch, replayed=groups.rows is not None)
 
     def ext_before_save_checkpoint(self, checkpoint_dir: str) -> None:
         # Written before TRL's save (which pushes the folder to the Hub from inside). A folder a crash left with only

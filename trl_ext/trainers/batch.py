@@ -2,12 +2,12 @@
 
 One ``RolloutBatch`` describes one **generation batch** (``generation_batch_size`` rows over all ranks and all
 ``steps_per_generation`` micro-steps, or the variable number of rows a subclass produced through
-``finish_rollouts``). Every field is **global**: gathered across ranks in rank order and identical on every
+a rollout strategy returned). Every field is **global**: gathered across ranks in rank order and identical on every
 rank, so any estimator computed from it is the same on every rank (no collective needed) and equal to a
 single-process run on the same global batch.
 
 Row order is the rank order TRL uses: rank ``p`` owns rows ``local_slice(p)``. Within a rank, rows of one prompt
-are contiguous (TRL's ``RepeatSampler`` or the subclass's own layout for ``finish_rollouts``).
+are contiguous (TRL's ``RepeatSampler`` or the rollout strategy's own layout).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class RolloutBatch:
     completion_lengths : Tensor, shape (N,), int64
         Generated tokens per row (0 on pad rows).
     is_pad : Tensor, shape (N,), bool
-        True on rows added only to equalize row counts across ranks (``finish_rollouts``); they carry no
+        True on rows added only to equalize row counts across ranks (the replay's padding); they carry no
         reward, no advantage and no loss.
     extra : dict
         Gathered per-row dataset columns the trainer class asked for in ``rollout_columns`` (e.g.
@@ -60,6 +60,12 @@ class RolloutBatch:
         Estimator side inputs supplied by the rollout strategy (``RolloutStrategy.provides``), gathered: ``{name:
         float64 ndarray of shape (N,)}`` (pad rows included; group-level inputs repeat the group's value on each
         row). Empty unless the strategy provides some.
+    estimator_inputs : dict
+        The strategy's global keyword inputs of the estimator (``RolloutGroups.estimator_inputs``).
+    fixed_normalizer : float or None
+        The strategy's fixed policy-loss normalizer (``RolloutGroups.fixed_normalizer``).
+    record : any
+        What the strategy handed over for its ``update`` (``RolloutGroups.record``).
     grades : Tensor or None, shape (N,)
         The checker grade (weighted sum of the non-scorer reward functions) when the tie-break blend is on; then
         ``rewards`` holds the blended reward. ``None`` otherwise.
@@ -81,6 +87,9 @@ class RolloutBatch:
     side_inputs: dict[str, Any] = field(default_factory=dict)
     grades: torch.Tensor | None = None
     mode: str = "train"
+    estimator_inputs: dict[str, Any] = field(default_factory=dict)
+    fixed_normalizer: float | None = None
+    record: Any = None
 
     def __post_init__(self) -> None:
         n = int(self.rewards.shape[0]) if self.rewards.ndim == 1 else -1

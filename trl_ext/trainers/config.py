@@ -218,7 +218,7 @@ def check_side_inputs(estimator: str, strategy_cls: type) -> None:
     needed = estimator_side_inputs(estimator)
 
     def offered(cls) -> set:
-        return set(getattr(cls, "provides", ())) | set(getattr(cls, "provides_objects", ()))
+        return set(getattr(cls, "provides", ()))
 
     missing = sorted(set(needed) - offered(strategy_cls))
     if not missing:
@@ -230,7 +230,7 @@ def check_side_inputs(estimator: str, strategy_cls: type) -> None:
     choice = f"rollout_strategy in {able}" if able else "a rollout strategy that provides them"
     raise ValueError(
         f"advantage_estimator={estimator!r} needs side input(s) {missing} "
-        f"({', '.join(f'{k}: ' + ('from its estimator_kwargs' if needed[k] == 'strategy' else f'per {needed[k]}') for k in missing)}), which rollout strategy "
+        f"({', '.join(f'{k}: ' + ('from its estimator_inputs' if needed[k] == 'strategy' else f'per {needed[k]}') for k in missing)}), which rollout strategy "
         f"{strategy_cls.name!r} does not provide.{hint} Pick {choice} (declare them in RolloutStrategy.provides), "
         "or another estimator."
     )
@@ -252,7 +252,7 @@ def estimator_keywords(name: str) -> set[str] | None:
 def check_estimator_kwargs(estimator: str, kwargs: dict, strategy_cls: type) -> None:
     """Refuse, when the config is built, keyword arguments the estimator would reject at the first step with a raw
     ``TypeError``: unknown ``advantage_estimator_kwargs`` keys (close names suggested), and the options a rollout
-    strategy passes through its ``estimator_kwargs`` (:attr:`RolloutStrategy.estimator_kwarg_names`) to an
+    strategy hands over in its ``estimator_inputs`` (declared in :attr:`RolloutStrategy.provides`) to an
     estimator that does not take them (``rollout_strategy="v05_osla"`` with ``advantage_estimator="grpo"``)."""
     import difflib
 
@@ -265,12 +265,11 @@ def check_estimator_kwargs(estimator: str, kwargs: dict, strategy_cls: type) -> 
                  if difflib.get_close_matches(k, sorted(accepted), n=1) else repr(k) for k in unknown]
         raise ValueError(f"advantage_estimator_kwargs has key(s) {', '.join(hints)} that advantage_estimator="
                          f"{estimator!r} does not take; it takes {sorted(accepted) or 'no options'}.")
-    passed = set(getattr(strategy_cls, "estimator_kwarg_names", ()))
-    extra = sorted(passed - accepted - set(estimator_side_inputs(estimator)))
+    offered = set(getattr(strategy_cls, "provides", ()))
+    passed = offered - set(estimator_side_inputs(estimator))
+    extra = sorted(passed - accepted)
     if extra:
         from ..estimators.baselines import ADVANTAGE_ESTIMATORS
-
-        offered = set(getattr(strategy_cls, "provides", ())) | set(getattr(strategy_cls, "provides_objects", ()))
 
         def serves(n: str) -> bool:
             keywords = estimator_keywords(n)

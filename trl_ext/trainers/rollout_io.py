@@ -1,17 +1,13 @@
-"""Rollout I/O of :class:`trl_ext.GRPOTrainer`: what a rollout strategy calls to generate, score and hand in rollouts.
+"""Rollout I/O of :class:`trl_ext.GRPOTrainer`: what a rollout strategy may call, and the one replay of its rollouts.
 
-:class:`RolloutIO` is a mixin of the base trainer (it only works inside it). It owns
-
-* the generation entry points every strategy uses (:meth:`RolloutIO.generate_rollouts`,
-  :meth:`RolloutIO.generate_token_ids`) and the shared-prefix sampler behind TRL's ``_generate_single_turn``;
-* the **one generated-token counter** (:meth:`RolloutIO.ext_on_generated`), which every generation call reaches;
-* local scoring between rounds (:meth:`RolloutIO.score_rollouts_local`);
-* :meth:`RolloutIO.finish_rollouts`: a variable number of rollouts per prompt, padded to equal row counts on every
-  rank and replayed through TRL's tail (old/ref log-probs, masks, rewards).
-
-The replayed rollouts reach TRL's ``_generate`` and ``_calculate_rewards`` through ``self._ext_replay``, set and
-cleared by :meth:`RolloutIO.finish_rollouts` around one call of TRL's ``_generate_and_score_completions``: TRL calls
-those methods itself, so the replay cannot be passed as an argument.
+* :class:`RolloutAPI` -- the ``api`` a strategy's ``rollout`` and ``update`` get: generation, scoring, the process
+  group, logging (a small surface over the trainer, not the trainer);
+* :class:`RolloutIO`, a mixin of the base trainer (it only works inside it): the generation entry points
+  (:meth:`RolloutIO.generate_rollouts`, :meth:`RolloutIO.generate_token_ids`), the shared-prefix sampler behind TRL's
+  ``_generate_single_turn``, the **one generated-token counter** (:meth:`RolloutIO.ext_on_generated`), local scoring
+  between rounds (:meth:`RolloutIO.score_rollouts_local`) and :meth:`RolloutIO.replay_rollouts`: a strategy's
+  :class:`~trl_ext.trainers.rollouts.RolloutGroups`, padded to equal row counts on every rank and replayed once
+  through TRL's tail (old/ref log-probs, masks, rewards) into a gathered :class:`~trl_ext.trainers.batch.RolloutBatch`.
 """
 
 from __future__ import annotations
@@ -24,8 +20,106 @@ from dataclasses import replace
 import torch
 
 from . import _trl_compat as compat
+from .batch import RolloutBatch
+from .rollouts import RolloutGroups, weighted_reward
 
-__all__ = ["RolloutIO"]
+__all__ = ["RolloutAPI", "RolloutIO"]
+
+
+class RolloutAPI:
+    """What a rollout strategy may use: generation, scoring, the process group and logging.
+
+    Every call that generates ends in the one generated-token counter; ``generate`` / ``generate_ids`` /
+    ``gather_object`` / ``all_sum`` / ``all_max`` are collectives (every rank calls them the same number of times).
+    """
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    # the process group and the run
+    @property
+    def mode(self) -> str:
+        """``"train"`` or ``"eval"`` (the batch being produced)."""
+        return "train" if self._trainer.model.training else "eval"
+
+    @property
+    def num_processes(self) -> int:
+        return int(self._trainer.accelerator.num_processes)
+
+    @property
+    def process_index(self) -> int:
+        return int(self._trainer.accelerator.process_index)
+
+    @property
+    def args(self):
+        """The trainer's config (read only)."""
+        return self._trainer.args
+
+    @property
+    def num_generations(self) -> int:
+        """Rollouts per prompt of TRL's fixed groups in the current mode."""
+        t = self._trainer
+        return int(t.num_generations if t.model.training else t.num_generations_eval)
+
+    @property
+    def num_reward_funcs(self) -> int:
+        return len(self._trainer.reward_funcs)
+
+    @property
+    def eos_token_id(self) -> int:
+        return compat.tokenizer(self._trainer).eos_token_id
+
+    @property
+    def eos_token_ids(self):
+        return self._trainer.eos_token_ids
+
+    @property
+    def global_step(self) -> int:
+        return int(self._trainer.state.global_step)
+
+    @property
+    def collective_generation(self) -> bool:
+        """Whether a generation call needs every rank in it (vLLM server, tensor parallel, ZeRO-3/FSDP)."""
+        return compat.generation_is_collective(self._trainer)
+
+    def gather_object(self, obj) -> list:
+        """Every rank's ``obj`` (a list: the ranks' lists concatenated in rank order)."""
+        return compat.gather_object(obj)
+
+    def all_sum(self, n: int) -> int:
+        return int(compat.gather(torch.tensor([int(n)], device=self._trainer.accelerator.device)).sum().item())
+
+    def all_max(self, n: int) -> int:
+        return int(compat.gather(torch.tensor([int(n)], device=self._trainer.accelerator.device)).max().item())
+
+    # generation and scoring
+    def generate(self, rows, *, max_new_tokens=None, fallback_row=None):
+        """One completion per dataset row (:meth:`RolloutIO.generate_rollouts`)."""
+        return self._trainer.generate_rollouts(rows, max_new_tokens=max_new_tokens, fallback_row=fallback_row)
+
+    def generate_ids(self, prompt_ids, *, max_new_tokens=None):
+        """One continuation per token-id prompt (:meth:`RolloutIO.generate_token_ids`)."""
+        return self._trainer.generate_token_ids(prompt_ids, max_new_tokens=max_new_tokens)
+
+    def tokenize(self, prompts) -> list[list[int]]:
+        """Prompt token ids as TRL builds them (chat template applied)."""
+        return compat.tokenize_prompts(self._trainer, prompts)
+
+    def score(self, rows, completion_ids) -> torch.Tensor:
+        """Per-function rewards on this rank, ``(n, F)`` float32, NaN = ``None`` (:meth:`RolloutIO.score_rollouts_local`)."""
+        return self._trainer.score_rollouts_local(rows, completion_ids)
+
+    def reward(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """TRL's weighted scalar reward of ``(n, F)`` per-function rewards (NaN where every function gave ``None``)."""
+        return weighted_reward(rewards_per_func, self._trainer.reward_weights.detach().cpu())
+
+    # logging
+    def log(self, name: str, value: float) -> None:
+        """A global scalar into the trainer's metrics of the current mode."""
+        self._trainer.log_ext_metric(name, value)
+
+    def warn_once(self, key: str, message: str) -> None:
+        self._trainer.warn_once(key, message)
 
 
 class RolloutIO:
@@ -213,132 +307,97 @@ class RolloutIO:
                 out[:, i] = torch.tensor([float("nan") if v is None else float(v) for v in values])
         return out
 
-    def _check_finish_args(self, inputs, completion_ids, group_ids, logprobs, rewards_per_func, is_pad):
-        """Validate :meth:`finish_rollouts`' arguments; returns ``(user_pad, group ids with -1 on pads,
-        rewards_per_func as a float32 tensor or None)``."""
-        n = len(inputs)
+    def replay_rollouts(self, groups: RolloutGroups, inputs: list[dict]) -> tuple[dict, RolloutBatch]:
+        """The one path from a strategy's :class:`RolloutGroups` to TRL's output dict and the gathered batch.
+
+        TRL's fixed groups (``groups.rows is None``) run TRL's own generation on the sampler's rows. Own rollouts are
+        1. checked and padded so every rank holds the same row count ``N* = ceil(max_rank n / spg) * spg`` (copies
+           of the rank's last row flagged ``is_pad``; equal sizes are required by TRL's gathers and
+           ``split_tensor_dict``), then
+        2. replayed once through TRL's ``_generate_and_score_completions``: prompt/completion padding, old/reference
+           log-probs, the vLLM importance-sampling ratio when ``logprobs`` is given, the reward functions unless
+           ``rewards_per_func`` is given.
+        TRL calls ``_generate`` and ``_calculate_rewards`` itself, so the replay reaches them through one scoped
+        call context (``self._ext_call``, set and cleared here); the batch is built in ``_calculate_rewards``, the
+        one place that sees the gathered rewards.
+        """
+        if groups.rows is None:
+            call = {"replay": None, "side_inputs": groups.side_inputs, "rows": inputs}
+            rows = inputs
+        else:
+            call = self._pad_groups(groups)
+            rows = call["rows"]
+            # TRL's completions-table deques hold generation_batch_size rows, i.e. exactly the latest generation
+            # batch; this batch may hold more (all ranks, pads included). Start the table afresh with room for all
+            # of it, so no rollout is evicted and every column TRL extends holds exactly this batch's rows when the
+            # pad rows are dropped (_ext_log_batch_metrics).
+            compat.resize_completion_logs(self, len(rows) * self.accelerator.num_processes, keep_last=0)
+        self._ext_call = call
+        try:
+            if call["replay"] is None:
+                out = super().ext_generate_and_score(rows)
+            else:
+                with compat.group_size_override(self, 1):  # TRL's view(-1, G) must accept any row count
+                    out = super().ext_generate_and_score(rows)
+        finally:
+            self._ext_call = None
+        batch = call["batch"]
+        batch.estimator_inputs = dict(groups.estimator_inputs)
+        batch.fixed_normalizer = groups.fixed_normalizer
+        batch.record = groups.record
+        return out, batch
+
+    def _pad_groups(self, groups: RolloutGroups) -> dict:
+        """Check a strategy's own rollouts and pad them to the row count of every rank (see
+        :meth:`replay_rollouts`); returns the call context TRL's ``_generate`` / ``_calculate_rewards`` read."""
+        rows, completion_ids, n = list(groups.rows), list(groups.completion_ids or []), len(groups.rows)
+        who = f"rollout strategy {self.rollout_strategy.name!r}"
         if n < 1:
-            raise ValueError("finish_rollouts needs at least one rollout on every rank (got 0); if a rank has nothing "
-                             "to score, pass one dummy rollout with is_pad=[True].")
-        if len(completion_ids) != n or len(group_ids) != n:
-            raise ValueError(f"finish_rollouts: inputs ({n}), completion_ids ({len(completion_ids)}) and group_ids "
-                             f"({len(group_ids)}) must have the same length.")
-        if logprobs is not None and len(logprobs) != n:
-            raise ValueError(f"finish_rollouts: logprobs has {len(logprobs)} rows, expected {n}.")
-        user_pad = [False] * n if is_pad is None else [bool(p) for p in is_pad]
+            raise ValueError(f"{who} returned no rollout on this rank; if a rank has nothing to score, return "
+                             "RolloutGroups.pad_only(...) (one masked pad row).")
+        if len(completion_ids) != n or len(groups.group_ids or []) != n:
+            raise ValueError(f"{who}: rows ({n}), completion_ids ({len(completion_ids)}) and group_ids "
+                             f"({len(groups.group_ids or [])}) must have the same length.")
+        if groups.logprobs is not None and len(groups.logprobs) != n:
+            raise ValueError(f"{who}: logprobs has {len(groups.logprobs)} rows, expected {n}.")
+        user_pad = [False] * n if groups.is_pad is None else [bool(p) for p in groups.is_pad]
         if len(user_pad) != n:
-            raise ValueError(f"finish_rollouts: is_pad has {len(user_pad)} flags, expected {n}.")
-        gids = [-1 if p else int(g) for g, p in zip(group_ids, user_pad)]
+            raise ValueError(f"{who}: is_pad has {len(user_pad)} flags, expected {n}.")
+        gids = [-1 if p else int(g) for g, p in zip(groups.group_ids, user_pad)]
         real_g = [g for g, p in zip(gids, user_pad) if not p]
         runs = [g for i, g in enumerate(real_g) if i == 0 or g != real_g[i - 1]]
         if len(runs) != len(set(runs)):
-            raise ValueError("finish_rollouts: the rollouts of a group must be contiguous (group_ids "
-                             f"{gids[:20]}...). Sort the rollouts by group first.")
-        if rewards_per_func is not None:
-            rewards_per_func = torch.as_tensor(rewards_per_func, dtype=torch.float32)
-            if tuple(rewards_per_func.shape) != (n, len(self.reward_funcs)):
-                raise ValueError(f"finish_rollouts: rewards_per_func must have shape ({n}, {len(self.reward_funcs)}),"
-                                 f" got {tuple(rewards_per_func.shape)}.")
-        return user_pad, gids, rewards_per_func
-
-    def finish_rollouts(
-        self,
-        inputs: Sequence[dict],
-        completion_ids: Sequence[Sequence[int]],
-        *,
-        group_ids: Sequence[int],
-        logprobs: Sequence[Sequence[float]] | None = None,
-        rewards_per_func: torch.Tensor | None = None,
-        is_pad: Sequence[bool] | None = None,
-        side_inputs: dict[str, Sequence[float]] | None = None,
-    ) -> dict:
-        """Score a variable number of self-generated rollouts through TRL's tail; returns TRL's output dict.
-
-        Call it from an overridden ``_generate_and_score_completions`` (train mode) with the rollouts this rank
-        generated. Every rank must call it exactly once per generation batch (it contains collectives). It
-
-        1. pads every rank to the same row count ``N* = ceil(max_rank n / steps_per_generation) *
-           steps_per_generation`` with copies of the rank's last row flagged ``is_pad`` (equal sizes are required by
-           TRL's gathers and by ``split_tensor_dict``);
-        2. replays the rollouts into TRL's ``_generate_and_score_completions``: prompt/completion
-           padding, old/reference log-probs, the vLLM importance-sampling ratio when ``logprobs`` is given, and the
-           reward functions (unless ``rewards_per_func`` is given);
-        3. builds the :class:`RolloutBatch` (pad rows: ``group_ids = -1``, NaN rewards), calls
-           :meth:`compute_advantages`, and masks pad rows out of ``completion_mask`` and ``num_items_in_batch``.
-
-        Parameters
-        ----------
-        inputs : sequence of dict, length n >= 1
-            The dataset row of each rollout (a prompt's row repeated once per rollout), in local order.
-        completion_ids : sequence of list of int, length n
-            EOS-truncated completion ids (as returned by ``_generate_single_turn``).
-        group_ids : sequence of int, length n
-            Local group label of each rollout; rows of a group must be contiguous. Labels are per rank (the base
-            makes them global).
-        logprobs : sequence of list of float, optional
-            Sampling log-probs per completion token (vLLM), aligned with ``completion_ids``.
-        rewards_per_func : Tensor, shape (n, F), optional
-            Local rewards already computed by the subclass (e.g. while deciding further rounds); NaN = ``None``.
-            When omitted, TRL's ``_calculate_rewards`` scores the (padded) rows.
-        is_pad : sequence of bool, length n, optional
-            Rows to treat exactly like the base's own pad rows (no reward, no advantage, no loss, not counted in
-            any metric; their ``group_ids`` are ignored). Use it when a rank has nothing to contribute: pass one
-            dummy rollout with ``is_pad=[True]`` so the collectives stay aligned.
-        side_inputs : dict of name -> sequence of float, optional
-            Estimator side inputs of these rollouts (one value per rollout; names in the strategy's ``provides``),
-            gathered into ``RolloutBatch.side_inputs``; pad rows repeat the last value.
-
-        Returns
-        -------
-        dict
-            TRL's output (``prompt_ids``, ``completion_ids``, ``completion_mask``, ``advantages`` of shape
-            (N*,), ``num_items_in_batch``, ...), ready for ``_prepare_inputs``.
-
-        Notes
-        -----
-        Tool calling, environments and multimodal prompts are not supported on this path.
-        """
-        n = len(inputs)
-        user_pad, gids, rewards_per_func = self._check_finish_args(inputs, completion_ids, group_ids, logprobs,
-                                                                   rewards_per_func, is_pad)
-        mode = "train" if self.model.training else "eval"
-        device = self.accelerator.device
-        multiple = self.args.steps_per_generation if mode == "train" else 1
-        n_max = int(compat.gather(torch.tensor([n], device=device)).max().item())
-        n_star = math.ceil(n_max / multiple) * multiple
-        n_pad = n_star - n
-        rows = [dict(x) for x in inputs] + [dict(inputs[-1]) for _ in range(n_pad)]
-        c_ids = [list(c) for c in completion_ids] + [list(completion_ids[-1]) for _ in range(n_pad)]
+            raise ValueError(f"{who}: the rollouts of a group must be contiguous (group_ids {gids[:20]}...). Sort "
+                             "the rollouts by group first.")
+        rpf = groups.rewards_per_func
+        if rpf is not None:
+            rpf = torch.as_tensor(rpf, dtype=torch.float32)
+            if tuple(rpf.shape) != (n, len(self.reward_funcs)):
+                raise ValueError(f"{who}: rewards_per_func must have shape ({n}, {len(self.reward_funcs)}), got "
+                                 f"{tuple(rpf.shape)}.")
+        multiple = self.args.steps_per_generation if self.model.training else 1
+        n_max = int(compat.gather(torch.tensor([n], device=self.accelerator.device)).max().item())
+        n_pad = math.ceil(n_max / multiple) * multiple - n
         lps = None
-        if logprobs is not None:
-            lps = [list(lp) for lp in logprobs] + [list(logprobs[-1]) for _ in range(n_pad)]
-        is_pad = user_pad + [True] * n_pad
-        if rewards_per_func is not None:
-            rewards_per_func = torch.cat(
-                [rewards_per_func, torch.full((n_pad, rewards_per_func.shape[1]), float("nan"))], dim=0
-            )
+        if groups.logprobs is not None:
+            lps = [list(lp) for lp in groups.logprobs] + [list(groups.logprobs[-1]) for _ in range(n_pad)]
+        if rpf is not None:
+            rpf = torch.cat([rpf, torch.full((n_pad, rpf.shape[1]), float("nan"))], dim=0)
         side = {}
-        for key, values in (side_inputs or {}).items():
-            values = [float(v) for v in values]
+        for key, values in groups.side_inputs.items():
+            values = list(values)
             if len(values) != n:
-                raise ValueError(f"finish_rollouts: side_inputs[{key!r}] has {len(values)} values, expected {n}.")
+                raise ValueError(f"{who}: side_inputs[{key!r}] has {len(values)} values, expected {n}.")
             side[key] = values + values[-1:] * n_pad
-        prompt_ids = compat.tokenize_prompts(self, [x["prompt"] for x in rows])
-        self._ext_replay = {"side_inputs": side, "prompt_ids": prompt_ids, "completion_ids": c_ids, "logprobs": lps,
-                            "is_pad": is_pad, "group_ids": gids + [-1] * n_pad, "rewards_per_func": rewards_per_func}
-        # TRL's completions-table deques hold generation_batch_size rows, i.e. exactly the latest generation batch;
-        # this batch may hold more (all ranks, pads included). Start the table afresh with room for all of it, so
-        # no rollout is evicted and every column TRL extends (log_extra ones too) holds exactly this batch's rows
-        # when the pad rows are dropped (_ext_log_batch_metrics).
-        compat.resize_completion_logs(self, n_star * self.accelerator.num_processes, keep_last=0)
-        try:
-            with compat.group_size_override(self, 1):  # TRL's view(-1, G) must accept any row count
-                return self.score_fixed_groups(rows)
-        finally:
-            self._ext_replay = None
+        rows = [dict(x) for x in rows] + [dict(rows[-1]) for _ in range(n_pad)]
+        c_ids = [list(c) for c in completion_ids] + [list(completion_ids[-1]) for _ in range(n_pad)]
+        replay = {"prompt_ids": compat.tokenize_prompts(self, [x["prompt"] for x in rows]), "completion_ids": c_ids,
+                  "logprobs": lps, "is_pad": user_pad + [True] * n_pad, "group_ids": gids + [-1] * n_pad,
+                  "rewards_per_func": rpf}
+        return {"replay": replay, "side_inputs": side, "rows": rows}
 
     def ext_generate(self, prompts: list):
-        replay = self._ext_replay
+        replay = self._ext_call["replay"] if self._ext_call is not None else None
         if replay is None:
             return super().ext_generate(prompts)
         mode = "train" if self.model.training else "eval"
@@ -377,7 +436,10 @@ class RolloutIO:
         m["completions/max_terminated_length"].append(term.float().max().item())
 
     def ext_calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        replay = self._ext_replay
+        call = self._ext_call
+        if call is None:
+            raise RuntimeError("internal: TRL scored rewards outside the base trainer's generation batch.")
+        replay = call["replay"]
         device = self.accelerator.device
         if replay is not None and replay["rewards_per_func"] is not None:
             rpf = compat.gather(replay["rewards_per_func"].to(device))
@@ -388,5 +450,5 @@ class RolloutIO:
             if pad.any():
                 rpf = rpf.clone()
                 rpf[pad] = float("nan")
-        self._ext_pending = self._ext_build_batch(inputs, prompts, completion_ids_list, rpf)
+        call["batch"] = self._ext_build_batch(inputs, prompts, completion_ids_list, rpf, replay, call["side_inputs"])
         return rpf

@@ -1,10 +1,11 @@
 """Rollout allocation strategies: how a trainer turns one generation batch of prompts into scored rollouts.
 
-A :class:`RolloutStrategy` owns the train-mode generation of :class:`trl_ext.GRPOTrainer` (evaluation always uses
-TRL's fixed groups). It receives the rows TRL's sampler yielded for this rank and returns TRL's output dict, either
-by running TRL's own path (:class:`FixedGroups`) or by generating rollouts itself and handing them to
-:meth:`trl_ext.GRPOTrainer.finish_rollouts` (variable counts per prompt, pad rows, one call per generation batch on
-every rank). A strategy keeps its own state (``state_dict`` / ``load_state_dict``), saved in every checkpoint.
+A :class:`RolloutStrategy` returns data: :meth:`RolloutStrategy.rollout` gets the rows TRL's sampler yielded on this
+rank and returns :class:`RolloutGroups` -- TRL's fixed groups (:meth:`RolloutGroups.trl`) or its own rollouts
+(variable counts per prompt, pad rows), with any estimator inputs. The base trainer alone pads, replays once through
+TRL's tail, gathers the :class:`~trl_ext.trainers.batch.RolloutBatch`, runs the estimator and calls
+:meth:`RolloutStrategy.update`; calls go one way. A strategy keeps its own state (``state_dict`` /
+``load_state_dict``), saved in every checkpoint.
 
 Strategies shipped with the library:
 
@@ -17,20 +18,19 @@ Strategies shipped with the library:
   (:class:`trl_ext.trainers.pair.PrefixProbeRollouts`) and BASIS's value-table lookup
   (:class:`trl_ext.trainers.basis.strategy.ValueTableLookup`: fixed groups plus each row's offline value).
 
-Every token any strategy generates goes through :meth:`trl_ext.GRPOTrainer.generate_rollouts` or TRL's
-``_generate``, both of which end in the one generated-token counter (``ext/generated_tokens``).
+Every token any strategy generates goes through ``api.generate`` / ``api.generate_ids`` or TRL's ``_generate``,
+all of which end in the one generated-token counter (``ext/generated_tokens``).
 
-To add a strategy, subclass :class:`RolloutStrategy` (or :class:`FixedGroups`), register it with
-:func:`register_rollout_strategy` and select it with ``ExtGRPOConfig(rollout_strategy=name,
-rollout_strategy_kwargs={...})``. A strategy that feeds an estimator's side inputs lists them in
-:attr:`RolloutStrategy.provides` and returns them from :meth:`RolloutStrategy.side_inputs` (or passes them to
-``finish_rollouts(side_inputs=...)``); the trainer refuses at construction an estimator whose side inputs its
+To add a strategy, subclass :class:`RolloutStrategy`, register it with :func:`register_rollout_strategy` and select
+it with ``ExtGRPOConfig(rollout_strategy=name, rollout_strategy_kwargs={...})``. A strategy that feeds an estimator
+lists what it hands over in :attr:`RolloutStrategy.provides`; the config refuses an estimator whose side inputs its
 strategy does not provide (``docs/architecture.md`` has a worked example).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .base import GRPOTrainer
     from .batch import RolloutBatch
 
-__all__ = ["RolloutStrategy", "FixedGroups", "DynamicSampling", "register_rollout_strategy", "get_rollout_strategy",
+__all__ = ["RolloutGroups", "RolloutStrategy", "FixedGroups", "DynamicSampling", "register_rollout_strategy", "get_rollout_strategy",
            "ROLLOUT_STRATEGIES"]
 
 ROLLOUT_STRATEGIES: dict[str, type] = {}
@@ -98,97 +98,109 @@ def get_rollout_strategy(name: str) -> type:
                        f"{sorted(registered_rollout_strategies())}") from None
 
 
-class RolloutStrategy:
-    """Base class of rollout allocation strategies (train mode only).
+@dataclass
+class RolloutGroups:
+    """What a rollout strategy hands the base trainer for one generation batch: this rank's rollouts, as data.
+
+    Either TRL's own fixed groups (:meth:`trl`: ``rows is None``; TRL generates ``num_generations`` rollouts for the
+    rows its sampler yielded) or the strategy's own rollouts: one entry per rollout, the rollouts of a group
+    contiguous. The base pads every rank to the same row count, replays the rollouts once through TRL's tail
+    (old/reference log-probs, masks, the vLLM importance-sampling ratio, the reward functions unless
+    ``rewards_per_func`` is given), builds the gathered :class:`~trl_ext.trainers.batch.RolloutBatch`, runs the
+    estimator and then :meth:`RolloutStrategy.update`.
 
     Attributes
     ----------
-    name : str
-        Short name used in logs and checkpoints.
-    has_fixed_normalizer : bool
-        Whether :meth:`fixed_policy_normalizer` returns a value.
+    rows : list of dict or None
+        The dataset row of each rollout (a prompt's row repeated once per rollout); ``None``: TRL's fixed groups.
+    completion_ids : list of list of int
+        EOS-truncated completion ids, aligned with ``rows``.
+    group_ids : list of int
+        Local group label of each rollout (rows of a group contiguous; the base makes them global).
+    logprobs : list of list of float, optional
+        Sampling log-probs per completion token (vLLM), aligned with ``completion_ids``.
+    rewards_per_func : Tensor (n, F), optional
+        Rewards the strategy already computed (NaN = ``None``); else TRL's reward functions score the rows.
+    is_pad : list of bool, optional
+        Rows that only keep the collectives aligned (a rank with nothing to contribute passes one): no reward, no
+        advantage, no loss, in no metric.
+    side_inputs : dict of name -> list
+        Per-row estimator side inputs of this rank's rows (for :meth:`trl`: of the sampler's rows), gathered into
+        ``RolloutBatch.side_inputs``: a number per row, or a list of ``K`` numbers (an ``(N, K)`` input).
+    estimator_inputs : dict
+        Keyword inputs of the estimator that are not per row (PAIR's designed draws, V0.5's and BASIS's options):
+        **global**, identical on every rank; the config's ``advantage_estimator_kwargs`` take precedence.
+    fixed_normalizer : float, optional
+        A policy-loss normalizer fixed before the rollouts were drawn (PAIR's ``K``), see
+        :meth:`~trl_ext.trainers.accounting.BatchAccounting.policy_scale`.
+    record : any
+        What the strategy wants back in :meth:`RolloutStrategy.update` (``batch.record``), e.g. its per-prompt
+        decisions; identical on every rank.
+    """
+
+    rows: list[dict] | None = None
+    completion_ids: list[list[int]] | None = None
+    group_ids: list[int] | None = None
+    logprobs: list[list[float]] | None = None
+    rewards_per_func: torch.Tensor | None = None
+    is_pad: list[bool] | None = None
+    side_inputs: dict[str, list] = field(default_factory=dict)
+    estimator_inputs: dict[str, Any] = field(default_factory=dict)
+    fixed_normalizer: float | None = None
+    record: Any = None
+
+    @classmethod
+    def trl(cls, side_inputs: dict[str, list] | None = None, **kwargs) -> RolloutGroups:
+        """TRL's fixed groups for the sampler's rows (optionally with per-row side inputs of those rows)."""
+        return cls(side_inputs=dict(side_inputs or {}), **kwargs)
+
+    @classmethod
+    def pad_only(cls, row: dict, eos_token_id: int, num_reward_funcs: int, **kwargs) -> RolloutGroups:
+        """One masked pad row (``row``'s prompt, an EOS completion): a rank with no rollout of its own."""
+        return cls(rows=[row], completion_ids=[[eos_token_id]], group_ids=[0], is_pad=[True],
+                   rewards_per_func=torch.full((1, num_reward_funcs), float("nan")), **kwargs)
+
+
+class RolloutStrategy:
+    """Base class of rollout allocation strategies: a strategy returns data and learns from the batch.
+
+    A strategy author implements at most five members: :meth:`rollout` (this rank's rollouts of one generation
+    batch, as :class:`RolloutGroups`), :meth:`update` (after the estimator: learn, return diagnostics),
+    :meth:`describe`, :meth:`state_dict` and :meth:`load_state_dict`. It declares in :attr:`provides` the estimator
+    inputs it hands over (checked against the estimator when the config is built). Both calls get ``api``
+    (:class:`~trl_ext.trainers.rollout_io.RolloutAPI`: generation, scoring, the process group, logging), never the
+    trainer; both run on every rank with identical global inputs where they are global.
     """
 
     name = "strategy"
-    has_fixed_normalizer = False
-    """Set True by strategies whose :meth:`fixed_policy_normalizer` returns a value (checked at construction:
-    signal-only denominators cannot be combined with a fixed normalizer)."""
     provides: frozenset[str] = frozenset()
-    """Estimator side inputs this strategy supplies (:meth:`side_inputs` or ``finish_rollouts(side_inputs=...)``);
-    checked at construction against the estimator's registered ``side_inputs``."""
-    estimator_kwarg_names: frozenset[str] = frozenset()
-    """The keywords :meth:`estimator_kwargs` returns; checked against the configured estimator's signature when the
-    config is built (and against what :meth:`estimator_kwargs` really returns at every batch)."""
-    provides_objects: frozenset[str] = frozenset()
-    """Estimator inputs of level ``"strategy"`` this strategy passes through :meth:`estimator_kwargs` (objects the
-    batch cannot carry, e.g. PAIR's designed draws); checked at construction like :attr:`provides`."""
-
-    feeds_evaluation = False
-    """Whether the strategy supplies its side inputs on evaluation batches (TRL's fixed groups), for an estimator
-    selected by config (``advantage_estimator``); if not, evaluation batches get TRL's GRPO advantages."""
+    """The estimator inputs this strategy supplies: per-row ``side_inputs`` and ``estimator_inputs`` (checked when the
+    config is built against the estimator's registered side inputs and keywords)."""
 
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
-        """Check the config's ``rollout_strategy_kwargs`` (with the rest of ``config``) when the config is built:
-        raise ``ValueError`` saying what to change; the default accepts anything :meth:`from_trainer` accepts."""
+        """Check the config's ``rollout_strategy_kwargs`` (with the rest of ``config``) when the config is built."""
 
     @classmethod
     def from_trainer(cls, trainer: GRPOTrainer, **kwargs) -> RolloutStrategy:
         """Build the strategy for ``trainer`` (``kwargs``: the config's ``rollout_strategy_kwargs``)."""
         return cls(**kwargs)
 
-    def side_inputs(self, trainer: GRPOTrainer, rows: list[dict]) -> dict[str, list]:
-        """Per-row side inputs for the estimator, for this rank's ``rows`` of a train generation batch (and of
-        evaluation batches for presets with ``train_estimator_in_eval``).
+    def rollout(self, api, rows: list[dict]) -> RolloutGroups:
+        """This rank's rollouts for the ``rows`` TRL's sampler yielded (train and evaluation batches: ``api.mode``).
+        Default: TRL's fixed groups."""
+        return RolloutGroups.trl()
 
-        Called by the base trainer while it builds the :class:`~trl_ext.trainers.batch.RolloutBatch` (after
-        generation and scoring), with the local dataset rows in batch order (pad rows included: give them any
-        value). Return ``{name: list of len(rows)}`` for every name in :attr:`provides` that is not passed to
-        ``finish_rollouts(side_inputs=...)`` instead; the base gathers them into ``RolloutBatch.side_inputs``. A
-        value is a number, or -- for a row-level input -- a list of ``K`` numbers, the same ``K`` on every row of
-        every rank (the input is then an ``(N, K)`` array).
-        """
+    def update(self, api, batch: RolloutBatch, result: Any) -> dict[str, float]:
+        """After the estimator ran on ``batch`` (``result``: its :class:`~trl_ext.estimators.AdvantageResult`, or
+        ``None`` when it did not run): update what the strategy learns; return metrics to log (``name -> value``,
+        global). Default: nothing."""
         return {}
 
-    def generate_and_score(self, trainer: GRPOTrainer, inputs: list[dict]) -> dict:
-        """Produce one generation batch and return TRL's output dict.
-
-        Every rank calls this once per generation batch with its local rows; implementations either return
-        ``trainer.score_fixed_groups(inputs)`` (TRL's path) or call ``trainer.finish_rollouts(...)`` exactly once.
-        """
-        raise NotImplementedError
-
-    def dropin_differences(self, trainer: GRPOTrainer) -> list[str]:
-        """Ways this strategy's generation differs from TRL's for the same arguments (compute or prompts per step),
-        each naming the field that restores TRL's behaviour; the base trainer warns each once at construction
-        (:class:`~trl_ext.trainers.base.DropInDifferenceWarning`). Default: none."""
-        return []
-
-    def estimator_kwargs(self, trainer: GRPOTrainer) -> dict:
-        """Keyword arguments this strategy adds to the estimator call on train batches (and evaluation batches of
-        presets with ``train_estimator_in_eval``), e.g. options a method config holds; the config's
-        ``advantage_estimator_kwargs`` take precedence."""
-        return {}
-
-    def observe_advantages(self, trainer: GRPOTrainer, batch: RolloutBatch, result: Any, valid: torch.Tensor) -> None:
-        """Called on train batches (and on evaluation batches of presets with ``train_estimator_in_eval``: check
-        ``batch.mode``) after the registered estimator ran on ``batch[valid]`` with ``result`` (its
-        :class:`~trl_ext.estimators.AdvantageResult`; ``None`` when no row was valid and the estimator did not run):
-        update what the strategy learns (a support buffer, a
-        calibration history) and log the method's diagnostics. Identical on every rank (the batch is global)."""
-
-    def fixed_policy_normalizer(self, trainer: GRPOTrainer, batch: RolloutBatch) -> float | None:
-        """A normalizer of the policy loss that must not depend on the realized rollouts, or ``None`` (TRL's).
-
-        When a float ``K`` is returned, the base trainer makes the policy term of the loss
-        ``(1/K) sum_rows A_i mean_t l_it`` for sequence-level losses (``dr_grpo``: ``(1/(K L)) sum_rows A_i
-        sum_t l_it``) and ``(1/(K L)) sum_rows A_i sum_t l_it`` for global token-level losses, with ``L =
-        max_completion_length``, whatever the number of real or pad rows (PAIR's design-unbiased normalizer).
-        """
-        return None
-
-    def describe(self, trainer: GRPOTrainer) -> str:
-        """One line saying what each training step generates (logged at construction)."""
+    def describe(self, api) -> str | tuple[str, list[str]]:
+        """One line saying what each training step generates (logged at construction), optionally with the ways it
+        differs from TRL for the same arguments, each naming the field that restores TRL's behaviour (warned once as
+        :class:`~trl_ext.trainers.base.DropInDifferenceWarning`)."""
         return f"rollout strategy {self.name}"
 
     def state_dict(self) -> dict:
@@ -205,34 +217,25 @@ class FixedGroups(RolloutStrategy):
 
     name = "fixed_groups"
 
-    def generate_and_score(self, trainer, inputs):
-        return trainer.score_fixed_groups(inputs)
-
-    def describe(self, trainer):
-        g = int(trainer.num_generations)
-        return (f"rollout strategy fixed_groups: {trainer.args.generation_batch_size} rollouts per generation batch "
-                f"({g} per prompt), as TRL")
+    def describe(self, api):
+        return (f"rollout strategy fixed_groups: {api.args.generation_batch_size} rollouts per generation batch "
+                f"({api.num_generations} per prompt), as TRL")
 
 
-def side_input_arrays(batch: RolloutBatch, estimator: str, valid: torch.Tensor, strategy: RolloutStrategy) -> dict:
-    """The registered side inputs of ``estimator``, cut to the ``valid`` rows of ``batch`` (keyword -> ndarray).
+def side_input_arrays(batch: RolloutBatch, estimator: str, valid: torch.Tensor) -> dict:
+    """The registered per-row and per-group side inputs of ``estimator``, cut to the ``valid`` rows of ``batch``
+    (keyword -> ndarray); inputs of level ``"strategy"`` come from ``batch.estimator_inputs`` instead.
 
     Row-level inputs keep one value (or one row of a 2-D input) per valid row; group-level inputs keep one value per
     group that has a valid row, in order of first appearance, and must be equal on every row of a group
     (``ValueError`` otherwise).
-    A declared input missing from ``batch.side_inputs`` is a ``RuntimeError`` naming the strategy that should have
-    supplied it.
     """
     from ..estimators.baselines import estimator_side_inputs
 
     out = {}
     for key, level in estimator_side_inputs(estimator).items():
-        if level == "strategy":  # passed by the strategy's estimator_kwargs, not gathered from the batch
+        if level == "strategy":
             continue
-        if key not in batch.side_inputs:
-            raise RuntimeError(f"advantage estimator {estimator!r} needs side input {key!r}, but rollout strategy "
-                               f"{strategy.name!r} did not supply it for this batch (RolloutStrategy.side_inputs or "
-                               "finish_rollouts(side_inputs=...)).")
         values = np.asarray(batch.side_inputs[key], dtype=np.float64)[valid.numpy()]
         if level == "group":
             gid = batch.group_ids[valid].numpy()
@@ -318,55 +321,57 @@ class DynamicSampling(RolloutStrategy):
             raise ValueError("dynamic_sampling draws refill prompts by index and needs a map-style training "
                              "dataset (datasets.Dataset); got an iterable dataset.")
         a = trainer.args
-        return cls(a.dynamic_sampling_max_rounds, a.dynamic_sampling_std_atol, seed=a.seed, **kwargs)
+        return cls(ds, a.dynamic_sampling_max_rounds, a.dynamic_sampling_std_atol, seed=a.seed, **kwargs)
 
-    def __init__(self, max_rounds: int, std_atol: float = 0.0, seed: int = 0):
+    def __init__(self, dataset, max_rounds: int, std_atol: float = 0.0, seed: int = 0):
+        self.dataset = dataset
         self.max_rounds = int(max_rounds)
         self.std_atol = float(std_atol)
         self.seed = int(seed)
         self.generation_index = 0
         self.totals = {"generated_groups": 0, "filtered_groups": 0, "kept_groups": 0, "short_batches": 0}
 
-    def describe(self, trainer):
-        g = int(trainer.num_generations)
-        k = int(trainer.args.generation_batch_size) // g
+    def describe(self, api):
+        g = api.num_generations
+        k = int(api.args.generation_batch_size) // g
         return (f"rollout strategy dynamic_sampling (DAPO): {k} prompts x {g} rollouts per generation batch as TRL, "
                 f"plus up to {self.max_rounds} refill rounds (each at most {k} x {g} rollouts) replacing "
                 "zero-variance groups")
 
     # -------------------------------------------------------------------------------------------------- helpers
-    def _draw_refill(self, trainer, n: int, round_index: int) -> list[dict]:
-        ds = trainer.train_dataset
+    def _draw_refill(self, n: int, round_index: int) -> list[dict]:
+        ds = self.dataset
         size = len(ds)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0xDA90, self.generation_index, round_index])
         idx = rng.choice(size, size=min(n, size), replace=False)
         return [dict(ds[int(i)]) for i in idx]
 
     # -------------------------------------------------------------------------------------------------- main
-    def generate_and_score(self, trainer, inputs):
-        g = int(trainer.num_generations)
-        p, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
-        groups = unique_prompt_rows(compat.gather_object(list(inputs)), g)
+    def rollout(self, api, inputs):
+        if api.mode != "train":
+            return RolloutGroups.trl()
+        g = api.num_generations
+        p, rank = api.num_processes, api.process_index
+        groups = unique_prompt_rows(api.gather_object(list(inputs)), g)
         target = len(groups)
         kept: list[dict] = []
         pending = groups
         rounds = generated = filtered = 0
-        weights = trainer.reward_weights
         fallback = groups[0]
         while True:
             mine = list(range(*rank_block(len(pending), p, rank)))
             rows = [pending[j] for j in mine for _ in range(g)]
-            c_ids, lps = trainer.generate_rollouts(rows, fallback_row=fallback)
-            rpf = trainer.score_rollouts_local(rows, c_ids)
+            c_ids, lps = api.generate(rows, fallback_row=fallback)
+            rpf = api.score(rows, c_ids)
             local = []
             for n_j, j in enumerate(mine):
                 sl = slice(n_j * g, (n_j + 1) * g)
                 local.append({"j": j, "c_ids": c_ids[sl], "lps": None if lps is None else lps[sl],
                               "rpf": rpf[sl].tolist()})
-            results = sorted(compat.gather_object(local), key=lambda d: d["j"])
+            results = sorted(api.gather_object(local), key=lambda d: d["j"])
             generated += len(results)
             for res in results:
-                r = weighted_reward(torch.tensor(res["rpf"], dtype=torch.float32), weights).double().numpy()
+                r = api.reward(torch.tensor(res["rpf"], dtype=torch.float32)).double().numpy()
                 if group_has_signal(r, self.std_atol):
                     kept.append({"row": pending[res["j"]], **res})
                 else:
@@ -374,42 +379,32 @@ class DynamicSampling(RolloutStrategy):
             if len(kept) >= target or rounds >= self.max_rounds or len(pending) == 0:
                 break
             rounds += 1
-            pending = self._draw_refill(trainer, target - len(kept), rounds)
+            pending = self._draw_refill(target - len(kept), rounds)
         short = len(kept) < target
         kept = kept[:target]
-        # whole kept groups to ranks in contiguous blocks (the gathered batch keeps the draw order, as with one
-        # process); every rank calls finish_rollouts exactly once
-        mine = kept[slice(*rank_block(len(kept), p, rank))]
-        rows, c_out, lp_out, rpf_out, gids = [], [], [], [], []
-        for n_j, grp in enumerate(mine):
-            rows += [grp["row"]] * g
-            c_out += [list(c) for c in grp["c_ids"]]
-            lp_out += [None] * g if grp["lps"] is None else [list(x) for x in grp["lps"]]
-            rpf_out += grp["rpf"]
-            gids += [n_j] * g
-        is_pad = None
-        if not rows:  # nothing for this rank: one masked pad row keeps the collectives aligned
-            eos = compat.tokenizer(trainer).eos_token_id
-            rows, c_out, lp_out, gids = [fallback], [[eos]], [None], [0]
-            rpf_out = [[float("nan")] * len(weights)]
-            is_pad = [True]
-        use_lps = any(x is not None for x in lp_out)
-        if use_lps:
-            lp_out = [[0.0] * len(c) if x is None else x for x, c in zip(lp_out, c_out)]
         self.generation_index += 1
         self.totals["generated_groups"] += generated
         self.totals["filtered_groups"] += filtered
         self.totals["kept_groups"] += len(kept)
         self.totals["short_batches"] += int(short)
-        log = trainer.log_ext_metric
-        log("dapo/rounds", float(rounds), "train")
-        log("dapo/generated_groups", float(generated), "train")
-        log("dapo/filtered_groups", float(filtered), "train")
-        log("dapo/kept_groups", float(len(kept)), "train")
-        log("dapo/batch_fill", len(kept) / max(target, 1), "train")
-        log("dapo/keep_rate", (generated - filtered) / max(generated, 1), "train")
-        return trainer.finish_rollouts(rows, c_out, group_ids=gids, logprobs=lp_out if use_lps else None,
-                                       rewards_per_func=torch.tensor(rpf_out, dtype=torch.float32), is_pad=is_pad)
+        for name, value in (("rounds", rounds), ("generated_groups", generated), ("filtered_groups", filtered),
+                            ("kept_groups", len(kept)), ("batch_fill", len(kept) / max(target, 1)),
+                            ("keep_rate", (generated - filtered) / max(generated, 1))):
+            api.log(f"dapo/{name}", float(value))
+        # whole kept groups to ranks in contiguous blocks (the gathered batch keeps the draw order, as with one
+        # process)
+        mine = kept[slice(*rank_block(len(kept), p, rank))]
+        if not mine:  # nothing for this rank: one masked pad row keeps the collectives aligned
+            return RolloutGroups.pad_only(fallback, api.eos_token_id, api.num_reward_funcs)
+        lps = [None if grp["lps"] is None else [list(x) for x in grp["lps"]] for grp in mine]
+        use_lps = any(x is not None for x in lps)
+        return RolloutGroups(
+            rows=[grp["row"] for grp in mine for _ in range(g)],
+            completion_ids=[list(c) for grp in mine for c in grp["c_ids"]],
+            group_ids=[n_j for n_j in range(len(mine)) for _ in range(g)],
+            logprobs=[x for grp, lp in zip(mine, lps) for x in (lp or [[0.0] * len(c) for c in grp["c_ids"]])]
+            if use_lps else None,
+            rewards_per_func=torch.tensor([r for grp in mine for r in grp["rpf"]], dtype=torch.float32))
 
     def state_dict(self) -> dict:
         return {"generation_index": int(self.generation_index), "totals": dict(self.totals)}

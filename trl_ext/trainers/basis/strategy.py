@@ -27,11 +27,9 @@ from ...estimators.basis import (
     validate_basis_options,
 )
 from ...priors.table_format import ValueTable, load_value_table, prompt_key
-from .. import _trl_compat as compat
-from ..rollouts import FixedGroups, register_rollout_strategy
+from ..rollouts import FixedGroups, RolloutGroups, register_rollout_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..base import GRPOTrainer
     from ..batch import RolloutBatch
 
 __all__ = ["BASIS_METRICS", "ValueTableLookup", "common_reward_range", "resolve_value_table"]
@@ -99,10 +97,8 @@ class ValueTableLookup(FixedGroups):
     :func:`~trl_ext.estimators.basis.v_beta`); that decision is taken over all ranks.
     """
 
-    provides = frozenset({"p_hat"})
-    estimator_kwarg_names = frozenset({"beta_grid", "variant", "objective", "eps", "fallback", "min_active_fraction",
-                                       "normalize", "norm_eps", "reward_range"})
-    feeds_evaluation = True
+    provides = frozenset({"p_hat", "beta_grid", "variant", "objective", "eps", "fallback", "min_active_fraction",
+                          "normalize", "norm_eps", "reward_range"})
 
     def __init__(self, table: ValueTable, beta_grid=None, **options):
         if len(table) == 0:
@@ -190,10 +186,10 @@ class ValueTableLookup(FixedGroups):
             raise ValueError(msg)
         warnings.warn(msg, UserWarning, stacklevel=3)
 
-    def describe(self, trainer):
+    def describe(self, api):
         lo, hi = self.reward_range
-        return (f"rollout strategy value_table: {trainer.args.generation_batch_size} rollouts per generation batch "
-                f"({int(trainer.num_generations)} per prompt), as TRL; each prompt's offline value p_hat from a value "
+        return (f"rollout strategy value_table: {api.args.generation_batch_size} rollouts per generation batch "
+                f"({api.num_generations} per prompt), as TRL; each prompt's offline value p_hat from a value "
                 f"table of {len(self.table)} rows (reward range [{lo:g}, {hi:g}], {self.beta_grid.size}-point beta "
                 "grid)")
 
@@ -258,17 +254,24 @@ class ValueTableLookup(FixedGroups):
         return [math.nan] * self.beta_grid.size
 
     # ------------------------------------------------------------------------------------------ strategy hooks
-    def side_inputs(self, trainer, rows):
-        """``p_hat`` of each row: its pass rate (NaN when missing), or its ``V_beta`` on the grid when any row of
-        the gathered batch has a sample-based value (one collective, only for tables that hold such rows)."""
+    def rollout(self, api, rows) -> RolloutGroups:
+        """TRL's fixed groups (train and evaluation batches) with ``p_hat`` per row and the estimator options.
+
+        ``p_hat`` is the row's pass rate (NaN when missing), or its ``V_beta`` on the grid when any row of the
+        gathered batch has a sample-based value (one collective, only for tables that hold such rows)."""
+        return RolloutGroups.trl(side_inputs={"p_hat": self.p_hat(api, rows)},
+                                 estimator_inputs=self.estimator_options())
+
+    def p_hat(self, api, rows) -> list:
+        """Per-row offline values of ``rows`` (see :meth:`rollout`)."""
         looks = [self.lookup(row["prompt"]) for row in rows]
         if self._has_sample_rows is None:
             self._has_sample_rows = any(r.rewards is not None and not r.is_binary for r in self.table)
-        if self._has_sample_rows and any(compat.gather_object([any(x.v is not None for x in looks)])):
-            return {"p_hat": [self._grid_row(x) for x in looks]}
-        return {"p_hat": [math.nan if x.p is None else x.p for x in looks]}
+        if self._has_sample_rows and any(api.gather_object([any(x.v is not None for x in looks)])):
+            return [self._grid_row(x) for x in looks]
+        return [math.nan if x.p is None else x.p for x in looks]
 
-    def estimator_kwargs(self, trainer):
+    def estimator_options(self) -> dict:
         """The ``basis_*`` options of :class:`~trl_ext.trainers.basis.BASISConfig` as keyword arguments of the
         ``"basis"`` estimator, plus the beta grid and the table's reward range."""
         o = self.options
@@ -277,8 +280,8 @@ class ValueTableLookup(FixedGroups):
                 "min_active_fraction": float(o["min_active_fraction"]),
                 "normalize": bool(o["scale_advantages"]), "norm_eps": 1e-4, "reward_range": self.reward_range}
 
-    def observe_advantages(self, trainer: GRPOTrainer, batch: RolloutBatch, result, valid) -> None:
-        """Count the batch's prompts missing from the table, record ``beta_t`` and log :data:`BASIS_METRICS`.
+    def update(self, api, batch: RolloutBatch, result) -> dict[str, float]:
+        """Count the batch's prompts missing from the table, record ``beta_t`` and return :data:`BASIS_METRICS`.
 
         The ``"basis"`` estimator sees every real (non-pad) row, unscorable ones included (``sees_unscorable``):
         the counts and shares run over them as the paper's batch does, and a batch without any scorable row is
@@ -291,17 +294,17 @@ class ValueTableLookup(FixedGroups):
             table (evaluation batches, normally held-out prompts, keep the fallback and get one warning).
         """
         mode = batch.mode
-        real = ~batch.is_pad
+        real = valid = ~batch.is_pad  # the "basis" estimator sees unscorable rows (sees_unscorable)
         looks = [self.lookup(p) for p, keep in zip(batch.prompts, real.tolist()) if keep]
         n = len(looks)
         if result is None:  # only pad rows (the "basis" estimator sees unscorable rows, so it ran on any real row)
-            return
+            return {}
         n_missing = sum(x.missing for x in looks)
         limit = self.options["max_missing_fraction"]
         if n_missing / n > limit and mode == "eval":
             # held-out evaluation prompts are normally absent from the training table: fallback baseline, logged in
             # eval_basis/missing_fraction (the limit guards training against a wrong table)
-            trainer.warn_once(
+            api.warn_once(
                 "basis_eval_missing",
                 f"{n_missing} of the {n} prompts of an evaluation batch are missing from the value table; they get "
                 f"the '{self.options['fallback']}' fallback baseline (logged as eval_basis/missing_fraction).",
@@ -316,7 +319,7 @@ class ValueTableLookup(FixedGroups):
         u = rewards_to_unit(batch.rewards[valid].double().numpy(), self.reward_range)
         fin = np.isfinite(u)
         if np.any(fin & (u != 0.0) & (u != 1.0)) and any(x.p is not None for x in looks):
-            trainer.warn_once(
+            api.warn_once(
                 "basis_non_binary",
                 "Training rewards are not binary but the value table holds only binary statistics for some prompts "
                 "(pass rates without per-sample non-binary rewards): V_beta uses the binary closed form, an "
@@ -337,14 +340,13 @@ class ValueTableLookup(FixedGroups):
             "basis/mean_baseline": float(np.mean(result.baselines)),
             "basis/mean_sq_advantage": float(np.mean(result.advantages[fin] ** 2)) if fin.any() else 0.0,
         }
-        for name, value in metrics.items():
-            trainer.log_ext_metric(name, value, mode)
         if mode == "train":
             self.beta_history.append(float(cal.beta))
-            self.beta_history_steps.append(int(trainer.state.global_step))
+            self.beta_history_steps.append(api.global_step)
             self.totals["missing_total"] += n_missing
             self.totals["fallback_total"] += int(res.n_fallback)
             self.totals["rows_total"] += n
+        return {name: float(value) for name, value in metrics.items()}
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict:

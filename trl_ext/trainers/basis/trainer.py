@@ -268,7 +268,6 @@ class BASISTrainer(GRPOTrainer):
     config_class = BASISConfig
     unique_prompt_sampler = True
     train_estimator = "basis"
-    train_estimator_in_eval = True
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *,
                  value_table: ValueTable | str | os.PathLike | None = None, **kwargs):

@@ -3,7 +3,7 @@ the prefix heads it designs with and refreshes.
 
 The strategy calls only the pure PAIR functions (:func:`~trl_ext.estimators.pair.design_and_draw`, the heads of
 :mod:`trl_ext.estimators.pair_heads`) and the base trainer's public rollout API
-(:meth:`~trl_ext.GRPOTrainer.generate_token_ids`, :meth:`~trl_ext.GRPOTrainer.finish_rollouts`); what it needs from
+(``api.generate_ids``, returning its rollouts as :class:`~trl_ext.trainers.rollouts.RolloutGroups`); what it needs from
 :class:`~trl_ext.trainers.pair.trainer.PAIRTrainer` -- the heads, the prefix feature extractor and the snap delimiters -- is
 built with it (:meth:`PrefixProbeRollouts.build`, from :meth:`PAIRTrainer.create_rollout_strategy` or, selected by
 config on any trainer, :meth:`PrefixProbeRollouts.from_trainer`). PAIR's options are read from the strategy's
@@ -23,7 +23,7 @@ import torch
 from ...estimators.pair import DesignWarmStart, GroupDraw, anchor_marginal_inclusion, design_and_draw, fixed_normalizer
 from ...estimators.pair_heads import PrefixHeads, model_prefix_summary
 from .. import _trl_compat as compat
-from ..rollouts import RolloutStrategy, register_rollout_strategy
+from ..rollouts import RolloutGroups, RolloutStrategy, register_rollout_strategy
 from .config import (
     PAIRShortProbeWarning,
     pair_advantage_options,
@@ -138,12 +138,12 @@ class DesignHeads:
 class PrefixProbeRollouts(RolloutStrategy):
     """PAIR's rollout allocation: probe every candidate to a prefix, design, draw, continue the selected ones.
 
-    Train mode only (evaluation uses TRL's full groups). One call of :meth:`generate_and_score` per generation batch
-    on every rank: refresh the heads (labels of the previous batch, :meth:`DesignHeads.refresh`), probe (one
-    :meth:`~trl_ext.GRPOTrainer.generate_token_ids` call capped at ``tau + snap_window`` tokens), prefix features
-    and head predictions, per-prompt design and draw (:func:`~trl_ext.estimators.pair.design_and_draw`, logged in
-    :attr:`design_log` before anything else is generated), continuation (a second ``generate_token_ids`` call), and
-    :meth:`~trl_ext.GRPOTrainer.finish_rollouts` with the completed vertices. The base's one counter
+    Train mode only (evaluation uses TRL's full groups). One call of :meth:`rollout` per generation batch on every
+    rank: refresh the heads (labels of the previous batch, :meth:`DesignHeads.refresh`), probe (one
+    ``api.generate_ids`` call capped at ``tau + snap_window`` tokens), prefix features and head predictions,
+    per-prompt design and draw (:func:`~trl_ext.estimators.pair.design_and_draw`, logged in :attr:`design_log` before
+    anything else is generated), continuation (a second ``generate_ids`` call), and the completed vertices returned
+    with their gathered draws. The base's one counter
     ``ext/generated_tokens`` therefore holds every probe and continuation token (unselected prefixes and equalizing
     dummy rows included); ``pair/prefix_tokens`` and ``pair/realized_suffix_tokens`` are its breakdown.
 
@@ -152,7 +152,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     delimiter_ids : set of int, optional
         Token ids that end a snapped checkpoint (``pair_snap_window > 0``; Appendix C "Prefix checkpoint").
     heads : DesignHeads
-        The prefix heads the design uses; :meth:`observe_advantages` adds their delayed labels.
+        The prefix heads the design uses; :meth:`update` adds their delayed labels.
     features : callable
         ``features(seqs: list[list[int]]) -> Tensor (B, H)``: stop-gradient prefix summaries of ``prompt + prefix``
         token sequences (:meth:`PAIRTrainer.pair_features`); one call per generation batch on every rank.
@@ -165,11 +165,6 @@ class PrefixProbeRollouts(RolloutStrategy):
         Profiles of the previous step's solutions (checkpointed).
     design_log : list of dict
         Per prompt of the latest generation batch on this rank (see :attr:`PAIRTrainer.pair_design_log`).
-    num_prompts : int
-        Global number of prompts ``K`` of the current generation batch (the fixed normalizer).
-    pending : dict or None
-        Per-prompt records of the draw while :meth:`~trl_ext.GRPOTrainer.finish_rollouts` runs (read by
-        :meth:`estimator_kwargs` and :meth:`observe_advantages`, which the base trainer calls from there).
     last_stats : dict
         The ``pair/*`` metrics of the latest train batch.
     totals : dict
@@ -177,8 +172,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         (train mode; checkpointed).
     """
 
-    provides_objects = frozenset({"draws"})  # the "pair_draw" estimator's designed draws, through estimator_kwargs
-    estimator_kwarg_names = frozenset({"draws", "w_max", "self_normalize", "standardize"})
+    provides = frozenset({"draws", "w_max", "self_normalize", "standardize"})  # the "pair_draw" estimator's inputs
 
     def __init__(self, delimiter_ids: set[int] | None = None, *, heads: DesignHeads | None = None,
                  features: Callable[[list[list[int]]], torch.Tensor] | None = None, options=None):
@@ -189,8 +183,6 @@ class PrefixProbeRollouts(RolloutStrategy):
         self.generation_index = 0
         self.warm_start = DesignWarmStart()
         self.design_log: list[dict] = []
-        self.num_prompts = 0
-        self.pending: dict | None = None
         self.last_stats: dict[str, float] = {}
         self.totals = {"prefix_tokens": 0, "suffix_tokens": 0, "zero_edge_groups": 0, "solver_fallbacks": 0,
                        "groups": 0}
@@ -231,10 +223,10 @@ class PrefixProbeRollouts(RolloutStrategy):
         return cls(delims, heads=design_heads, features=features, options=options)
 
     # ------------------------------------------------------------------------------------------------ interface
-    def describe(self, trainer) -> str:
+    def describe(self, api) -> str:
         """What each step generates, compared with TRL's GRPO on the same arguments (logged at construction)."""
         a = self.options
-        G, L, n_probe = int(a.num_generations), int(a.max_completion_length), self.probe_len(trainer)
+        G, L, n_probe = int(a.num_generations), int(a.max_completion_length), self.probe_len()
         snap = f" (+ up to {a.pair_snap_window} to a delimiter)" if a.pair_snap_window else ""
         anchor = "; the anchor pair adds up to 2 continuations per prompt" if a.pair_anchor_pair else ""
         return (f"rollout strategy {self.name} (PAIR): {G} candidates per prompt probed to "
@@ -243,46 +235,25 @@ class PrefixProbeRollouts(RolloutStrategy):
                 f"same arguments ({G} completions of up to L = {L} tokens per prompt): each step generates {G} probes "
                 f"of <= {n_probe} tokens per prompt plus continuations with an expected suffix budget of "
                 f"{a.pair_budget_ratio} x the predicted remaining tokens, i.e. about {n_probe}/{L} + "
-                f"{a.pair_budget_ratio} x (1 - {n_probe}/{L}) = {self.expected_token_factor(trainer):.3g}x TRL's "
+                f"{a.pair_budget_ratio} x (1 - {n_probe}/{L}) = {self.expected_token_factor():.3g}x TRL's "
                 f"generated tokens (<= 1x; ~ tau/L + budget_ratio){anchor}")
 
-    def expected_token_factor(self, trainer) -> float:
+    def expected_token_factor(self) -> float:
         """Expected generated tokens per step relative to TRL's GRPO with the same arguments, for full-length
         completions: ``p + pair_budget_ratio * (1 - p)`` with ``p = (tau + pair_snap_window) / max_completion_length``
         (every candidate probed, a ``pair_budget_ratio`` share of the remaining tokens continued in expectation;
         <= 1, and <= ``p + pair_budget_ratio``). Without the anchor pair and with the predicted costs on target."""
         a = self.options
-        p = self.probe_len(trainer) / float(a.max_completion_length)
+        p = self.probe_len() / float(a.max_completion_length)
         return float(min(1.0, p + float(a.pair_budget_ratio) * (1.0 - p)))
 
-    def fixed_policy_normalizer(self, trainer, batch) -> float | None:
-        """The global number of prompts ``K`` of the generation batch when ``pair_fixed_normalizer`` is on.
-
-        ``K`` counts every prompt whose candidates were probed, also those that completed no vertex: it is fixed
-        before the design draw, so the policy loss ``(1/K) sum ...`` is design-unbiased
-        (:func:`~trl_ext.estimators.fixed_normalizer`; the base trainer multiplies by ``max_completion_length`` for
-        token-level losses)."""
-        if not self.options.pair_fixed_normalizer:
-            return None
-        return fixed_normalizer(int(self.num_prompts))
-
-    def estimator_kwargs(self, trainer) -> dict:
-        """Keywords of the ``pair_draw`` estimator (the preset's ``train_estimator``): the designed draw of every
-        group with completed vertices, gathered over ranks in rank order (identical on every rank; a collective),
-        and the configured Appendix B variants."""
-        if self.pending is None:
-            raise RuntimeError("PAIR: advantages of a train batch were requested outside finish_rollouts; the "
-                               "designed draws of its groups are not known.")
-        records = compat.gather_object(self.pending["records"])
-        self.pending["gathered"] = records
-        draws = [(_record_draw(rec), rec["completed"]) for rec in records if rec["completed"]]
-        return {"draws": draws, **pair_advantage_options(self.options)}
-
-    def observe_advantages(self, trainer, batch, result, valid) -> None:
+    def update(self, api, batch, result) -> dict[str, float]:
         """After the estimator: the delayed labels of the completed, scorable vertices go to the heads' replay
-        window (refit at the next generation, after this batch's update), the solver's answers to the warm start,
-        and the ``pair/*`` diagnostics to the trainer's log."""
-        records = self.pending["gathered"]
+        window (refit at the next generation, after this batch's update), the solver's answers to the warm start;
+        returns the ``pair/*`` diagnostics."""
+        records = batch.record
+        if records is None:  # an evaluation batch: TRL's fixed groups
+            return {}
         row_groups = [rec for rec in records if rec["completed"]]
         results = [] if result is None else result.extras["results"]
         stats = PairBatchStats()
@@ -311,12 +282,11 @@ class PrefixProbeRollouts(RolloutStrategy):
         if solved:
             self.warm_start.update([x for _, x in solved])
         self.last_stats = pair_metrics(stats, self.heads)
-        for name, value in self.last_stats.items():
-            trainer.log_ext_metric(name, value, batch.mode)
         for key, value in (("prefix_tokens", stats.prefix_tokens), ("suffix_tokens", stats.suffix_tokens),
                            ("zero_edge_groups", stats.zero_edge), ("solver_fallbacks", stats.fallbacks),
                            ("groups", stats.groups)):
             self.totals[key] += int(value)
+        return dict(self.last_stats)
 
     def state_dict(self) -> dict:
         """Generation index, token totals, solver warm start and the heads (:meth:`DesignHeads.state_dict`)."""
@@ -331,16 +301,16 @@ class PrefixProbeRollouts(RolloutStrategy):
             self.heads.load_state_dict(state["heads"])
 
     # ------------------------------------------------------------------------------------------------ helpers
-    def probe_len(self, trainer) -> int:
+    def probe_len(self) -> int:
         """Tokens generated by the probe: ``tau + pair_snap_window``."""
         return int(self.options.pair_tau) + int(self.options.pair_snap_window)
 
     @staticmethod
-    def is_finished(trainer, completion: list[int], probe_len: int) -> bool:
+    def is_finished(eos_token_ids, completion: list[int], probe_len: int) -> bool:
         """Whether a probed candidate ended inside the probe (EOS, or fewer tokens than the cap)."""
-        return len(completion) < probe_len or (len(completion) > 0 and completion[-1] in trainer.eos_token_ids)
+        return len(completion) < probe_len or (len(completion) > 0 and completion[-1] in eos_token_ids)
 
-    def checkpoint(self, trainer, completion: list[int], finished: bool) -> int:
+    def checkpoint(self, completion: list[int], finished: bool) -> int:
         """Checkpoint position inside the probe tokens (snapping, Appendix C)."""
         if finished or not self.delimiter_ids:
             return len(completion)
@@ -349,29 +319,33 @@ class PrefixProbeRollouts(RolloutStrategy):
                 return pos + 1
         return len(completion)
 
-    def design_rng(self, trainer, row_idx: int) -> np.random.Generator:
+    def design_rng(self, row_idx: int) -> np.random.Generator:
         """Fresh design randomness keyed by (seed, generation index, dataset row): never by an outcome, identical
         across process layouts."""
         return np.random.default_rng([int(self.options.seed) & 0xFFFFFFFF, 0x9A1, self.generation_index,
                                       int(row_idx) & 0xFFFFFFFF])
 
-    def probe(self, trainer, rows: list[dict]) -> dict:
+    def probe(self, api, rows: list[dict]) -> dict:
         """Steps 1-2 for local candidate rows: prompt ids, probe tokens (and vLLM log-probs), finished flags,
         checkpoints and prefix features."""
-        prompt_ids = compat.tokenize_prompts(trainer, [x["prompt"] for x in rows])
-        n_probe = self.probe_len(trainer)
-        probe_ids, probe_lps = trainer.generate_token_ids(prompt_ids, max_new_tokens=n_probe)
-        finished = [self.is_finished(trainer, c, n_probe) for c in probe_ids]
-        ckpt = [self.checkpoint(trainer, c, f) for c, f in zip(probe_ids, finished)]
+        prompt_ids = api.tokenize([x["prompt"] for x in rows])
+        n_probe = self.probe_len()
+        probe_ids, probe_lps = api.generate_ids(prompt_ids, max_new_tokens=n_probe)
+        finished = [self.is_finished(api.eos_token_ids, c, n_probe) for c in probe_ids]
+        ckpt = [self.checkpoint(c, f) for c, f in zip(probe_ids, finished)]
         feats = self.features([list(p) + list(c[:t]) for p, c, t in zip(prompt_ids, probe_ids, ckpt)])
         return {"prompt_ids": prompt_ids, "probe_ids": probe_ids, "probe_lps": probe_lps, "finished": finished,
                 "features": feats}
 
     # ------------------------------------------------------------------------------------------------ main
-    def generate_and_score(self, trainer, inputs):
-        tr = trainer
+    def rollout(self, api, inputs) -> RolloutGroups:
+        """One generation batch (Steps 1-5): probes, design, draws, continuations; the completed vertices with their
+        designed draws (gathered: the ``pair_draw`` estimator's input), ``K`` as the fixed normalizer and the
+        per-prompt records for :meth:`update`. Evaluation batches are TRL's fixed groups."""
+        if api.mode != "train":
+            return RolloutGroups.trl()
         self.heads.refresh()
-        G = int(tr.num_generations)
+        G = api.num_generations
         rows = list(inputs)
         if len(rows) % G:
             raise RuntimeError(f"PAIR: {len(rows)} local rows are not a multiple of G = {G}.")
@@ -382,12 +356,11 @@ class PrefixProbeRollouts(RolloutStrategy):
             if len(keys) != 1:
                 raise RuntimeError("PAIR: a candidate group spans several dataset rows; rows of a prompt must be "
                                    "contiguous in blocks of G (TRL's RepeatSampler with per-rank rows % G == 0).")
-        device = tr.accelerator.device
-        self.num_prompts = int(compat.gather(torch.tensor([K], device=device)).sum().item())
+        num_prompts = api.all_sum(K)
         # 1-2. prefix probe, features, frozen heads
-        pr = self.probe(tr, rows)
+        pr = self.probe(api, rows)
         prompt_ids, probe_ids, probe_lps, finished = pr["prompt_ids"], pr["probe_ids"], pr["probe_lps"], pr["finished"]
-        n_probe = self.probe_len(tr)
+        n_probe = self.probe_len()
         warmup = not self.heads.ready
         pred = self.heads.for_design().predict(pr["features"])
         p_hat = pred.p_hat.numpy()
@@ -400,7 +373,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         for k in range(K):
             sl = slice(k * G, (k + 1) * G)
             row_idx = int(rows[k * G].get(col, k))
-            draw = design_and_draw(p_hat[sl], c_hat[sl], finished[sl], self.design_rng(tr, row_idx),
+            draw = design_and_draw(p_hat[sl], c_hat[sl], finished[sl], self.design_rng(row_idx),
                                    warmup=warmup, warm_start=warm, **options)
             draws.append(draw)
             self.design_log.append({
@@ -413,8 +386,8 @@ class PrefixProbeRollouts(RolloutStrategy):
         # 4. continuation of selected unfinished prefixes from prompt + prefix
         cont_idx = [k * G + i for k, d in enumerate(draws) for i in range(G) if d.selected[i] and not d.finished[i]]
         max_new = int(self.options.max_completion_length) - n_probe
-        cont_ids, cont_lps = tr.generate_token_ids([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
-                                                   max_new_tokens=max_new)
+        cont_ids, cont_lps = api.generate_ids([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
+                                              max_new_tokens=max_new)
         full_ids = [list(c) for c in probe_ids]
         full_lps = None if probe_lps is None else [list(lp) for lp in probe_lps]
         suffix_len = [0] * len(rows)
@@ -454,14 +427,17 @@ class PrefixProbeRollouts(RolloutStrategy):
         if not out_rows:  # no completed vertex on this rank: one pad row keeps the collectives aligned
             out_rows, out_ids, out_gids, is_pad = [rows[0]], [full_ids[0]], [0], [True]
             out_lps = [full_lps[0]] if full_lps is not None else []
-        self.pending = {"records": records}
-        try:
-            out = tr.finish_rollouts(out_rows, out_ids, group_ids=out_gids,
-                                     logprobs=out_lps if full_lps is not None else None, is_pad=is_pad)
-        finally:
-            self.pending = None
         self.generation_index += 1
-        return out
+        # the designed draw of every group with completed vertices, gathered in rank order (the estimator's input)
+        records = api.gather_object(records)
+        draws = [(_record_draw(rec), rec["completed"]) for rec in records if rec["completed"]]
+        return RolloutGroups(
+            rows=out_rows, completion_ids=out_ids, group_ids=out_gids,
+            logprobs=out_lps if full_lps is not None else None, is_pad=is_pad, record=records,
+            estimator_inputs={"draws": draws, **pair_advantage_options(self.options)},
+            # K counts every probed prompt, also those that completed no vertex: fixed before the design draw, so the
+            # policy loss (1/K) sum ... is design-unbiased (fixed_normalizer)
+            fixed_normalizer=fixed_normalizer(num_prompts) if self.options.pair_fixed_normalizer else None)
 
 
 def _record_draw(rec: dict) -> GroupDraw:

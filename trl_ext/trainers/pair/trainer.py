@@ -166,7 +166,7 @@ class PAIRTrainer(GRPOTrainer):
     """
 
     config_class: ClassVar[type] = PAIRConfig
-    train_estimator = "pair_draw"  # Eq. 13 on the designed draws, fed by PrefixProbeRollouts.estimator_kwargs
+    train_estimator = "pair_draw"  # Eq. 13 on the designed draws PrefixProbeRollouts returns
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)

@@ -2,15 +2,15 @@
 
 "V0.5: Generalist Value Model as a Prior for Sparse RL Rollouts" (arXiv:2603.10848), Section 4.1.3 Steps 1-4
 (prior, rollouts, hypothesis test, OSLA rounds); the OSLA rule itself is :func:`trl_ext.estimators.osla_step`
-(Theorem 3.6). The strategy provides the ``priors`` side input of the registered ``"v05"`` estimator and, after it,
-fills the support buffer and logs the ``v05/*`` diagnostics (:meth:`OSLARounds.observe_advantages`).
+(Theorem 3.6). The strategy returns its rollouts with the ``priors`` side input and the options of the registered
+``"v05"`` estimator and, after it, fills the support buffer and logs the ``v05/*`` diagnostics
+(:meth:`OSLARounds.update`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,12 +20,9 @@ from ...estimators.v05 import osla_cap, shrinkage_fusion_batch, v05_signed_rewar
 from ...priors import SupportBuffer, ValuePrior
 from .. import _trl_compat as compat
 from ..batch import RolloutBatch
-from ..rollouts import RolloutStrategy, rank_block, register_rollout_strategy, unique_prompt_rows, weighted_reward
+from ..rollouts import RolloutGroups, RolloutStrategy, rank_block, register_rollout_strategy, unique_prompt_rows
 from .config import v05_config_view
 from .prior import build_v05_prior
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import V05GRPOTrainer
 
 __all__ = ["OSLARounds"]
 
@@ -69,7 +66,7 @@ class OSLARounds(RolloutStrategy):
       every rank.
 
     Every rank calls :meth:`dispatch` once per round (possibly with nothing to generate): generation goes through
-    :meth:`trl_ext.GRPOTrainer.generate_rollouts`, which joins the keyed-sampling collective, pads collective calls
+    ``api.generate`` (:meth:`trl_ext.GRPOTrainer.generate_rollouts`), which joins the keyed-sampling collective, pads collective calls
     across ranks and counts every generated token in ``ext/generated_tokens``.
 
     Attributes
@@ -86,12 +83,12 @@ class OSLARounds(RolloutStrategy):
         The global record of the latest train generation batch (:attr:`V05GRPOTrainer.last_v05`).
 
     The fused advantages are the registered ``"v05"`` estimator's (:func:`~trl_ext.estimators.v05.v05_advantages`),
-    run by the base trainer's valid-row adapter on the priors this strategy provides (side input ``priors``, one per
-    group); :meth:`observe_advantages` then fills the support buffer and logs the ``v05/*`` diagnostics.
+    run by the base trainer's valid-row adapter on the priors this strategy returns (side input ``priors``, one per
+    group) with its options (estimator inputs ``floor``, ``reward_range``, ``prompt_weighting``); :meth:`update`
+    then fills the support buffer and returns the ``v05/*`` diagnostics.
     """
 
-    provides = frozenset({"priors"})
-    estimator_kwarg_names = frozenset({"floor", "reward_range", "prompt_weighting"})
+    provides = frozenset({"priors", "floor", "reward_range", "prompt_weighting"})
 
     def __init__(self, options):
         self.options = options  # the V05GRPOConfig the v05_* options are read from
@@ -100,8 +97,6 @@ class OSLARounds(RolloutStrategy):
         self.support_buffer: SupportBuffer | None = None
         self.prior_info: dict = {}
         self.last_record: dict | None = None
-        self._batch: dict | None = None  # the global record of the batch being finished, read by observe_advantages
-        self._warned: set[str] = set()
 
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
@@ -130,14 +125,8 @@ class OSLARounds(RolloutStrategy):
                                                 seed=int(options.seed))
         return strategy
 
-    def estimator_kwargs(self, trainer) -> dict:
-        """The ``"v05"`` estimator's options from the config: sigma floor, reward range, Eq. 10 weighting."""
-        a = self.options
-        return {"floor": a.v05_sigma_floor, "reward_range": (a.v05_reward_low, a.v05_reward_high),
-                "prompt_weighting": a.v05_prompt_weighting}
-
     # ------------------------------------------------------------------------------------------------ compute bounds
-    def extra_budget(self, trainer) -> int | None:
+    def extra_budget(self) -> int | None:
         """Rollouts the OSLA rounds of one generation batch may generate: ``floor(v05_extra_rollout_budget x
         generation_batch_size)``, or ``None`` (unbounded) for an infinite budget."""
         b = float(self.options.v05_extra_rollout_budget)
@@ -145,7 +134,7 @@ class OSLARounds(RolloutStrategy):
             return None
         return int(math.floor(b * int(self.options.generation_batch_size) + 1e-9))
 
-    def round_cost(self, trainer, per_rank: list[int]) -> int:
+    def round_cost(self, per_rank: list[int]) -> int:
         """Rollouts one round charges to the budget when rank ``r`` requests ``per_rank[r]``: the requests, each
         rank's dispatch padded to ``v05_dispatch_multiple`` (with the default 1: exactly the requested rollouts, so
         the charge does not depend on how prompts are spread over ranks).
@@ -158,7 +147,7 @@ class OSLARounds(RolloutStrategy):
         m = int(self.options.v05_dispatch_multiple)
         return sum(math.ceil(int(n) / m) * m for n in per_rank)
 
-    def apply_budget(self, trainer, add: np.ndarray, bias2: np.ndarray, owner: np.ndarray,
+    def apply_budget(self, add: np.ndarray, bias2: np.ndarray, owner: np.ndarray, num_processes: int,
                      remaining: int | None) -> tuple[np.ndarray, bool]:
         """Trim one round's global request ``add`` (from :func:`~trl_ext.estimators.osla_step`) to ``remaining``.
 
@@ -170,57 +159,50 @@ class OSLARounds(RolloutStrategy):
         add = np.asarray(add, dtype=np.int64)
         if remaining is None:
             return add, False
-        p = trainer.accelerator.num_processes
         served = np.zeros_like(add)
-        per_rank = [0] * p
+        per_rank = [0] * num_processes
         order = sorted(np.flatnonzero(add > 0).tolist(), key=lambda j: (-float(bias2[j]), j))
         for j in order:
             r = int(owner[j])
             for n in range(int(add[j]), 0, -1):
                 per_rank[r] += n
-                if self.round_cost(trainer, per_rank) <= remaining:
+                if self.round_cost(per_rank) <= remaining:
                     served[j] = n
                     break
                 per_rank[r] -= n
         return served, bool((served < add).any())
 
-    def describe(self, trainer) -> str:
-        """One line: what each generation batch generates compared with TRL for the same arguments."""
+    def describe(self, api) -> tuple[str, list[str]]:
+        """One line saying what each generation batch generates compared with TRL for the same arguments, and the
+        drop-in differences: prompts per step when ``v05_k_init != num_generations``; extra OSLA rollouts when the
+        budget allows any."""
         a = self.options
         gbs, k, g = int(a.generation_batch_size), int(a.v05_k_init), int(a.num_generations)
         cap = osla_cap(a.v05_rollout_cost)
         natural = gbs // k * max(cap - k, 0)  # what the paper's unbounded rounds could add at most
-        budget = self.extra_budget(trainer)
+        budget = self.extra_budget()
         most = natural if budget is None else min(budget, natural)
         binds = budget is not None and budget < natural
         stop = f"global stop below {a.v05_global_stop_fraction:.0%} of prompts" if a.v05_global_stop_fraction > 0 \
             else "no global stop"
         pad = (f"; dispatches padded to a multiple of {a.v05_dispatch_multiple} (charged to the budget)"
                if a.v05_dispatch_multiple > 1 else "")
-        return (f"rollout strategy v05_osla (V0.5 Sequential OSLA): round 1: {gbs} rollouts per generation batch "
+        line = (f"rollout strategy v05_osla (V0.5 Sequential OSLA): round 1: {gbs} rollouts per generation batch "
                 f"({gbs // k} prompts x {k}; = TRL's for these arguments: {gbs // g} prompts x {g}); OSLA: at most "
                 f"{most} more (+{a.v05_k_step} per round to prompts whose prior fails the test, cap {cap}, {stop}, "
                 f"v05_extra_rollout_budget={a.v05_extra_rollout_budget:g}"
                 f"{'' if binds else ': does not bind, the paper rounds'}), i.e. <= {(gbs + most) / gbs:.4g}x TRL's"
                 f"{pad}; prompt weighting {a.v05_prompt_weighting!r}")
-
-    def dropin_differences(self, trainer) -> list[str]:
-        """Prompts per step when ``v05_k_init != num_generations``; extra OSLA rollouts when the budget allows any."""
-        a = self.options
-        gbs, k, g = int(a.generation_batch_size), int(a.v05_k_init), int(a.num_generations)
-        out = []
+        differences = []
         if gbs // k != gbs // g:
-            out.append(f"takes {gbs // k} prompts per generation batch ({k} rollouts each, v05_k_init={k}) where TRL "
-                       f"takes {gbs // g} ({g} each, num_generations={g}) for the same arguments; set v05_k_init={g} "
-                       "to keep TRL's prompts per step.")
-        natural = gbs // k * max(osla_cap(a.v05_rollout_cost) - k, 0)
-        budget = self.extra_budget(trainer)
-        most = natural if budget is None else min(budget, natural)
+            differences.append(f"takes {gbs // k} prompts per generation batch ({k} rollouts each, v05_k_init={k}) "
+                               f"where TRL takes {gbs // g} ({g} each, num_generations={g}) for the same arguments; "
+                               f"set v05_k_init={g} to keep TRL's prompts per step.")
         if most > 0:
-            out.append(f"generates up to {(gbs + most) / gbs:.3g}x TRL's rollouts per generation batch (OSLA rounds "
-                       f"after round 1; measured 1.37-1.70x TRL's tokens with TRL's arguments); set "
-                       "v05_extra_rollout_budget=0 to generate exactly TRL's rollouts.")
-        return out
+            differences.append(f"generates up to {(gbs + most) / gbs:.3g}x TRL's rollouts per generation batch (OSLA "
+                               "rounds after round 1; measured 1.37-1.70x TRL's tokens with TRL's arguments); set "
+                               "v05_extra_rollout_budget=0 to generate exactly TRL's rollouts.")
+        return line, differences
 
     def state_dict(self) -> dict:
         """The generation index and the support buffer."""
@@ -232,7 +214,7 @@ class OSLARounds(RolloutStrategy):
             self.support_buffer.load_state_dict(state["support_buffer"])
 
     # ------------------------------------------------------------------------------------------------ after the estimator
-    def observe_advantages(self, trainer, batch: RolloutBatch, result, valid: torch.Tensor) -> None:
+    def update(self, api, batch: RolloutBatch, result) -> dict[str, float]:
         """After the ``"v05"`` estimator (Eq. 9 fused baseline ``A_i = (r_i - mu*) / max(sqrt(1 - mu*^2),
         v05_sigma_floor)``, Workflow Step 5, times the Eq. 10 prompt weight): per-prompt record, support buffer
         update, diagnostics.
@@ -243,9 +225,10 @@ class OSLARounds(RolloutStrategy):
         are all equal still gets ``(r - mu*) / sigma*``, nonzero unless ``mu* = r`` (the baseline is the fused one,
         not the group mean; "All-tied groups" in ``docs/v05.md``).
         """
-        pend = self._batch
-        if pend is None:
-            raise RuntimeError("internal: a V0.5 train batch reached the estimator without the OSLA record.")
+        pend = batch.record
+        if pend is None:  # an evaluation batch: TRL's fixed groups, nothing to learn
+            return {}
+        valid = batch.valid
         g = len(pend["prior_p"])
         if batch.num_groups != g:
             raise RuntimeError(f"internal: batch has {batch.num_groups} groups but {g} priors were queried.")
@@ -263,14 +246,14 @@ class OSLARounds(RolloutStrategy):
         n_bad_rows = int((real & ~valid.numpy()).sum())
         if n_bad_rows:
             # the base trainer's key: one warning about unscorable rows per run, this (more specific) one first
-            trainer.warn_once(
+            api.warn_once(
                 "unscorable_rows",
                 f"V0.5: {n_bad_rows} of {int(real.sum())} rollouts were unscorable (every reward function returned "
                 "None or NaN); they get advantage 0, are left out of the fusion and of the prompt weights, and still "
                 "count as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
             )
         if n_unscorable:
-            trainer.warn_once(
+            api.warn_once(
                 "v05_unscorable",
                 f"V0.5: {n_unscorable} of {g} prompts had no scorable rollout (every reward function returned None "
                 "or NaN); they get advantage 0 and are not added to the support buffer (logged as "
@@ -281,51 +264,44 @@ class OSLARounds(RolloutStrategy):
         if prompts_ok:
             self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
         fingerprint = self.support_buffer.fingerprint()
-        if self.options.v05_check_buffer_sync and trainer.accelerator.num_processes > 1:
-            prints = compat.gather_object([fingerprint])
+        if self.options.v05_check_buffer_sync and api.num_processes > 1:
+            prints = api.gather_object([fingerprint])
             if len(set(prints)) != 1:
                 raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
                                    "contexts would diverge. Are the prompts JSON-serializable and deterministic?")
         self.last_record = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
                             "vbar": vbar, "prompt_weight": prompt_weight, "unscorable_rollouts": n_bad_rows,
                             "buffer_fingerprint": fingerprint}
-        self._log(trainer, self.last_record, n_unscorable)
+        return self.metrics(self.last_record, n_unscorable)
 
-    def _log(self, trainer, rec: dict, n_unscorable: int) -> None:
+    def metrics(self, rec: dict, n_unscorable: int) -> dict[str, float]:
+        """The ``v05/*`` diagnostics of one batch record."""
         k = rec["k"].astype(np.float64)
         s = rec["scorable"]
-        log = trainer.log_ext_metric
-        log("v05/rollouts_per_prompt_mean", k.mean(), "train")
-        log("v05/rollouts_per_prompt_max", k.max(), "train")
-        for q in (50, 90):
-            log(f"v05/rollouts_per_prompt_p{q}", float(np.percentile(k, q)), "train")
-        log("v05/frac_prompts_at_k_init", float((rec["k"] == self.options.v05_k_init).mean()), "train")
-        log("v05/rounds", rec["rounds"], "train")
-        log("v05/early_stop", float(rec["early_stop"]), "train")
-        log("v05/rejection_rate", float(rec["rejected_at_init"].mean()), "train")
-        log("v05/context_size", rec["context_size"], "train")
-        log("v05/dispatched_rollouts", rec["dispatched"], "train")
-        log("v05/discarded_rollouts", rec["discarded"], "train")
-        log("v05/unscorable_prompts", n_unscorable, "train")
-        log("v05/unscorable_rollouts", rec["unscorable_rollouts"], "train")
-        log("v05/round1_rollouts", rec["round1_rollouts"], "train")
-        log("v05/extra_rollouts", rec["extra_rollouts"], "train")
-        log("v05/budget_exhausted", float(rec["budget_exhausted"]), "train")
-        log("v05/prior_mean", float(rec["prior_p"].mean()), "train")
+        out = {"v05/rollouts_per_prompt_mean": k.mean(), "v05/rollouts_per_prompt_max": k.max(),
+               "v05/rollouts_per_prompt_p50": np.percentile(k, 50), "v05/rollouts_per_prompt_p90": np.percentile(k, 90),
+               "v05/frac_prompts_at_k_init": (rec["k"] == self.options.v05_k_init).mean(),
+               "v05/rounds": rec["rounds"], "v05/early_stop": rec["early_stop"],
+               "v05/rejection_rate": rec["rejected_at_init"].mean(), "v05/context_size": rec["context_size"],
+               "v05/dispatched_rollouts": rec["dispatched"], "v05/discarded_rollouts": rec["discarded"],
+               "v05/unscorable_prompts": n_unscorable, "v05/unscorable_rollouts": rec["unscorable_rollouts"],
+               "v05/round1_rollouts": rec["round1_rollouts"], "v05/extra_rollouts": rec["extra_rollouts"],
+               "v05/budget_exhausted": rec["budget_exhausted"], "v05/prior_mean": rec["prior_p"].mean()}
         if s.any():
             bias2, weight, vbar = rec["bias2"], rec["weight"], rec["vbar"]
-            log("v05/rejection_rate_final", float((bias2[s] > 0).mean()), "train")
-            log("v05/mean_weight", float(weight[s].mean()), "train")
-            log("v05/prompt_weight_max", float(rec["prompt_weight"][s].max()), "train")
-            log("v05/prompt_weight_min", float(rec["prompt_weight"][s].min()), "train")
-            # Brier score of the prior against the realized group success rates (vbar + 1) / 2
-            log("v05/prior_brier", float(np.mean((rec["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2)), "train")
-            # plug-in MSE of mu*: (1 - w)^2 bias2 + w^2 / k = w / k; the plain mean's bound is 1 / k
-            log("v05/baseline_mse_proxy", float(np.mean(weight[s] / rec["k"][s])), "train")
-            log("v05/mean_only_mse_bound", float(np.mean(1.0 / rec["k"][s])), "train")
+            out.update({
+                "v05/rejection_rate_final": (bias2[s] > 0).mean(), "v05/mean_weight": weight[s].mean(),
+                "v05/prompt_weight_max": rec["prompt_weight"][s].max(),
+                "v05/prompt_weight_min": rec["prompt_weight"][s].min(),
+                # Brier score of the prior against the realized group success rates (vbar + 1) / 2
+                "v05/prior_brier": np.mean((rec["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2),
+                # plug-in MSE of mu*: (1 - w)^2 bias2 + w^2 / k = w / k; the plain mean's bound is 1 / k
+                "v05/baseline_mse_proxy": np.mean(weight[s] / rec["k"][s]),
+                "v05/mean_only_mse_bound": np.mean(1.0 / rec["k"][s])})
+        return {name: float(value) for name, value in out.items()}
 
     # ------------------------------------------------------------------------------------------------ one round
-    def dispatch(self, trainer: V05GRPOTrainer, states: list[_PromptState], requests: list[tuple[int, int]],
+    def dispatch(self, api, states: list[_PromptState], requests: list[tuple[int, int]],
                  fallback: dict | None = None) -> dict:
         """Generate ``requests`` = [(local prompt index, n rollouts)], padded to ``v05_dispatch_multiple``; score them.
 
@@ -353,19 +329,19 @@ class OSLARounds(RolloutStrategy):
             fallback = states[0].row if states else None
         rows = [states[i].row for i in want] + [fallback] * (target - len(want))
         n_call = len(rows)
-        if compat.generation_is_collective(trainer):
-            # generate_rollouts pads the call to the longest rank with dummy rows (generated, counted, discarded)
-            n_call = int(compat.gather(torch.tensor([n_call], device=trainer.accelerator.device)).max().item())
-        c_ids, lps = trainer.generate_rollouts(rows, fallback_row=fallback)
+        if api.collective_generation:
+            # generation pads the call to the longest rank with dummy rows (generated, counted, discarded)
+            n_call = api.all_max(n_call)
+        c_ids, lps = api.generate(rows, fallback_row=fallback)
         if len(c_ids) != len(rows):
             raise RuntimeError(f"generation returned {len(c_ids)} completions for {len(rows)} rows.")
         if lps is not None and len(lps) != len(rows):
             raise RuntimeError(f"generation returned {len(lps)} log-prob rows for {len(rows)} rows.")
         kept = len(want)
         if kept:
-            rpf = trainer.score_rollouts_local(rows[:kept], c_ids[:kept]).detach().float().cpu()
-            signed = v05_signed_rewards(weighted_reward(rpf, trainer.reward_weights.detach().cpu()).double().numpy(),
-                                        self.options.v05_reward_low, self.options.v05_reward_high)
+            rpf = api.score(rows[:kept], c_ids[:kept]).detach().float().cpu()
+            signed = v05_signed_rewards(api.reward(rpf).double().numpy(), self.options.v05_reward_low,
+                                        self.options.v05_reward_high)
             for j, i in enumerate(want):
                 st = states[i]
                 st.completion_ids.append(list(c_ids[j]))
@@ -374,7 +350,7 @@ class OSLARounds(RolloutStrategy):
                 st.signed.append(float(signed[j]))
         return {"rollouts": n_call, "discarded": n_call - kept}
 
-    def decide(self, trainer: V05GRPOTrainer, states: list[_PromptState]):
+    def decide(self, api, states: list[_PromptState]):
         """One OSLA decision on the whole generation batch (all ranks).
 
         Computes this rank's drawn counts and Eq. 7 bias estimates (NaN for a prompt without a scorable rollout),
@@ -391,8 +367,8 @@ class OSLARounds(RolloutStrategy):
             gid = np.concatenate([np.full(states[i].k, j) for j, i in enumerate(scorable)])
             v = np.array([2.0 * states[i].prior_p - 1.0 for i in scorable])
             bias2[scorable] = shrinkage_fusion_batch(r, gid, v).bias2
-        gathered = compat.gather_object([(k.tolist(), bias2.tolist())])
-        rank = trainer.accelerator.process_index
+        gathered = api.gather_object([(k.tolist(), bias2.tolist())])
+        rank = api.process_index
         offset = sum(len(g[0]) for g in gathered[:rank])
         k_all = np.array([x for g in gathered for x in g[0]], dtype=np.int64)
         b2_all = np.array([x for g in gathered for x in g[1]], dtype=np.float64)
@@ -403,12 +379,16 @@ class OSLARounds(RolloutStrategy):
         return step, slice(offset, offset + len(states)), b2_all
 
     # ------------------------------------------------------------------------------------------------ main
-    def generate_and_score(self, trainer: V05GRPOTrainer, inputs: list[dict]) -> dict:
+    def rollout(self, api, inputs: list[dict]) -> RolloutGroups:
+        """One generation batch (Steps 1-4): this rank's rollouts with their ``priors`` and the estimator options;
+        evaluation batches are TRL's fixed groups."""
+        if api.mode != "train":
+            return RolloutGroups.trl()
         a = self.options
-        n_proc, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        n_proc, rank = api.num_processes, api.process_index
         k_init = int(a.v05_k_init)
         # the whole batch's prompts in sampler order (each was yielded v05_k_init times), whole prompts per rank
-        batch = unique_prompt_rows(compat.gather_object(list(inputs)), k_init)
+        batch = unique_prompt_rows(api.gather_object(list(inputs)), k_init)
         n_prompts = len(batch)
         fallback = dict(batch[0])
         blocks = [rank_block(n_prompts, n_proc, r) for r in range(n_proc)]
@@ -421,31 +401,31 @@ class OSLARounds(RolloutStrategy):
                            dtype=np.float64)
         states = [_PromptState(row=dict(batch[j]), prior_p=float(p_all[j])) for j in range(lo, hi)]
         # Step 2: v05_k_init rollouts per prompt = generation_batch_size rollouts in all (TRL's count)
-        counters = self.dispatch(trainer, states, [(i, k_init) for i in range(len(states))], fallback)
-        round1 = self.round_cost(trainer, [k_init * (h - low) for low, h in blocks])
-        budget = self.extra_budget(trainer)
+        counters = self.dispatch(api, states, [(i, k_init) for i in range(len(states))], fallback)
+        round1 = self.round_cost([k_init * (h - low) for low, h in blocks])
+        budget = self.extra_budget()
         # round-1 padding beyond TRL's count (v05_dispatch_multiple > 1) is paid from the budget
         remaining = None if budget is None else max(budget - max(round1 - int(a.generation_batch_size), 0), 0)
         # Steps 3-4: OSLA rounds, decided on the gathered batch so every rank runs the same rounds
         rounds, early_stop, need_history, rejected_at_init = 0, False, [], None
         exhausted, extra = False, 0
         while True:
-            step, mine, bias2 = self.decide(trainer, states)
+            step, mine, bias2 = self.decide(api, states)
             if rejected_at_init is None:
                 rejected_at_init = np.nan_to_num(bias2, nan=0.0) > 0
             need_history.append(float(step.need.mean()) if step.need.size else 0.0)
             if step.stop:
                 early_stop = bool(step.stopped_globally)
                 break
-            add, short = self.apply_budget(trainer, step.add, bias2, owner, remaining)
+            add, short = self.apply_budget(step.add, bias2, owner, n_proc, remaining)
             exhausted |= short
             if not add.any():
                 break
-            cost = self.round_cost(trainer, np.bincount(owner, weights=add, minlength=n_proc).astype(int).tolist())
+            cost = self.round_cost(np.bincount(owner, weights=add, minlength=n_proc).astype(int).tolist())
             extra += cost
             if remaining is not None:
                 remaining -= cost
-            c = self.dispatch(trainer, states, [(i, int(n)) for i, n in enumerate(add[mine]) if n > 0], fallback)
+            c = self.dispatch(api, states, [(i, int(n)) for i, n in enumerate(add[mine]) if n > 0], fallback)
             for key in counters:
                 counters[key] += c[key]
             rounds += 1
@@ -463,15 +443,14 @@ class OSLARounds(RolloutStrategy):
             raise RuntimeError("internal: some rollouts have sampling log-probs and others do not.")
         local = {"k": [s.k for s in states], "dispatched": counters["rollouts"], "discarded": counters["discarded"],
                  "has_lps": has_lps}
-        gathered = compat.gather_object([local])
+        gathered = api.gather_object([local])
         use_lps = any(g["has_lps"] for g in gathered)
         is_pad = None
         if not rows:  # a rank without a prompt (fewer prompts than processes): one masked pad row
-            eos = compat.tokenizer(trainer).eos_token_id
-            rows, c_ids, lps, gids, is_pad = [fallback], [[eos]], [[0.0]], [0], [True]
+            rows, c_ids, lps, gids, is_pad = [fallback], [[api.eos_token_id]], [[0.0]], [0], [True]
             priors = [2.0 * float(p_all[0]) - 1.0]
-            rpf = [torch.full((len(trainer.reward_funcs),), float("nan"))]
-        self._batch = {
+            rpf = [torch.full((api.num_reward_funcs,), float("nan"))]
+        record = {
             "row_idx": [int(x.get(compat.ROW_IDX_COLUMN, -1)) for x in batch],
             "prompts": [x["prompt"] for x in batch],
             "prior_p": p_all,
@@ -484,10 +463,9 @@ class OSLARounds(RolloutStrategy):
             "round1_rollouts": round1, "extra_rollouts": extra, "extra_budget": budget,
             "budget_exhausted": exhausted,
         }
-        try:
-            return trainer.finish_rollouts(rows, c_ids, group_ids=gids, logprobs=lps if use_lps else None,
-                                           rewards_per_func=torch.stack(rpf), is_pad=is_pad,
-                                           side_inputs={"priors": priors})
-        finally:
-            self._batch = None
-            self.generation_index += 1
+        self.generation_index += 1
+        return RolloutGroups(
+            rows=rows, completion_ids=c_ids, group_ids=gids, logprobs=lps if use_lps else None,
+            rewards_per_func=torch.stack(rpf), is_pad=is_pad, side_inputs={"priors": priors}, record=record,
+            estimator_inputs={"floor": a.v05_sigma_floor, "reward_range": (a.v05_reward_low, a.v05_reward_high),
+                              "prompt_weighting": a.v05_prompt_weighting})
