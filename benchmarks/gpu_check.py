@@ -34,10 +34,11 @@ Timing (``torch.cuda.synchronize()`` around every timed call on a GPU; exclusive
 * **generation** -- TRL's ``_generate_single_turn`` (every generation call of every trainer ends there: TRL's own
   ``_generate``, and ``trl_ext.GRPOTrainer.generate_token_ids`` through ``ext_generate_single_turn``);
 * **scoring** -- the reward function calls (TRL's ``_calculate_rewards`` and ``score_rollouts_local`` call them);
-* **estimator/allocation** -- ``compute_advantages`` with the base's batch bookkeeping (``_ext_build_batch``,
-  ``_ext_finalize``), plus the rollout strategy's ``generate_and_score`` minus the phases above (V0.5 prior queries
-  and OSLA decisions, PAIR prefix features, head refresh, design and draw, DAPO filtering and refill bookkeeping,
-  ``finish_rollouts`` glue); 0 for plain TRL, whose advantages are computed inline;
+* **estimator/allocation** -- ``compute_advantages`` (the estimator and the strategy's ``update``) with the base's
+  batch bookkeeping (``_ext_build_batch``, ``_ext_finalize``), plus the rollout strategy's ``rollout`` minus the
+  phases above (V0.5 prior queries and OSLA decisions, PAIR prefix features, head refresh, design and draw, DAPO
+  filtering and refill bookkeeping); the base's padding of the returned ``RolloutGroups`` (``replay_rollouts``) is
+  not timed and falls in optimisation; 0 for plain TRL, whose advantages are computed inline;
 * **optimisation** -- the rest of the step (from ``on_step_begin`` to ``on_step_end``): forward/backward, optimizer
   step, and TRL's batch preparation around generation (``trl_prep_s``, reported separately as a part of it).
 
@@ -491,7 +492,7 @@ def instrument_ext(trainer, timer: PhaseTimer) -> None:
     for name in ("compute_advantages", "_ext_build_batch", "_ext_finalize"):
         setattr(trainer, name, timer.wrap("estimator", getattr(trainer, name)))
     strategy = trainer.rollout_strategy
-    strategy.generate_and_score = timer.wrap("allocation", strategy.generate_and_score)
+    strategy.rollout = timer.wrap("allocation", strategy.rollout)
 
 
 def _step_callback_class():

@@ -21,7 +21,7 @@ Frozen-population measurement (no optimizer step; every gradient is taken at the
   ``scale_rewards="group"``; also with ``G / 2`` completions), PAIR's complete-pair gradient (``PAIRTrainer`` with ``pair_budget_ratio=1``: every
   candidate continued, weights 1 -- ``tests/test_pair_gradient.py`` shows PAIR's expected gradient equals it), and
   ``--draws`` fresh PAIR design draws per variant (default design; the biased ``pair_w_max`` clip; raised
-  ``pair_pi_min`` floors), each through the whole trainer path (probe, design, continuation, ``finish_rollouts``,
+  ``pair_pi_min`` floors), each through the whole trainer path (probe, design, continuation, ``replay_rollouts``,
   Eq. 13, the fixed normalizer, TRL's loss, ``backward``). Generation is replayed from the frozen population by a
   stand-in backend below the base trainer, and every row that reaches the loss is checked to carry exactly the
   sampled tokens (probe + continuation, mask = tokens up to and including EOS).

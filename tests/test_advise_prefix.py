@@ -95,13 +95,10 @@ def test_settings_are_pair_configs_defaults(tmp_path):
     assert px.probe_lengths(12) == {"0.5x": 1, "1x": 1, "2x": 2}
     assert px.probe_lengths(4096, (0.5, 1.0, 32.0)) == {"0.5x": 128, "1x": 256, "32x": 4095}
 
-    class T:  # PrefixProbeRollouts.is_finished reads trainer.eos_token_ids only
-        eos_token_ids = (7,)
-
     for comp in ([1, 2, 3, 4], [1, 7], [1, 2, 7, 3], [7], [1, 2, 3, 7], []):
         for t_len in (1, 2, 3):
             probe, fin, cost = px.probe_split(comp, t_len, [7])
-            assert fin == PrefixProbeRollouts.is_finished(T, comp[:t_len], t_len)
+            assert fin == PrefixProbeRollouts.is_finished((7,), comp[:t_len], t_len)
             assert probe == comp[:t_len] and cost == len(comp) - len(probe)
     with pytest.raises(ValueError, match="max_new_tokens >= 2"):
         px.default_tau(1)

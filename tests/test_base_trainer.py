@@ -5,8 +5,8 @@ What is checked:
 * drop-in: with a default config the advantages are bitwise TRL's (several scale_rewards / aggregation settings);
 * ``trl_grpo_advantages`` on ragged groups against a direct numpy implementation of the GRPO formula, and the
   uniform (TRL ``view``) path against the ragged path (hypothesis);
-* variable rollouts per prompt through ``finish_rollouts`` (a rollout strategy) (padding, masks, ``num_items_in_batch``, ragged
-  advantages), the unique-prompt sampler, ``rollout_columns``;
+* variable rollouts per prompt returned by a rollout strategy as ``RolloutGroups`` (padding, masks,
+  ``num_items_in_batch``, ragged advantages, bad input), the unique-prompt sampler, ``rollout_columns``;
 * checkpointed ext state and resume; ``log_ext_metric``; the tie-break blend in the trainer and its confidence
   scaling; config validation and bad-input errors.
 """
@@ -28,7 +28,7 @@ from base_helpers import binary_reward, hash_reward, length_score, make_config, 
 
 from trl_ext.trainers.base import EXT_STATE_FILE, ExtGRPOConfig, GRPOTrainer, trl_grpo_advantages  # noqa: E402
 from trl_ext.trainers.batch import RolloutBatch  # noqa: E402
-from trl_ext.trainers.rollouts import RolloutStrategy  # noqa: E402
+from trl_ext.trainers.rollouts import RolloutGroups, RolloutStrategy  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -37,9 +37,9 @@ torch.set_num_threads(1)
 class RecordingTrainer(GRPOTrainer):
     """Keeps TRL's own advantages (before the base replaces them) and the final output of each generation."""
 
-    def _ext_finalize(self, out):
+    def _ext_finalize(self, out, *args, **kwargs):
         self.trl_advantages.append(out["advantages"].clone())
-        out = super()._ext_finalize(out)
+        out = super()._ext_finalize(out, *args, **kwargs)
         self.outputs.append({k: (v.clone() if torch.is_tensor(v) else v) for k, v in out.items()})
         self.batches.append(self.last_rollout_batch)
         return out
@@ -173,18 +173,42 @@ class _KPerPrompt(RolloutStrategy):
 
     name = "k_per_prompt"
 
-    def generate_and_score(self, trainer, inputs):
+    def __init__(self, requested: list):
+        self.requested = requested
+
+    def rollout(self, api, inputs):
+        if api.mode != "train":
+            return RolloutGroups.trl()
         rows, gids = [], []
         for i, x in enumerate(inputs):
-            k = trainer.rollouts_for(x)
+            k = VariableRolloutTrainer.rollouts_for(x)
             rows += [x] * k
             gids += [i] * k
         # two "rounds" to exercise repeated generation calls
         half = len(rows) // 2
-        c1, _ = trainer.generate_rollouts(rows[:half])
-        c2, _ = trainer.generate_rollouts(rows[half:])
-        trainer.requested.append([trainer.rollouts_for(x) for x in inputs])
-        return trainer.finish_rollouts(rows, c1 + c2, group_ids=gids)
+        c1, _ = api.generate(rows[:half])
+        c2, _ = api.generate(rows[half:])
+        self.requested.append([VariableRolloutTrainer.rollouts_for(x) for x in inputs])
+        return RolloutGroups(rows=rows, completion_ids=c1 + c2, group_ids=gids)
+
+
+class _Given(RolloutStrategy):
+    """Hands the base trainer a fixed RolloutGroups (drives the one replay path directly)."""
+
+    name = "given"
+
+    def __init__(self, groups: RolloutGroups):
+        self.groups = groups
+
+    def rollout(self, api, rows):
+        return self.groups
+
+
+def replay(tr, **fields) -> dict:
+    """TRL's output for the rollouts ``fields`` describe, through the base's one path (strategy -> replay ->
+    batch -> estimator -> update)."""
+    tr.rollout_strategy = _Given(RolloutGroups(**fields))
+    return tr._generate_and_score_completions(list(fields["rows"]))
 
 
 class VariableRolloutTrainer(RecordingTrainer):
@@ -197,14 +221,14 @@ class VariableRolloutTrainer(RecordingTrainer):
         return 2 + row["trl_ext_row_idx"] % 3
 
     def create_rollout_strategy(self):
-        return _KPerPrompt()
+        self.requested = []
+        return _KPerPrompt(self.requested)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_variable_rollouts_per_prompt(tmp_path, loss_type):
     tr = recording(tmp_path, cls=VariableRolloutTrainer, per_device_train_batch_size=3,
                    gradient_accumulation_steps=2, num_generations=2, max_steps=2, loss_type=loss_type)
-    tr.requested = []
     before = [p.detach().clone() for p in tr.model.parameters()]
     tr.train()
     assert tr.num_generations == 1
@@ -248,46 +272,50 @@ def test_local_scoring_equals_trl_scoring(tmp_path):
     local = tr.score_rollouts_local(rows, c_ids)
     texts = tr.processing_class.batch_decode(c_ids, skip_special_tokens=True)
     assert local[:, 0].tolist() == hash_reward(None, texts) and local[:, 1].tolist() == binary_reward(None, texts)
-    out_a = tr.finish_rollouts(rows, c_ids, group_ids=[0, 0, 0, 1, 1], rewards_per_func=local)
+    out_a = replay(tr, rows=rows, completion_ids=c_ids, group_ids=[0, 0, 0, 1, 1], rewards_per_func=local)
     batch_a = tr.last_rollout_batch
-    out_b = tr.finish_rollouts(rows, c_ids, group_ids=[0, 0, 0, 1, 1])  # TRL's _calculate_rewards path
+    out_b = replay(tr, rows=rows, completion_ids=c_ids, group_ids=[0, 0, 0, 1, 1])  # TRL's _calculate_rewards path
     assert torch.equal(batch_a.rewards_per_func, tr.last_rollout_batch.rewards_per_func)
     assert torch.equal(out_a["advantages"], out_b["advantages"])
     assert tr.generate_rollouts([]) == ([], None)
     assert tr.score_rollouts_local([], []).shape == (0, 2)
 
 
-def test_finish_rollouts_caller_pad_rows(tmp_path):
+def test_strategy_pad_rows(tmp_path):
     tr = make_trainer(tmp_path, loss_type="grpo")
     tr.model.train()
     ds = tr.train_dataset
     rows = [dict(ds[0])] * 2 + [dict(ds[5])] + [dict(ds[1])] * 2
     c_ids, _ = tr.generate_rollouts(rows)
-    out = tr.finish_rollouts(rows, c_ids, group_ids=[0, 0, 99, 1, 1], is_pad=[False, False, True, False, False])
+    out = replay(tr, rows=rows, completion_ids=c_ids, group_ids=[0, 0, 99, 1, 1],
+                 is_pad=[False, False, True, False, False])
     b = tr.last_rollout_batch
     assert b.is_pad.tolist() == [False, False, True, False, False]
     assert b.group_ids.tolist() == [0, 0, -1, 1, 1] and torch.isnan(b.rewards[2])
     assert out["completion_mask"][2].sum() == 0 and out["advantages"][2] == 0
     assert out["num_items_in_batch"].item() == int(out["completion_mask"].sum())
     # a rank with nothing to contribute: one dummy rollout, entirely masked
-    out = tr.finish_rollouts(rows[:1], c_ids[:1], group_ids=[0], is_pad=[True])
+    eos = tr.processing_class.eos_token_id
+    out = replay(tr, **vars(RolloutGroups.pad_only(rows[0], eos, len(tr.reward_funcs))))
     assert tr.last_rollout_batch.num_groups == 0 and out["num_items_in_batch"].item() == 0
     with pytest.raises(ValueError, match="is_pad has"):
-        tr.finish_rollouts(rows, c_ids, group_ids=[0] * 5, is_pad=[True])
+        replay(tr, rows=rows, completion_ids=c_ids, group_ids=[0] * 5, is_pad=[True])
 
 
-def test_finish_rollouts_bad_input(tmp_path):
+def test_strategy_rollouts_bad_input(tmp_path):
     tr = make_trainer(tmp_path)
     tr.model.train()
     row = dict(tr.train_dataset[0])
-    with pytest.raises(ValueError, match="at least one rollout"):
-        tr.finish_rollouts([], [], group_ids=[])
+    with pytest.raises(ValueError, match="no rollout on this rank"):
+        replay(tr, rows=[], completion_ids=[], group_ids=[])
     with pytest.raises(ValueError, match="same length"):
-        tr.finish_rollouts([row, row], [[1]], group_ids=[0, 0])
+        replay(tr, rows=[row, row], completion_ids=[[1]], group_ids=[0, 0])
     with pytest.raises(ValueError, match="contiguous"):
-        tr.finish_rollouts([row] * 3, [[1]] * 3, group_ids=[0, 1, 0])
+        replay(tr, rows=[row] * 3, completion_ids=[[1]] * 3, group_ids=[0, 1, 0])
     with pytest.raises(ValueError, match="rewards_per_func must have shape"):
-        tr.finish_rollouts([row] * 2, [[1]] * 2, group_ids=[0, 0], rewards_per_func=torch.zeros(3, 1))
+        replay(tr, rows=[row] * 2, completion_ids=[[1]] * 2, group_ids=[0, 0], rewards_per_func=torch.zeros(3, 1))
+    with pytest.raises(ValueError, match=r"side_inputs\['p'\] has 1 values"):
+        replay(tr, rows=[row] * 2, completion_ids=[[1]] * 2, group_ids=[0, 0], side_inputs={"p": [0.5]})
 
 
 class SingleRolloutTrainer(RecordingTrainer):
@@ -525,7 +553,6 @@ def test_keyed_sampling_through_variable_rollout_rounds(tmp_path):
                    gradient_accumulation_steps=2, max_steps=1, keyed_sampling=True, temperature=1.3)  # fmt: skip
     init = tmp_path / "init"
     tr.model.save_pretrained(init)
-    tr.requested = []
     tr.train()
     recs = load_rollout_log(tmp_path / "rollouts" / "rank0.jsonl")
     ks = tr.requested[0]
@@ -546,7 +573,7 @@ def test_keyed_sampling_through_variable_rollout_rounds(tmp_path):
 def test_completions_table_holds_the_whole_variable_batch(tmp_path):
     """The completions table keeps every real rollout of a variable-size batch, with aligned columns.
 
-    TRL sizes ``_logs`` deques to ``generation_batch_size``; a ``finish_rollouts`` batch holds more rows (several
+    TRL sizes ``_logs`` deques to ``generation_batch_size``; a batch of a strategy's own rollouts holds more rows (several
     rollouts per unique prompt), so the table used to keep only the tail, and ``log_rollout_metadata`` columns
     (extended after the pad rows were dropped) ended up longer than ``prompt``: pandas refuses the table.
     """
@@ -557,7 +584,6 @@ def test_completions_table_holds_the_whole_variable_batch(tmp_path):
     tr = recording(tmp_path, cls=VariableRolloutTrainer, per_device_train_batch_size=3, num_generations=2,
                    gradient_accumulation_steps=2, max_steps=2, log_rollout_metadata=True, log_completions=True,
                    reward_funcs=[tagged_reward])
-    tr.requested = []
     tr.train()  # log_completions builds the parquet table at every log: raises on misaligned columns
     b = tr.batches[-1]
     n_real = int((~b.is_pad).sum())

@@ -1,7 +1,7 @@
 """Two CPU ranks (torchrun, gloo, ``ACCELERATE_DEBUG_MODE=1``) against a one-process run on the same global batch.
 
 ``tests/scripts/base_two_rank.py`` runs two scenarios for one SGD step each (see its docstring): TRL's fixed
-layout with signal-only ``grpo`` and ``dapo``, variable rollouts per prompt through ``finish_rollouts`` where the ranks
+layout with signal-only ``grpo`` and ``dapo``, variable rollouts per prompt returned by a rollout strategy where the ranks
 hold different row counts and get padded, the estimators selected by configuration (RLOO, Dr. GRPO, REINFORCE++
 with one rollout per prompt) and DAPO dynamic sampling. Checked:
 

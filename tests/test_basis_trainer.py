@@ -84,18 +84,20 @@ def make_basis(tmp_path, table=None, reward_funcs=None, n_rows: int = 16, datase
 
 
 def make_batch(trainer, prompts, rewards, is_pad=None, mode="train") -> RolloutBatch:
-    """A global batch as the base builds it: ``p_hat`` from the trainer's value-table strategy (``side_inputs``)."""
+    """A global batch as the base builds it: ``p_hat`` and the estimator options from the trainer's value-table
+    strategy (its ``rollout``)."""
     n = len(prompts)
     r = torch.tensor(rewards, dtype=torch.float32)
     pad = torch.zeros(n, dtype=torch.bool) if is_pad is None else torch.tensor(is_pad)
     gid = torch.arange(n, dtype=torch.long)
     gid[pad] = -1
     r[pad] = float("nan")
-    side = trainer.rollout_strategy.side_inputs(trainer, [{"prompt": p} for p in prompts])
+    groups = trainer.rollout_strategy.rollout(trainer.rollout_api, [{"prompt": p} for p in prompts])
     return RolloutBatch(rewards=r, rewards_per_func=r.unsqueeze(1).clone(), group_ids=gid,
                         row_idx=torch.arange(n, dtype=torch.long), prompts=list(prompts),
                         completion_lengths=torch.ones(n, dtype=torch.long), is_pad=pad, mode=mode,
-                        side_inputs={k: np.asarray(v, dtype=np.float64) for k, v in side.items()})
+                        side_inputs={k: np.asarray(v, dtype=np.float64) for k, v in groups.side_inputs.items()},
+                        estimator_inputs=groups.estimator_inputs)
 
 
 def last_metric(trainer, name, mode="train"):
@@ -422,7 +424,7 @@ def test_value_table_strategy_is_registered_and_built_by_the_preset(tmp_path, ca
     from trl_ext.trainers.rollouts import get_rollout_strategy
 
     assert get_rollout_strategy("value_table") is ValueTableLookup
-    assert ValueTableLookup.provides == frozenset({"p_hat"})
+    assert "p_hat" in ValueTableLookup.provides and "beta_grid" in ValueTableLookup.provides
     # the basis estimator on the base trainer's fixed groups: refused, naming the strategy and the preset
     with pytest.raises(ValueError, match=r"\['p_hat'\].*BASISTrainer.*value_table"):
         ExtGRPOConfig("out", use_cpu=True, per_device_train_batch_size=8, report_to="none",
@@ -433,7 +435,8 @@ def test_value_table_strategy_is_registered_and_built_by_the_preset(tmp_path, ca
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("BASISTrainer:")]
     assert line == ["BASISTrainer: rollout strategy value_table: 8 rollouts per generation batch (1 per prompt), as "
                     "TRL; each prompt's offline value p_hat from a value table of 8 rows (reward range [0, 1], "
-                    "230-point beta grid); advantage estimator basis."]
+                    "230-point beta grid); advantage estimator basis (evaluation batches without its inputs: "
+                    "grpo)."]
 
 
 # ------------------------------------------------------------------------------------------------------ table input
@@ -539,7 +542,7 @@ def test_rollouts_and_tokens_per_step_equal_trls_with_the_same_batch(tmp_path):
         value_table=make_table(ds["prompt"]))
     assert grpo.args.num_generations == 8 and basis.args.num_generations == 1
     assert basis.args.generation_batch_size == grpo.args.generation_batch_size == 8
-    assert "8 rollouts per generation batch (1 per prompt)" in basis.rollout_strategy.describe(basis)
+    assert "8 rollouts per generation batch (1 per prompt)" in basis.rollout_strategy.describe(basis.rollout_api)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         grpo.train()

@@ -191,7 +191,7 @@ def _fake_batch(rewards, gids, pad):
     r = torch.tensor(rewards, dtype=torch.float32)
     pad = torch.tensor(pad)
     return SimpleNamespace(rewards=r, group_ids=torch.tensor(gids), is_pad=pad, valid=~pad & ~torch.isnan(r),
-                           num_rows=len(r), mode="train")
+                           num_rows=len(r), mode="train", side_inputs={}, estimator_inputs={}, record=None)
 
 
 def _smoke_ctx():

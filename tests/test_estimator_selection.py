@@ -46,8 +46,8 @@ def toy_rank_sign(rewards, group_ids, scale: float = 1.0) -> AdvantageResult:
 
 
 class Recording(GRPOTrainer):
-    def _ext_finalize(self, out):
-        out = super()._ext_finalize(out)
+    def _ext_finalize(self, out, *args, **kwargs):
+        out = super()._ext_finalize(out, *args, **kwargs)
         self.recorded.append((self.last_rollout_batch, self.last_advantages.clone()))
         return out
 

@@ -136,7 +136,7 @@ def test_pair_card_names_pair_cites_its_paper_and_records_the_head_settings(tmp_
     assert f"**policy learning rate**: learning_rate {tr.args.learning_rate} x 0.7071 (pair_lr_scaling = " \
            "'sqrt_budget')" in section
     assert "trl_ext.trainers.pair.trainer.PAIRTrainer" in section and EXT_STATE_FILE in section
-    assert f"{tr.rollout_strategy.expected_token_factor(tr):.3g}x TRL's generated tokens" in section
+    assert f"{tr.rollout_strategy.expected_token_factor():.3g}x TRL's generated tokens" in section
     assert card.count("## trl_ext run details") == 1
 
 

@@ -11,7 +11,7 @@ the rest. The population has a candidate that emits EOS *inside* the probe, one 
 
 For every selection pattern ``J`` of the unfinished candidates (the design's ``draw_selection`` is forced), one
 generation batch goes through the whole trainer path -- probe, design (real ``pair_design`` on fixed head
-predictions), continuation, ``finish_rollouts``, ``compute_advantages``, the base's policy scale and TRL's loss --
+predictions), continuation, the base's replay, ``compute_advantages``, the base's policy scale and TRL's loss --
 and ``backward`` gives the gradient on the policy parameters. The expected gradient over the design,
 ``sum_J P(J) grad(J)`` with ``P`` from the logged probabilities, must equal the complete-pair gradient
 ``-(1/(K L)) sum_k (1/M) sum_{i<j} (r_i - r_j)(s_i - s_j) / 2`` (``dapo``, ``s_i = grad sum_t log p``) or

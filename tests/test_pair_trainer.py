@@ -171,9 +171,9 @@ def _probe_population(trainer, n_prompts=2, seed=0):
     ds = make_dataset("addition", n_prompts, seed=seed)
     rows = [dict(ds[k]) for k in range(n_prompts) for _ in range(G)]
     torch.manual_seed(seed)
-    pr = strat.probe(trainer, rows)
+    pr = strat.probe(trainer.rollout_api, rows)
     fin = np.array(pr["finished"])
-    L1 = strat.probe_len(trainer)
+    L1 = strat.probe_len()
     idx = [j for j in range(len(rows)) if not fin[j]]
     cont, _ = trainer.generate_token_ids([list(pr["prompt_ids"][j]) + list(pr["probe_ids"][j]) for j in idx],
                                          max_new_tokens=trainer.args.max_completion_length - L1)
@@ -233,7 +233,7 @@ def test_realized_advantages_average_to_complete_pair_monte_carlo(tmp_path, n_pr
 # --------------------------------------------------------------------------------------------- loss normalizer
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_policy_loss_coefficient_of_every_row_is_advantage_over_K(tmp_path, loss_type):
-    """Through the full trainer path (strategy -> finish_rollouts -> the base's policy scale -> TRL's loss), with
+    """Through the full trainer path (strategy -> the base's replay -> the base's policy scale -> TRL's loss), with
     ``steps_per_generation=2`` so generation batches with an odd number of completed vertices get pad rows: the
     coefficient of every real row in TRL's policy loss, ``A'_i / D_TRL`` (``two_rank.coefficient_report``), equals
     ``A_i / K`` (grpo, sapo, luspo) or ``A_i / (K L)`` (dr_grpo, dapo, cispo, vespo) with ``A_i`` Eq. 13 recomputed
@@ -265,9 +265,11 @@ def test_fixed_normalizer_is_the_global_number_of_prompts(tmp_path):
     strat = tr.rollout_strategy
     assert isinstance(strat, PrefixProbeRollouts) and strat.name == "pair_prefix_probe"
     tr.train()
-    assert strat.num_prompts == 2 and strat.fixed_policy_normalizer(tr, tr.last_rollout_batch) == 2.0
+    assert tr.last_rollout_batch.fixed_normalizer == 2.0  # K = 2 prompts probed, whatever was completed
+    rows = [dict(tr.train_dataset[k]) for k in range(2) for _ in range(tr.args.num_generations)]
+    tr.model.train()
     tr.args.pair_fixed_normalizer = False
-    assert strat.fixed_policy_normalizer(tr, tr.last_rollout_batch) is None
+    assert strat.rollout(tr.rollout_api, rows).fixed_normalizer is None
     tr.args.pair_fixed_normalizer = True
 
 
@@ -317,7 +319,8 @@ def test_training_logs_design_before_rewards_and_budget(tmp_path):
     def checking_reward(prompts, completions, **kw):
         tr = holder["trainer"]
         log = tr.pair_design_log
-        assert log and all(d["generation"] == tr.rollout_strategy.generation_index for d in log)
+        # the strategy counts this generation batch once it has returned its rollouts
+        assert log and all(d["generation"] == tr.rollout_strategy.generation_index - 1 for d in log)
         assert len(completions) == sum(sum(d["selected"]) for d in log)
         holder["calls"] = holder.get("calls", 0) + 1
         return parity_reward(prompts, completions)
@@ -350,19 +353,20 @@ def test_design_solver_is_warm_started_from_the_previous_step(tmp_path, monkeypa
     preload_labels(tr)  # heads ready from the first step: every step solves the program
     strat = tr.rollout_strategy
     calls, snapshots = [], []
-    orig_design, orig_gen = pair_draw.pair_design, strat.generate_and_score
+    orig_design, orig_gen = pair_draw.pair_design, strat.rollout
 
     def spy_design(*a, **k):
         d = orig_design(*a, **k)
         calls.append({"generation": strat.generation_index, "args": a, "kwargs": k, "design": d})
         return d
 
-    def spy_generation(trainer, inputs):
-        snapshots.append(copy.deepcopy(strat.warm_start.state_dict()))
-        return orig_gen(trainer, inputs)
+    def spy_generation(api, inputs):
+        if api.mode == "train":
+            snapshots.append(copy.deepcopy(strat.warm_start.state_dict()))
+        return orig_gen(api, inputs)
 
     monkeypatch.setattr(pair_draw, "pair_design", spy_design)
-    strat.generate_and_score = spy_generation
+    strat.rollout = spy_generation
     tr.train()
     assert len(snapshots) == 3 and snapshots[0] == {"profiles": {}, "n_solutions": {}}
     by_gen = {g: [c for c in calls if c["generation"] == g] for g in range(3)}
@@ -428,7 +432,7 @@ def test_heads_learn_when_prefix_predicts_success(tmp_path):
     ds = make_dataset("addition", 24, seed=7)
     rows = [dict(ds[k]) for k in range(24) for _ in range(8)]
     torch.manual_seed(3)
-    pr = tr.rollout_strategy.probe(tr, rows)
+    pr = tr.rollout_strategy.probe(tr.rollout_api, rows)
     y = np.array(first_char_reward(None, tr.processing_class.batch_decode(pr["probe_ids"], skip_special_tokens=True)))
     p = tr.pair_heads.predict(pr["features"]).p_hat.numpy()
     brier = float(np.mean((p - y) ** 2))
@@ -563,24 +567,14 @@ def test_vllm_continuation_resubmits_prefix_and_concatenates_logprobs(tmp_path, 
     tr.use_vllm = True
     tr.vllm_generation = fake
     tr._last_loaded_step = tr.state.global_step  # test scaffolding of the fake engine: TRL skips its weight sync
-    captured = {}
-
-    class Stop(Exception):
-        pass
-
-    def capture(inputs, completion_ids, *, group_ids, logprobs=None, rewards_per_func=None, is_pad=None):
-        captured.update(inputs=inputs, ids=completion_ids, gids=group_ids, lps=logprobs, is_pad=is_pad)
-        raise Stop
-
-    monkeypatch.setattr(tr, "finish_rollouts", capture)
     from trl_ext.testbed import make_dataset
 
     ds = make_dataset("addition", 2, seed=0)
     rows = [dict(ds[k], trl_ext_row_idx=k) for k in range(2) for _ in range(8)]
     tr.model.train()
-    with pytest.raises(Stop):
-        tr.rollout_strategy.generate_and_score(tr, rows)
-    tau, L = tr.rollout_strategy.probe_len(tr), tr.args.max_completion_length
+    groups = tr.rollout_strategy.rollout(tr.rollout_api, rows)
+    captured = {"ids": groups.completion_ids, "lps": groups.logprobs, "is_pad": groups.is_pad}
+    tau, L = tr.rollout_strategy.probe_len(), tr.args.max_completion_length
     assert [c["max"] for c in fake.calls] == [tau, L - tau]
     assert fake.max_completion_length == L  # restored
     n_sel = sum(sum(d["selected"]) for d in tr.pair_design_log)
@@ -715,7 +709,7 @@ def test_a_one_or_two_token_probe_warns_at_construction(tmp_path, over, probe):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tr = make_trainer(tmp_path, **over)
-    assert tr.rollout_strategy.probe_len(tr) == probe
+    assert tr.rollout_strategy.probe_len() == probe
     msgs = [str(w.message) for w in caught if issubclass(w.category, pair_mod.PAIRShortProbeWarning)]
     if probe > pair_mod.SHORT_PROBE_TOKENS:
         assert not msgs and pair_mod.short_probe_message(tr.args) is None
@@ -758,12 +752,12 @@ def test_generated_tokens_with_trls_own_arguments_within_the_documented_factor(t
     grpo, pair = run(GRPOTrainer, ExtGRPOConfig, "grpo"), run(PAIRTrainer, PAIRConfig, "pair")
     G, K = pair.args.num_generations, pair.args.per_device_train_batch_size // pair.args.num_generations
     assert G == grpo.args.num_generations == 8 and K == 1  # TRL's defaults on both sides
-    n_probe = pair.rollout_strategy.probe_len(pair)
+    n_probe = pair.rollout_strategy.probe_len()
     ratio = pair.args.pair_budget_ratio
-    factor = pair.rollout_strategy.expected_token_factor(pair)
+    factor = pair.rollout_strategy.expected_token_factor()
     assert n_probe == 3 and factor == pytest.approx(n_probe / L + ratio * (1 - n_probe / L))
     assert factor <= n_probe / L + ratio and factor <= 1.0
-    assert f"= {factor:.3g}x TRL's generated tokens (<= 1x" in pair.rollout_strategy.describe(pair)
+    assert f"= {factor:.3g}x TRL's generated tokens (<= 1x" in pair.rollout_strategy.describe(pair.rollout_api)
     trl_tokens = metric(grpo, "ext/generated_tokens")
     assert trl_tokens == [float(K * G * L)] * steps  # fixed-length completions: TRL's count is exact
     pair_tokens = metric(pair, "ext/generated_tokens")
@@ -946,16 +940,16 @@ def test_zero_selected_vertices_are_counted_and_masked(tmp_path, monkeypatch):
     tr.script = lambda n: [digit] * n  # never finishes inside the prefix
     monkeypatch.setattr(pair_draw, "draw_selection", lambda pi, rng, anchor=None: np.zeros(len(pi), bool))
     seen = {}
-    orig = tr.rollout_strategy.generate_and_score
+    orig = tr.replay_rollouts
 
-    def spy(trainer, inputs):
-        out = orig(trainer, inputs)
-        seen["mask"] = out["completion_mask"].clone()
-        seen["items"] = out["num_items_in_batch"].clone()
-        return out
+    def spy(groups, inputs):
+        out, batch = orig(groups, inputs)
+        seen["out"] = out
+        return out, batch
 
-    tr.rollout_strategy.generate_and_score = spy
+    tr.replay_rollouts = spy
     tr.train()
+    seen["mask"], seen["items"] = seen["out"]["completion_mask"], seen["out"]["num_items_in_batch"]
     stats = tr.rollout_strategy.last_stats
     assert stats["pair/zero_edge_groups"] == stats["pair/groups"] == 2
     assert stats["pair/completed_vertices"] == 0 and stats["pair/observed_edges"] == 0

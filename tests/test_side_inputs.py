@@ -76,7 +76,7 @@ def test_two_processes(tmp_path):
         (dict(advantage_estimator="basis", num_generations=1), r"\['p_hat'\].*BASISTrainer"),
         (dict(advantage_estimator="v05"), r"\['priors'\].*V05GRPOTrainer"),
         (dict(advantage_estimator="pair"), r"\['inclusion', 'selected'\].*PAIRTrainer"),
-        (dict(advantage_estimator="pair_draw"), r"\['draws'\] \(draws: from its estimator_kwargs\).*PAIRTrainer"),
+        (dict(advantage_estimator="pair_draw"), r"\['draws'\] \(draws: from its estimator_inputs\).*PAIRTrainer"),
         (dict(rollout_strategy="no_such_strategy"), r"rollout_strategy='no_such_strategy' is not registered"),
         (dict(dynamic_sampling=True, rollout_strategy="fixed_groups"), r"dynamic_sampling=True selects"),
         (dict(rollout_strategy_kwargs="[1]"), r"rollout_strategy_kwargs must be"),

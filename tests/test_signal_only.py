@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 from base_helpers import make_config, tiny_dataset  # noqa: E402
 
 from trl_ext.trainers.base import GRPOTrainer  # noqa: E402
+from trl_ext.trainers.rollouts import RolloutGroups, RolloutStrategy  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -175,7 +176,7 @@ def test_unsupported_loss_type_is_rejected(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ review fixes
 class PadRowsTrainer(GRPOTrainer):
-    """Test double: hands ``finish_rollouts`` the generation batch plus ``N_PAD`` rows flagged ``is_pad``."""
+    """Test double: a strategy's rollouts are the generation batch plus ``N_PAD`` rows flagged ``is_pad``."""
 
     N_PAD = 5
 
@@ -183,7 +184,7 @@ class PadRowsTrainer(GRPOTrainer):
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("signal_only", [False, True])
 def test_pad_rows_dilute_neither_policy_nor_kl(model_dir, tmp_path, loss_type, signal_only):
-    """Pad rows (equal row counts across ranks, ``finish_rollouts``) must not change the objective.
+    """Pad rows (equal row counts across ranks, a strategy's ``is_pad`` rows) must not change the objective.
 
     Sequence-level losses average over all B rows, pads included. The base rescales the advantages so the policy
     term averages over real rows, but the KL term was still divided by B (pads included): its weight shrank by
@@ -207,9 +208,11 @@ def test_pad_rows_dilute_neither_policy_nor_kl(model_dir, tmp_path, loss_type, s
     rows = [dict(ds[i]) for i in range(4) for _ in range(G)]
     c_ids, _ = tr.generate_rollouts(rows)
     n_pad = PadRowsTrainer.N_PAD
-    out = tr.finish_rollouts(rows + rows[:n_pad], list(c_ids) + list(c_ids[:n_pad]),
-                              group_ids=[i // G for i in range(len(rows))] + [0] * n_pad,
-                              is_pad=[False] * len(rows) + [True] * n_pad)
+    groups = RolloutGroups(rows=rows + rows[:n_pad], completion_ids=list(c_ids) + list(c_ids[:n_pad]),
+                           group_ids=[i // G for i in range(len(rows))] + [0] * n_pad,
+                           is_pad=[False] * len(rows) + [True] * n_pad)
+    tr.rollout_strategy = type("Given", (RolloutStrategy,), {"rollout": lambda self, api, rows: groups})()
+    out = tr._generate_and_score_completions(groups.rows)
     real = ~tr.last_rollout_batch.is_pad
     assert int((~real).sum()) == n_pad
     sub = {k: out[k][real] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}

@@ -128,7 +128,7 @@ def test_tokens_per_step_within_the_documented_factor_of_trl(tmp_path, trl_token
 def test_unbounded_budget_reproduces_the_paper_rounds(tmp_path):
     """``v05_extra_rollout_budget >= (cap - k_init) / k_init`` never binds: both rejected prompts climb to the cap."""
     tr = make_v05(tmp_path, prior=ConstantPrior(0.5), v05_extra_rollout_budget=3.0, max_steps=1)
-    assert "does not bind" in tr.rollout_strategy.describe(tr)
+    assert "does not bind" in tr.rollout_strategy.describe(tr.rollout_api)[0]
     tr.train()
     r = tr.last_v05
     assert r["k"].tolist() == [16, 16] and not r["budget_exhausted"] and r["extra_rollouts"] == 24

@@ -797,7 +797,7 @@ def test_empty_dispatch_still_reaches_the_keyed_collective(tmp_path, monkeypatch
     from trl_ext.trainers.v05.strategy import _PromptState
 
     states = [_PromptState(row={"prompt": "1+1=", "trl_ext_row_idx": 0}, prior_p=0.5)]
-    out = tr.rollout_strategy.dispatch(tr, states, [])  # this rank has no prompt needing more rollouts this round
+    out = tr.rollout_strategy.dispatch(tr.rollout_api, states, [])  # this rank has no prompt needing more rollouts this round
     assert out == {"rollouts": 0, "discarded": 0}
     assert calls == [0]  # the collective was reached with zero rows
     assert states[0].k == 0
@@ -901,7 +901,7 @@ def test_v05_selected_by_config_on_the_base_trainer_equals_the_preset(tmp_path, 
     with caplog.at_level(logging.INFO, logger="trl_ext.trainers.base"):
         cfg_tr, table = _by_config(tmp_path / "cfg", ds, bad)
     assert type(cfg_tr) is GRPOTrainer and isinstance(cfg_tr.rollout_strategy, OSLARounds)
-    assert any("advantage estimator v05 (evaluation: grpo)" in r.getMessage() for r in caplog.records)
+    assert any("advantage estimator v05 (evaluation batches without its inputs: grpo)" in r.getMessage() for r in caplog.records)
     cfg_tr.train()  # each trainer trains right after its construction (which seeds the global RNG)
     cfg_adv = cfg_tr.last_advantages.clone()
     cfg_eval = cfg_tr.evaluate()["eval_loss"]

@@ -9,7 +9,7 @@ Two scenarios run one after the other, each one SGD step with greedy decoding an
 global generation batch is identical with 1 and 2 processes:
 
 * ``fixed`` / ``fixed_dapo``: TRL's layout (4 prompts x G=4, signal-only ``grpo`` / ``dapo``).
-* ``variable``: unique prompts, 2-4 rollouts per prompt through ``finish_rollouts`` (a scripted rollout strategy)
+* ``variable``: unique prompts, 2-4 rollouts per prompt returned by a strategy (a scripted rollout strategy)
   with strategy-computed rewards; ranks get different row counts and are padded (``grpo``, pad-corrected).
 * ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``james_stein``: estimators selected by ``advantage_estimator`` only (REINFORCE++ with
   ``num_generations=1``).
@@ -72,12 +72,15 @@ def fixed_trainer_cls():
 
 def variable_trainer_cls():
     from trl_ext.trainers.base import GRPOTrainer
-    from trl_ext.trainers.rollouts import RolloutStrategy
+    from trl_ext.trainers.rollouts import RolloutGroups, RolloutStrategy
 
     class ScriptedVariable(RolloutStrategy):
         name = "scripted_variable"
 
-        def generate_and_score(self, trainer, inputs):
+        def __init__(self, tokenizer):
+            self.tokenizer = tokenizer
+
+        def rollout(self, api, inputs):
             rows, gids, rpf = [], [], []
             for i, x in enumerate(inputs):
                 k = 2 + x["trl_ext_row_idx"] % 3
@@ -86,14 +89,14 @@ def variable_trainer_cls():
                     gids.append(i)
                     rpf.append([1.0 if x["trl_ext_row_idx"] % 2 == 0 else float(j % 2)])
             js = [j for i, x in enumerate(inputs) for j in range(2 + x["trl_ext_row_idx"] % 3)]
-            c_ids = [scripted_ids(trainer.processing_class, x["trl_ext_row_idx"], j) for x, j in zip(rows, js)]
-            return trainer.finish_rollouts(rows, c_ids, group_ids=gids, rewards_per_func=torch.tensor(rpf))
+            c_ids = [scripted_ids(self.tokenizer, x["trl_ext_row_idx"], j) for x, j in zip(rows, js)]
+            return RolloutGroups(rows=rows, completion_ids=c_ids, group_ids=gids, rewards_per_func=torch.tensor(rpf))
 
     class VariableRollouts(GRPOTrainer):
         unique_prompt_sampler = True
 
         def create_rollout_strategy(self):
-            return ScriptedVariable()
+            return ScriptedVariable(self.processing_class)
 
     return VariableRollouts
 
@@ -138,8 +141,8 @@ def run(scenario: str, out_dir: str, world: int) -> None:
     locals_seen = []
     orig = tr._ext_finalize
 
-    def spy(out):
-        res = orig(out)
+    def spy(out, *args, **kwargs):
+        res = orig(out, *args, **kwargs)
         locals_seen.append(res["advantages"].detach().cpu().clone())
         return res
 

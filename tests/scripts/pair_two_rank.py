@@ -106,7 +106,7 @@ def recording_class(base_cls):
                 design = gather_object([{k: d[k] for k in ("row_idx", "pi", "selected", "finished", "warm_started")}
                                         for d in self.pair_design_log])
                 self.generations.append({
-                    "K": self.rollout_strategy.num_prompts, "design": design, "rewards": b.rewards.tolist(),
+                    "K": len(design), "design": design, "rewards": b.rewards.tolist(),
                     "group_ids": b.group_ids.tolist(), "is_pad": b.is_pad.tolist(),
                     "advantages": self.last_advantages.double().tolist(), "stats": dict(self.rollout_strategy.last_stats),
                 })

@@ -143,7 +143,7 @@ def register_advantage_estimator(name: str, *, min_group_size: int = 2, side_inp
     side_inputs : dict, optional
         Inputs the estimator needs besides rewards and group labels, ``{keyword: level}``: ``"row"`` -- an array of
         one value per rollout, aligned with ``rewards``; ``"group"`` -- one value per group in order of first
-        appearance; ``"strategy"`` -- any object the rollout strategy passes through its ``estimator_kwargs`` (not
+        appearance; ``"strategy"`` -- any object the rollout strategy hands over in its ``estimator_inputs`` (not
         gathered from the batch; e.g. PAIR's designed draws, which describe candidates the batch does not hold).
         The trainer passes them as keyword arguments from the rollout strategy
         (``RolloutStrategy.provides``); a trainer whose strategy does not provide one refuses the configuration at

@@ -167,7 +167,7 @@ def resize_completion_logs(trainer: Any, maxlen: int, keep_last: int | None = No
     """Re-create every deque of ``trainer._logs`` (the completions table) with ``maxlen``.
 
     TRL sizes them to ``generation_batch_size`` (``GRPOTrainer.__init__``), which assumes every generation batch has exactly that
-    many rows; a variable-size batch (``finish_rollouts``) can hold more. ``keep_last`` keeps only the newest rows
+    many rows; a variable-size batch (a rollout strategy's own rollouts) can hold more. ``keep_last`` keeps only the newest rows
     of each column (the current generation batch, as TRL's fixed ``maxlen`` does for fixed-size batches). Columns
     created later (``rewards``/``extra`` are ``defaultdict`` s) get the new ``maxlen`` too.
     """

@@ -305,6 +305,10 @@ class BatchAccounting:
             if self.loss_type in compat.SEQUENCE_LEVEL_LOSSES:
                 out["ext_kl_rescale"] = torch.tensor(batch.num_rows / n_real, dtype=torch.float32, device=device)
         if batch.fixed_normalizer is not None:
+            if self.args.signal_only_denominator:
+                raise ValueError(f"rollout strategy {self.rollout_strategy.name!r} returned a fixed policy normalizer, "
+                                 "which cannot be combined with signal_only_denominator; set "
+                                 "signal_only_denominator=False.")
             out["ext_fixed_normalizer"] = torch.tensor(float(batch.fixed_normalizer), device=device)
         # pad rows: no loss, excluded from the token normalizer
         pad_local = batch.is_pad[local].to(device)

@@ -11,12 +11,14 @@ and only *adds* metrics. On top it provides:
     ``rloo``, ``reinforce_pp``, ``james_stein``, or your own), selected by name; :meth:`GRPOTrainer.compute_advantages`
     dispatches through one valid-row adapter (pad rows, NaN rewards, ragged groups); estimators that need more than
     rewards and groups (V0.5's priors, BASIS's ``p_hat``, PAIR's draws) declare side inputs that their rollout
-    strategy supplies, and no preset overrides ``compute_advantages``;
+    strategy returns with its rollouts, and no preset overrides ``compute_advantages``;
   - :class:`~trl_ext.trainers.rollouts.RolloutStrategy` objects for the rollout allocation
     (:meth:`GRPOTrainer.create_rollout_strategy`): TRL's fixed groups, DAPO dynamic sampling
-    (``dynamic_sampling=True``), V0.5's OSLA rounds, PAIR's probe-then-continue; they generate with
-    :meth:`GRPOTrainer.generate_rollouts`, score with :meth:`GRPOTrainer.score_rollouts_local` and feed variable
-    rollout counts into TRL's tail with :meth:`GRPOTrainer.finish_rollouts`;
+    (``dynamic_sampling=True``), V0.5's OSLA rounds, PAIR's probe-then-continue. A strategy returns data
+    (:class:`~trl_ext.trainers.rollouts.RolloutGroups`, generated and scored through ``api``, a
+    :class:`~trl_ext.trainers.rollout_io.RolloutAPI`) and learns in ``update``; one batch flows one way
+    (:meth:`GRPOTrainer.ext_generate_and_score`): rollout -> one replay through TRL's tail -> the gathered batch ->
+    the estimator -> ``update``;
   - ``unique_prompt_sampler = True``: the sampler yields unique prompts (G = 1 in the sampler);
   - ``rollout_columns``: dataset columns gathered into ``RolloutBatch.extra``;
   - :meth:`GRPOTrainer.ext_state_dict` / :meth:`GRPOTrainer.load_ext_state_dict`: state saved as
@@ -80,7 +82,13 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
 )
 from .keyed_generation import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutAPI, RolloutIO
-from .rollouts import RolloutStrategy, get_rollout_strategy, side_input_arrays
+from .rollouts import (
+    RolloutStrategy,
+    check_strategy_interface,
+    get_rollout_strategy,
+    side_input_arrays,
+    strategy_description,
+)
 from .state import EXT_STATE_FILE, EXT_STATE_VERSION
 
 LEGACY_STATE_KEYS = ("v05_generation_index", "v05_support_buffer", "pair", "basis_beta_history")
@@ -213,7 +221,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     unique_prompt_sampler : bool, default False
         If True, ``self.num_generations`` is set to 1 after ``__init__``: the train sampler yields
         ``generation_batch_size`` **unique** prompts per generation batch. TRL's own generation then produces one
-        rollout per prompt (BASIS, G = 1); strategies that want more call :meth:`finish_rollouts`. A config with
+        rollout per prompt (BASIS, G = 1); strategies that want more return their own rollouts. A config with
         ``num_generations=1`` (estimators with a cross-prompt baseline) has the same effect.
     rollout_columns : tuple of str, default ()
         Dataset columns gathered into :attr:`RolloutBatch.extra` (numeric columns become float64 tensors, others
@@ -231,8 +239,8 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     unique_prompt_sampler: ClassVar[bool] = False
     rollout_columns: ClassVar[tuple[str, ...]] = ()
     train_estimator: ClassVar[str | None] = None
-    """Method presets: the registered estimator used on train batches (its side inputs come from the preset's rollout
-    strategy; evaluation batches keep ``advantage_estimator``). ``None``: ``advantage_estimator`` everywhere."""
+    """Method presets: the registered estimator the preset's strategy feeds (used instead of ``advantage_estimator``;
+    evaluation batches the strategy does not feed get ``grpo``, see :meth:`compute_advantages`)."""
     keyed_sampler: KeyedSampler | None = None
     """The keyed generation back-end (``keyed_sampling=True``), else ``None`` (TRL's generation runs unchanged)."""
 
@@ -281,6 +289,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         self.last_advantages: torch.Tensor | None = None
         self.rollout_api = RolloutAPI(self)
         self.rollout_strategy: RolloutStrategy = self.create_rollout_strategy()
+        check_strategy_interface(type(self.rollout_strategy))
         if self.args.uses_advantage_estimator:  # a subclass's own strategy must serve the configured estimator
             check_side_inputs(self.args.advantage_estimator, type(self.rollout_strategy))
         if self.train_estimator is not None:
@@ -289,10 +298,10 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
         if self.accelerator.is_main_process:
-            described = self.rollout_strategy.describe(self.rollout_api)
-            line, differences = (described, []) if isinstance(described, str) else described
-            logger.info("%s: %s; advantage estimator %s (on evaluation batches the strategy does not feed: grpo).",
-                        type(self).__name__, line, self.train_estimator or self.args.advantage_estimator)
+            line, differences = strategy_description(self.rollout_strategy, self.rollout_api)
+            name = self.train_estimator or self.args.advantage_estimator
+            eval_note = " (evaluation batches without its inputs: grpo)" if estimator_side_inputs(name) else ""
+            logger.info("%s: %s; advantage estimator %s%s.", type(self).__name__, line, name, eval_note)
             for message in differences:
                 self.warn_dropin_difference(message)
 

@@ -202,6 +202,11 @@ class ExtGRPOConfig(trl.GRPOConfig):
         compat.validate_config_with_placeholder_group_size(self, super().__post_init__, group_size=group_size)
         validate_ext_config(self)
 
+    def validate_method(self) -> None:
+        """The rules of a method config's own fields (V0.5, BASIS and PAIR override it): run once per config object,
+        by :func:`validate_ext_config` after the shared rules, and on the option view of a method selected by config
+        (:func:`method_config_view`). Raises ``ValueError`` saying what to change."""
+
 
 def resolved_rollout_strategy(args: Any) -> str:
     """The rollout strategy name a config selects: ``rollout_strategy``, else a method config's own
@@ -283,7 +288,8 @@ def check_estimator_kwargs(estimator: str, kwargs: dict, strategy_cls: type) -> 
                          "estimator the strategy serves, or pick another rollout strategy.")
 
 
-def method_config_view(config: Any, kwargs: dict, config_class: type, prefix: str, strategy: str):
+def method_config_view(config: Any, kwargs: dict, config_class: type, prefix: str, strategy: str,
+                       validate: bool = True):
     """The ``config_class`` object that ``config`` plus a method's options ``kwargs`` describe: what a method's
     strategy reads when it is selected by config (``rollout_strategy=strategy``) on a trainer whose config has no
     ``<prefix>*`` fields.
@@ -291,8 +297,9 @@ def method_config_view(config: Any, kwargs: dict, config_class: type, prefix: st
     ``kwargs`` (the config's ``rollout_strategy_kwargs``) name ``config_class`` fields without ``prefix``
     (``{"k_init": 4}`` for ``v05_k_init``); the others keep the class defaults (the paper's); every other field is
     ``config``'s, its estimator and strategy fields reset as a method config has them. Validated as
-    ``config_class`` validates an upgraded config (``validate_method_options``); an unknown name is a
-    ``ValueError`` listing the known ones.
+    ``config_class`` validates its own fields (``validate_method``) when the config is built (``validate``); the
+    trainer builds it again from the validated config without re-validating. An unknown name is a ``ValueError``
+    listing the known ones.
     """
     own = {f.name[len(prefix):]: f for f in fields(config_class) if f.name.startswith(prefix)}
     unknown = sorted(set(kwargs) - set(own))
@@ -306,7 +313,8 @@ def method_config_view(config: Any, kwargs: dict, config_class: type, prefix: st
     for name, f in own.items():
         setattr(view, f.name, kwargs[name] if name in kwargs else
                 (f.default_factory() if f.default is MISSING else f.default))
-    config_class.validate_method_options(view)
+    if validate:
+        view.validate_method()
     return view
 
 
@@ -364,11 +372,7 @@ def as_config(args: Any, config_class: type, trainer_name: str):
             setattr(new, f.name, f.default)
         elif f.default_factory is not MISSING:
             setattr(new, f.name, f.default_factory())
-    validate = getattr(config_class, "validate_method_options", None)
-    if validate is not None:
-        validate(new)
-    else:
-        validate_ext_config(new)
+    validate_ext_config(new)
     return new
 
 
@@ -466,6 +470,7 @@ def validate_ext_config(o) -> None:
         raise ValueError(f"gate_success_threshold must be finite, got {o.gate_success_threshold!r}.")
     if not (math.isfinite(float(o.gate_atol)) and o.gate_atol >= 0):
         raise ValueError(f"gate_atol must be a finite number >= 0, got {o.gate_atol!r}.")
+    o.validate_method()
 
 
 def _validate_resume_options(o) -> None:

@@ -123,7 +123,9 @@ def model_card_details(trainer: Any) -> dict[str, str]:
     }
     strategy = getattr(trainer, "rollout_strategy", None)
     if strategy is not None:
-        out["rollout strategy"] = strategy.describe(trainer)
+        from .rollouts import strategy_description
+
+        out["rollout strategy"] = strategy_description(strategy, trainer.rollout_api)[0]
     out["extension state"] = (f"`{EXT_STATE_FILE}` in every `checkpoint-*` folder (restored by "
                               "`train(resume_from_checkpoint=...)`)")
     seen: set[int] = set()

@@ -264,8 +264,8 @@ class RolloutIO:
         Returns
         -------
         Tensor, shape (n, F), float32
-            NaN where a reward function returned ``None``. Pass it to :meth:`finish_rollouts` as
-            ``rewards_per_func`` to avoid scoring twice.
+            NaN where a reward function returned ``None``. Return it as ``RolloutGroups.rewards_per_func`` to avoid
+            scoring twice.
 
         Raises
         ------
@@ -291,7 +291,7 @@ class RolloutIO:
             if isinstance(func, torch.nn.Module):
                 if conversational:
                     raise NotImplementedError("score_rollouts_local: reward models on conversational prompts are not "
-                                              "supported; score them through finish_rollouts instead.")
+                                              "supported; leave RolloutGroups.rewards_per_func unset instead.")
                 enc = proc(text=[p + c for p, c in zip(prompts, texts)], return_tensors="pt", padding=True,
                            padding_side="right", add_special_tokens=False).to(self.accelerator.device)
                 with torch.inference_mode():

@@ -39,7 +39,6 @@ import torch
 from . import _trl_compat as compat
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .base import GRPOTrainer
     from .batch import RolloutBatch
 
 __all__ = ["RolloutGroups", "RolloutStrategy", "FixedGroups", "DynamicSampling", "register_rollout_strategy", "get_rollout_strategy",
@@ -61,6 +60,7 @@ def register_rollout_strategy(name: str):
     def decorator(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, RolloutStrategy)):
             raise TypeError(f"register_rollout_strategy({name!r}) needs a RolloutStrategy subclass, got {cls!r}.")
+        check_strategy_interface(cls)
         old = ROLLOUT_STRATEGIES.get(name)
         if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"rollout strategy {name!r} is already registered to {old!r}; pick another name.")
@@ -96,6 +96,28 @@ def get_rollout_strategy(name: str) -> type:
     except KeyError:
         raise KeyError(f"unknown rollout strategy {name!r}; registered: "
                        f"{sorted(registered_rollout_strategies())}") from None
+
+
+REMOVED_MEMBERS = {
+    "generate_and_score": "rollout(api, rows) returning RolloutGroups",
+    "side_inputs": "RolloutGroups.side_inputs",
+    "estimator_kwargs": "RolloutGroups.estimator_inputs",
+    "observe_advantages": "update(api, batch, result) returning metrics",
+    "fixed_policy_normalizer": "RolloutGroups.fixed_normalizer",
+    "dropin_differences": "describe(api) returning (line, differences)",
+    "estimator_kwarg_names": "provides", "provides_objects": "provides", "feeds_evaluation": "rollout per api.mode",
+}
+"""Members of the rollout-strategy interface before trl_ext 0.3 and what replaces each (``docs/migrating.md``)."""
+
+
+def check_strategy_interface(cls: type) -> None:
+    """Refuse a strategy class that still defines a member of the old interface, which the base would never call
+    (its rollouts would silently be TRL's fixed groups): ``TypeError`` naming each replacement."""
+    old = sorted(m for m in REMOVED_MEMBERS if any(m in vars(k) for k in cls.__mro__ if k is not object))
+    if old:
+        raise TypeError(f"rollout strategy {cls.__name__} defines {old}, members of the rollout-strategy interface "
+                        "before trl_ext 0.3 that are no longer called; port them: "
+                        + "; ".join(f"{m} -> {REMOVED_MEMBERS[m]}" for m in old) + " (docs/migrating.md).")
 
 
 @dataclass
@@ -182,7 +204,7 @@ class RolloutStrategy:
         """Check the config's ``rollout_strategy_kwargs`` (with the rest of ``config``) when the config is built."""
 
     @classmethod
-    def from_trainer(cls, trainer: GRPOTrainer, **kwargs) -> RolloutStrategy:
+    def from_trainer(cls, trainer, **kwargs) -> RolloutStrategy:
         """Build the strategy for ``trainer`` (``kwargs``: the config's ``rollout_strategy_kwargs``)."""
         return cls(**kwargs)
 
@@ -220,6 +242,12 @@ class FixedGroups(RolloutStrategy):
     def describe(self, api):
         return (f"rollout strategy fixed_groups: {api.args.generation_batch_size} rollouts per generation batch "
                 f"({api.num_generations} per prompt), as TRL")
+
+
+def strategy_description(strategy: RolloutStrategy, api) -> tuple[str, list[str]]:
+    """``(line, drop-in differences)`` of :meth:`RolloutStrategy.describe` (which may return the line alone)."""
+    described = strategy.describe(api)
+    return (described, []) if isinstance(described, str) else (described[0], list(described[1]))
 
 
 def side_input_arrays(batch: RolloutBatch, estimator: str, valid: torch.Tensor) -> dict:

@@ -89,7 +89,7 @@ def pair_draw_group_advantages(rewards, group_ids, draws, w_max=None, self_norma
     What :class:`~trl_ext.PAIRTrainer` trains on. A batch row is a *completed* candidate; the design's view of the
     whole group -- every candidate's inclusion probability, which were selected, the anchor pair (Appendix B) --
     is not in the batch, so it comes as the estimator keyword ``draws`` (the rollout strategy's
-    ``estimator_kwargs``): one ``(GroupDraw, completed)`` per group in order of first appearance, ``completed``
+    ``estimator_inputs``): one ``(GroupDraw, completed)`` per group in order of first appearance, ``completed``
     the candidate indices of that group's rows in batch order. Each group's advantages are
     :func:`~trl_ext.estimators.pair.group_draw.draw_advantages` of its full candidate vector (NaN on candidates
     that were not completed):

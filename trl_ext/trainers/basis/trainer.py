@@ -37,7 +37,7 @@ from ..._io import sha256_file
 from ...estimators.basis import BASIS_OPTION_DEFAULTS, validate_basis_options
 from ...priors.table_format import ValueTable
 from .. import model_card
-from ..base import ExtGRPOConfig, GRPOTrainer, as_config, validate_ext_config
+from ..base import ExtGRPOConfig, GRPOTrainer, as_config
 from ..config import accept_renamed_fields
 from .strategy import ValueTableLookup, resolve_value_table
 
@@ -140,14 +140,12 @@ class BASISConfig(ExtGRPOConfig):
         _check_single_rollout(self)
         # ExtGRPOConfig.__post_init__ validates with a placeholder group size (TRL rejects num_generations < 2)
         super().__post_init__()
-        _validate_basis_options(self)
 
-    @staticmethod
-    def validate_method_options(cfg) -> None:
-        """Validation of a plain ``trl.GRPOConfig`` upgraded to a ``BASISConfig`` (``as_config``)."""
-        _check_single_rollout(cfg, upgraded=True)
-        validate_ext_config(cfg)
-        _validate_basis_options(cfg)
+    def validate_method(self) -> None:
+        """The BASIS fields (run once by ``validate_ext_config``; a plain ``trl.GRPOConfig`` upgraded by
+        ``as_config`` gets the upgrade's wording for ``num_generations``)."""
+        _check_single_rollout(self, upgraded=True)
+        _validate_basis_options(self)
 
 
 # renamed in the one-naming-convention change (method options prefixed); accepted with a FutureWarning for one release

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .. import _trl_compat as compat
-from ..config import ExtGRPOConfig, method_config_view, validate_ext_config
+from ..config import ExtGRPOConfig, method_config_view
 
 __all__ = ["pair_config_view", "PAIRConfig", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS", "pair_advantage_options",
            "pair_design_options", "pair_lr_factor", "short_probe_message", "validate_pair_config"]
@@ -62,7 +62,7 @@ class PAIRConfig(ExtGRPOConfig):
     -- and the sampler's batch semantics are TRL's (``per_device_train_batch_size * steps_per_generation`` candidate
     rows per rank, which must be a multiple of ``G`` so every prompt's candidates stay on one rank). A plain
     ``trl.GRPOConfig`` (or ``ExtGRPOConfig``) given to :class:`PAIRTrainer` is upgraded with these defaults and
-    validated by :meth:`validate_method_options`. PAIR computes its own advantages (Eq. 13), so
+    validated by :meth:`validate_method`. PAIR computes its own advantages (Eq. 13), so
     ``advantage_estimator`` must stay at its default (it then only applies to evaluation batches).
     """
 
@@ -164,13 +164,8 @@ class PAIRConfig(ExtGRPOConfig):
         default=None, metadata={"help": "Seed of head initialization and minibatches (None: seed)."}
     )
 
-    def __post_init__(self):
-        super().__post_init__()
-        validate_pair_config(self)
-
-    def validate_method_options(self) -> None:
-        """Validation :func:`trl_ext.trainers.base.as_config` runs when it upgrades another config to this class."""
-        validate_ext_config(self)
+    def validate_method(self) -> None:
+        """The PAIR fields (run once by ``validate_ext_config``)."""
         validate_pair_config(self)
 
     @property
@@ -277,7 +272,7 @@ def pair_advantage_options(args) -> dict:
             "standardize": bool(args.pair_standardize)}
 
 
-def pair_config_view(config, kwargs: dict) -> PAIRConfig:
+def pair_config_view(config, kwargs: dict, validate: bool = True) -> PAIRConfig:
     """The :class:`PAIRConfig` that ``config`` plus the PAIR options ``kwargs`` (field names without ``pair_``,
     e.g. ``{"budget_ratio": 0.5, "prefix_tokens": 16}``) describe: what the ``"pair_prefix_probe"`` strategy reads
     when it is selected by config (:func:`~trl_ext.trainers.config.method_config_view`). The base trainer does not
@@ -287,4 +282,5 @@ def pair_config_view(config, kwargs: dict) -> PAIRConfig:
         raise ValueError(f"rollout_strategy='pair_prefix_probe' on the base trainer cannot rescale the optimizer "
                          f"(lr_scaling={kwargs['lr_scaling']!r}): drop lr_scaling and set learning_rate to the rate "
                          "you want, or use PAIRTrainer, which rescales it.")
-    return method_config_view(config, {**kwargs, "lr_scaling": "none"}, PAIRConfig, "pair_", "pair_prefix_probe")
+    return method_config_view(config, {**kwargs, "lr_scaling": "none"}, PAIRConfig, "pair_", "pair_prefix_probe",
+                              validate=validate)

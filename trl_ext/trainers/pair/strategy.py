@@ -197,7 +197,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     def from_trainer(cls, trainer, **kwargs) -> PrefixProbeRollouts:
         """The strategy selected by config on any trainer (``rollout_strategy="pair_prefix_probe"`` with
         ``advantage_estimator="pair_draw"``); the optimizer keeps ``learning_rate`` (no PAIR lr scaling)."""
-        options = pair_config_view(trainer.args, kwargs)
+        options = pair_config_view(trainer.args, kwargs, validate=False)
         short = short_probe_message(options)
         if short is not None:
             warnings.warn(short, PAIRShortProbeWarning, stacklevel=3)
@@ -400,7 +400,7 @@ class PrefixProbeRollouts(RolloutStrategy):
                 full_lps[j] = full_lps[j] + list(cont_lps[n_c])
         for k, entry in enumerate(self.design_log):  # realized costs, appended after the design was logged
             entry["realized_suffix_tokens"] = suffix_len[k * G:(k + 1) * G]
-        # 5. completed vertices -> the base's tail (one finish_rollouts call per rank)
+        # 5. completed vertices -> returned to the base, which replays them through TRL's tail
         out_rows, out_ids, out_gids, out_lps, records = [], [], [], [], []
         for k, d in enumerate(draws):
             done = [i for i in range(G) if d.selected[i]]

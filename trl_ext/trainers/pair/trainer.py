@@ -5,8 +5,8 @@ Hale and Reyes, arXiv:2608.11368; "PAIR") on top of :class:`trl_ext.GRPOTrainer`
 appendix numbers refer to that paper. The generation side is the rollout strategy :class:`PrefixProbeRollouts`
 (returned by :meth:`PAIRTrainer.create_rollout_strategy`); the estimator side is the registered estimator
 ``"pair_draw"`` (:func:`~trl_ext.estimators.pair.pair_draw_group_advantages`, the preset's ``train_estimator``), fed
-the designed draws by the strategy's ``estimator_kwargs``; the strategy's ``observe_advantages`` adds the heads'
-delayed labels, the solver warm start and the ``pair/*`` diagnostics. Per prompt and generation batch:
+the designed draws the strategy returns with its rollouts (``RolloutGroups.estimator_inputs``); the strategy's
+``update`` adds the heads' delayed labels, the solver warm start and the ``pair/*`` diagnostics. Per prompt and generation batch:
 
 1. **Prefix probe** (Sec. 3.3, Appendix C "Prefix checkpoint"): the ``G = num_generations`` candidate rows TRL's
    sampler yields for the prompt are generated to a checkpoint of ``tau`` tokens with independent randomness (one
@@ -44,8 +44,8 @@ delayed labels, the solver warm start and the ``pair/*`` diagnostics. Per prompt
    in float64 (:func:`~trl_ext.estimators.pair.draw_advantages` per group, through the ``pair_draw`` estimator),
    unstandardized. Only completed vertices enter the
    loss; a completed vertex whose reward is NaN (unscorable) observes no edge
-   (:func:`~trl_ext.estimators.scorable_selection`). With ``pair_fixed_normalizer`` (default) the strategy's
-   :meth:`~PrefixProbeRollouts.fixed_policy_normalizer` returns the global number of prompts ``K``
+   (:func:`~trl_ext.estimators.scorable_selection`). With ``pair_fixed_normalizer`` (default) the strategy
+   returns the global number of prompts ``K`` as ``RolloutGroups.fixed_normalizer``
    (:func:`~trl_ext.estimators.fixed_normalizer`) and the base trainer makes every generation batch's policy loss
    ``(1/K) sum_i A_i mean_t l_it`` (``grpo``/``sapo``/``luspo``; ``dr_grpo``: ``(1/(K L)) sum_i A_i sum_t l_it``)
    or ``(1/(K L)) sum_i A_i sum_t l_it`` (``dapo``/``cispo``/``vespo``; ``L = max_completion_length``), whatever

@@ -19,7 +19,6 @@ from ..config import (
     accept_renamed_fields,
     method_config_view,
     parse_kwargs_field,
-    validate_ext_config,
 )
 
 __all__ = ["V05GRPOConfig", "v05_config_view", "validate_v05_config", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
@@ -28,7 +27,7 @@ V05_SUPPORTED_LOSS_TYPES = ("dapo", "cispo", "vespo")
 """Loss types whose normalizer stays exact with variable group sizes and per-rank pad rows.
 
 They divide the summed per-token loss by the *global* count of loss-mask tokens (``num_items_in_batch``), which
-:meth:`~trl_ext.GRPOTrainer.finish_rollouts` recomputes after masking pad rows: every real token gets the same weight
+:meth:`~trl_ext.GRPOTrainer.replay_rollouts` recomputes after masking pad rows: every real token gets the same weight
 whatever the group size or the number of pad rows on its rank (per-prompt weights are then set explicitly by
 ``v05_prompt_weighting``). The sequence-level losses (``grpo``, ``sapo``, ``luspo``) and ``dr_grpo`` have their
 pad-row denominators corrected by the base trainer but are not covered by a V0.5 gradient test yet; ``bnpo``
@@ -56,7 +55,7 @@ class V05GRPOConfig(ExtGRPOConfig):
     generation_batch_size`` more. ``num_generations`` (TRL's default 8) is not used in training (rollout counts are
     chosen per prompt); it is the group size of evaluation (``num_generations_eval`` defaults to it) and, as in TRL,
     must divide ``generation_batch_size``. A plain ``trl.GRPOConfig`` given to :class:`V05GRPOTrainer` is upgraded
-    with these defaults and checked by :meth:`validate_method_options`.
+    with these defaults and checked by :meth:`validate_method`.
     """
 
     uses_advantage_estimator: ClassVar[bool] = False
@@ -174,22 +173,17 @@ class V05GRPOConfig(ExtGRPOConfig):
     )
 
     def __post_init__(self):
-        self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
-                                                             "advantage_estimator_kwargs")
         check_eval_group_size(self.num_generations)  # before TRL's check, which divides by it
-        # TRL's GRPOConfig.__post_init__ unchanged, no placeholder group size: generation_batch_size counts rollouts
-        # as in TRL and num_generations is TRL's (the eval group size; TRL checks that it divides the generation
-        # batch), so a TRL config is valid here exactly when it is valid for TRL (plus v05_k_init | batch).
-        super(ExtGRPOConfig, self).__post_init__()
-        self.validate_method_options(self)
+        # num_generations >= 2: ExtGRPOConfig runs TRL's GRPOConfig.__post_init__ unchanged (no placeholder group
+        # size): generation_batch_size counts rollouts as in TRL and num_generations is TRL's (the eval group size;
+        # TRL checks that it divides the generation batch), so a TRL config is valid here exactly when it is valid
+        # for TRL (plus v05_k_init | batch)
+        super().__post_init__()
 
-    @staticmethod
-    def validate_method_options(config: Any) -> None:
-        """Check the trl_ext and V0.5 fields of ``config`` (also run by ``as_config`` on an upgraded plain config);
-        parses ``v05_value_prior_kwargs``. Raises ``ValueError`` saying what to change."""
-        validate_ext_config(config)
-        config.v05_value_prior_kwargs = parse_kwargs_field(config.v05_value_prior_kwargs, "v05_value_prior_kwargs")
-        validate_v05_config(config)
+    def validate_method(self) -> None:
+        """The V0.5 fields (run once by ``validate_ext_config``); parses ``v05_value_prior_kwargs``."""
+        self.v05_value_prior_kwargs = parse_kwargs_field(self.v05_value_prior_kwargs, "v05_value_prior_kwargs")
+        validate_v05_config(self)
 
 
 # renamed in the one-naming-convention change (method options prefixed); accepted with a FutureWarning for one release
@@ -199,11 +193,11 @@ accept_renamed_fields(V05GRPOConfig, {name: f"v05_{name}" for name in (
     "allow_unsupported_loss_type", "check_buffer_sync")})
 
 
-def v05_config_view(config: Any, kwargs: dict) -> V05GRPOConfig:
+def v05_config_view(config: Any, kwargs: dict, validate: bool = True) -> V05GRPOConfig:
     """The :class:`V05GRPOConfig` that ``config`` plus the V0.5 options ``kwargs`` (field names without ``v05_``,
     e.g. ``{"k_init": 4, "value_prior": "table"}``) describe: what the ``"v05_osla"`` strategy reads when it is
     selected by config (:func:`~trl_ext.trainers.config.method_config_view`)."""
-    return method_config_view(config, kwargs, V05GRPOConfig, "v05_", "v05_osla")
+    return method_config_view(config, kwargs, V05GRPOConfig, "v05_", "v05_osla", validate=validate)
 
 
 def _is_int(v: Any) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ...priors import ValuePrior, build_prior
 from .. import _trl_compat as compat
+from ..config import parse_kwargs_field
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def build_v05_prior(trainer, args) -> tuple[ValuePrior, dict]:
         ``v05_value_prior="callable"`` without ``fn`` (a function cannot go through a config: pass ``prior=``).
     """
     kind = args.v05_value_prior.lower()
-    kw = dict(args.v05_value_prior_kwargs)
+    kw = parse_kwargs_field(args.v05_value_prior_kwargs, "v05_value_prior_kwargs")  # a view keeps the raw field
     info: dict = {"prior_backbone": None, "prior_model_name": None, "table_source": None}
     if kind == "embedding" and "embed_fn" not in kw:
         from ...priors import hf_mean_pool_embedder

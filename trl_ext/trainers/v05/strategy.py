@@ -108,7 +108,7 @@ class OSLARounds(RolloutStrategy):
     def from_trainer(cls, trainer, **kwargs) -> OSLARounds:
         """The strategy selected by config on any trainer (``rollout_strategy="v05_osla"`` with
         ``advantage_estimator="v05"``), its options from :func:`~trl_ext.trainers.v05.config.v05_config_view`."""
-        return cls.build(trainer, v05_config_view(trainer.args, kwargs))
+        return cls.build(trainer, v05_config_view(trainer.args, kwargs, validate=False))
 
     @classmethod
     def build(cls, trainer, options, prior: ValuePrior | None = None) -> OSLARounds:

@@ -34,7 +34,7 @@ Per generation batch (train mode):
    :func:`trl_ext.estimators.fused_advantages_batch` on the gathered groups, then (``v05_prompt_weighting="equal"``,
    the default) multiplied by ``c_j = kbar / k_j`` so every prompt carries the same total weight in the loss, as
    Eq. 10's per-prompt mean ``(1/k) sum_i`` does (:func:`trl_ext.estimators.equal_prompt_weights`). The rollouts go
-   through TRL's loss via :meth:`trl_ext.GRPOTrainer.finish_rollouts` (pad rows masked out of the loss and the token
+   through TRL's loss via :meth:`trl_ext.GRPOTrainer.replay_rollouts` (pad rows masked out of the loss and the token
    normalizer).
 5. **Support buffer**: one pair per scorable prompt, success ``(vbar + 1) / 2``, added in global order on every
    rank and saved in every checkpoint (the strategy's generation index too).
@@ -103,7 +103,7 @@ class V05GRPOTrainer(GRPOTrainer):
     Generation backends: TRL's transformers path and its vLLM paths. Each dispatch goes through
     :meth:`~trl_ext.GRPOTrainer.generate_rollouts` (TRL's single-turn generation, one completion per row); with vLLM
     the sampling log-probs of every rollout are kept next to its completion ids through all rounds and handed to
-    :meth:`~trl_ext.GRPOTrainer.finish_rollouts` in the same order, so TRL's importance-sampling correction sees
+    the returned :class:`~trl_ext.trainers.rollouts.RolloutGroups` in the same order, so TRL's importance-sampling correction sees
     aligned log-probs. When generation is a collective (vLLM server, vLLM colocate with tensor parallelism,
     DeepSpeed, FSDP) every rank's call in every round is padded to the same length (discarded rollouts, counted);
     otherwise a rank with no active prompt generates nothing in that round.

@@ -1,0 +1,169 @@
+"""The rollout-strategy interface: what an author implements, and the old interface refused instead of ignored.
+
+A strategy returns data (``RolloutGroups``) and learns in ``update``; the base trainer alone replays, gathers, runs
+the estimator and calls ``update``. Checked here: the interface has five members an author implements, a class
+still written against the interface before trl_ext 0.3 is refused naming each replacement (registration and
+trainer construction), the base-trainer hand-off has no hidden slot left after a batch, and a strategy's fixed
+normalizer is refused with signal-only denominators.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+
+from base_helpers import hash_reward, make_config, make_trainer, tiny_dataset, tiny_model_and_tokenizer  # noqa: E402
+
+from trl_ext.trainers.base import GRPOTrainer  # noqa: E402
+from trl_ext.trainers.rollouts import (  # noqa: E402
+    REMOVED_MEMBERS,
+    FixedGroups,
+    RolloutGroups,
+    RolloutStrategy,
+    register_rollout_strategy,
+)
+
+
+def test_a_strategy_author_implements_at_most_five_members():
+    methods = sorted(n for n, v in vars(RolloutStrategy).items()
+                     if inspect.isfunction(v) and not n.startswith("_"))
+    assert methods == ["describe", "load_state_dict", "rollout", "state_dict", "update"]
+    # construction: two classmethods with working defaults (the constructor, accept-all validation)
+    assert sorted(n for n, v in vars(RolloutStrategy).items() if isinstance(v, classmethod)) == \
+        ["from_trainer", "validate_kwargs"]
+
+
+@pytest.mark.parametrize("member", sorted(REMOVED_MEMBERS))
+def test_a_strategy_written_against_the_old_interface_is_refused(member):
+    old = type("Old", (FixedGroups,), {member: lambda self, *a: None})
+    with pytest.raises(TypeError, match=rf"\['{member}'\].*{member} -> "):
+        register_rollout_strategy(f"old_{member}")(old)
+
+
+def test_an_unregistered_old_strategy_is_refused_at_construction(tmp_path):
+    class Old(FixedGroups):
+        def generate_and_score(self, trainer, inputs):  # never called by the base: refused, not ignored
+            raise AssertionError
+
+    class Trainer(GRPOTrainer):
+        def create_rollout_strategy(self):
+            return Old()
+
+    with pytest.raises(TypeError, match=r"generate_and_score -> rollout\(api, rows\) returning RolloutGroups"):
+        make_trainer(tmp_path, cls=Trainer)
+
+
+def test_one_batch_leaves_no_hand_off_behind(tmp_path):
+    """The one scoped call context is cleared after every generation batch; the batch carries what the strategy
+    handed over (record, estimator inputs, fixed normalizer)."""
+
+    class Recorded(RolloutStrategy):
+        name = "recorded"
+
+        def __init__(self):
+            self.seen = []
+
+        def rollout(self, api, rows):
+            return RolloutGroups.trl(record={"rows": len(rows), "mode": api.mode})
+
+        def update(self, api, batch, result):
+            self.seen.append(batch.record)
+            return {"recorded/rows": float(batch.record["rows"])}
+
+    class Trainer(GRPOTrainer):
+        def create_rollout_strategy(self):
+            return Recorded()
+
+    tr = make_trainer(tmp_path, cls=Trainer, max_steps=2)
+    tr.train()
+    assert tr._ext_call is None
+    assert [s["mode"] for s in tr.rollout_strategy.seen] == ["train", "train"]
+    assert tr.last_rollout_batch.record == tr.rollout_strategy.seen[-1]
+    assert all("recorded/rows" in rec for rec in tr.state.log_history if "loss" in rec)
+
+
+def test_fixed_normalizer_and_signal_only_denominators_are_refused(tmp_path):
+    class Fixed(RolloutStrategy):
+        name = "fixed_k"
+
+        def rollout(self, api, rows):
+            return RolloutGroups.trl(fixed_normalizer=2.0)
+
+    class Trainer(GRPOTrainer):
+        def create_rollout_strategy(self):
+            return Fixed()
+
+    tr = make_trainer(tmp_path, cls=Trainer, signal_only_denominator=True)
+    with pytest.raises(ValueError, match="fixed policy normalizer.*signal_only_denominator=False"):
+        tr.train()
+
+
+# ----------------------------------------------------------------------------------------------- validation once
+def _count_validations(monkeypatch) -> dict:
+    """Count the shared rules (``validate_ext_config``) and each class's method rules (``validate_method``) by the id
+    of the config object they ran on."""
+    from trl_ext import BASISConfig, ExtGRPOConfig, PAIRConfig, V05GRPOConfig
+    from trl_ext.trainers import config as config_module
+
+    counts: dict = {}
+    real = config_module.validate_ext_config
+
+    def shared(o):
+        counts.setdefault(("shared", id(o)), 0)
+        counts[("shared", id(o))] += 1
+        return real(o)
+
+    monkeypatch.setattr(config_module, "validate_ext_config", shared)
+    for cls in (ExtGRPOConfig, V05GRPOConfig, PAIRConfig, BASISConfig):
+        method = vars(cls)["validate_method"]
+
+        def counted(self, _method=method, _cls=cls):
+            counts.setdefault((_cls.__name__, id(self)), 0)
+            counts[(_cls.__name__, id(self))] += 1
+            return _method(self)
+
+        monkeypatch.setattr(cls, "validate_method", counted)
+    return counts
+
+
+@pytest.mark.parametrize("route", ["base", "v05_preset", "v05_by_config", "pair_preset", "pair_by_config", "basis"])
+def test_validation_runs_once_per_config_object(monkeypatch, tmp_path, route):
+    """Every config object is validated exactly once (shared rules, then its own class's rules); a method selected
+    by config validates its options view once (method rules only); the trainer validates nothing again."""
+    from trl_ext import BASISConfig, PAIRConfig, PAIRTrainer, V05GRPOConfig, V05GRPOTrainer
+
+    counts = _count_validations(monkeypatch)
+    common = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, max_completion_length=6, use_cpu=True,
+                  report_to="none", max_steps=1, save_strategy="no")
+    if route == "base":
+        cfg, cls = make_config(tmp_path), GRPOTrainer
+    elif route == "v05_preset":
+        cfg, cls = V05GRPOConfig(**common, loss_type="dapo", v05_value_prior="constant"), V05GRPOTrainer
+    elif route == "v05_by_config":
+        cfg, cls = make_config(tmp_path, advantage_estimator="v05", rollout_strategy="v05_osla", loss_type="dapo",
+                               rollout_strategy_kwargs={"value_prior": "constant"}), GRPOTrainer
+    elif route == "pair_preset":
+        cfg, cls = PAIRConfig(**common, num_generations=4, pair_prefix_tokens=2), PAIRTrainer
+    elif route == "pair_by_config":
+        cfg, cls = make_config(tmp_path, advantage_estimator="pair_draw", rollout_strategy="pair_prefix_probe",
+                               max_completion_length=6, rollout_strategy_kwargs={"prefix_tokens": 2}), GRPOTrainer
+    else:
+        cfg, cls = BASISConfig(**common, num_generations=1), None
+    own = type(cfg).__name__
+    assert counts.pop(("shared", id(cfg))) == 1 and counts.pop((own, id(cfg))) == 1, counts
+    views = {k: v for k, v in counts.items() if k[0] != "ExtGRPOConfig"}
+    if route.endswith("by_config"):  # the options view: the method's own rules, once; never the shared ones
+        assert list(views.values()) == [1] and next(iter(views))[0] in ("V05GRPOConfig", "PAIRConfig"), counts
+    else:
+        assert counts == {}, counts
+    if cls is None:
+        return
+    counts.clear()
+    model, tok = tiny_model_and_tokenizer(0)
+    cls(model=model, reward_funcs=[hash_reward], args=cfg, train_dataset=tiny_dataset(16), processing_class=tok)
+    assert counts == {}, f"the trainer validated again: {counts}"
