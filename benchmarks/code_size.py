@@ -45,15 +45,28 @@ def _docstring_lines(tree: ast.AST) -> set[int]:
     return out
 
 
-def code_line_count(path: pathlib.Path) -> int:
-    """Lines holding a Python token outside a docstring (every line a multi-line token spans counts)."""
+def code_lines(path: pathlib.Path) -> set[int]:
+    """Line numbers holding a Python token outside a docstring (every line a multi-line token spans counts)."""
     text = path.read_text(encoding="utf-8")
     doc = _docstring_lines(ast.parse(text))
     lines: set[int] = set()
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
         if tok.type not in _NOT_CODE:
             lines.update(range(tok.start[0], tok.end[0] + 1))
-    return len(lines - doc)
+    return lines - doc
+
+
+def code_line_count(path: pathlib.Path) -> int:
+    """Lines holding a Python token outside a docstring (see :func:`code_lines`)."""
+    return len(code_lines(path))
+
+
+def class_code_line_count(path: pathlib.Path, name: str) -> int:
+    """Code lines of the top-level class ``name`` in ``path`` (its decorators included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return len({i for i in code_lines(path) if start <= i <= node.end_lineno})
 
 
 def module_sizes() -> dict[str, int]:

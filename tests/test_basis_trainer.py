@@ -36,6 +36,7 @@ from trl_ext.estimators.basis import (  # noqa: E402
 from trl_ext.priors.table_format import ValueTable, ValueTableRow, save_value_table  # noqa: E402
 from trl_ext.trainers.base import EXT_STATE_FILE  # noqa: E402
 from trl_ext.trainers.basis import BASIS_METRICS, BASISConfig, BASISTrainer  # noqa: E402
+from trl_ext.trainers.basis.table_checks import check_table_coverage  # noqa: E402
 from trl_ext.trainers.batch import RolloutBatch  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "basis_two_rank.py")
@@ -234,7 +235,8 @@ def _unit_trainer(tmp_path, table_prompts=PROMPTS, **kw):
 def test_missing_prompts_error_above_limit(tmp_path):
     trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[3:], basis_max_missing_fraction=0.25)  # 3/8 missing
     with pytest.warns(UserWarning, match="missing from the value table"):
-        trainer.rollout_strategy.check_coverage(trainer.train_dataset, trainer.args.basis_max_missing_fraction)
+        check_table_coverage(trainer.rollout_strategy.table, trainer.train_dataset,
+                             trainer.args.basis_max_missing_fraction)
     with pytest.raises(ValueError, match=r"3 of the 8 prompts .* missing from the value table"):
         trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS))
 

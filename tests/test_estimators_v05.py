@@ -416,3 +416,49 @@ def test_runner_reports_missing_audit_instead_of_crashing():
 
     mod, why = audit_cli._load("does_not_exist")
     assert mod is None and "not found" in why
+
+
+# ------------------------------------------------------------------------------------------------ per-step budget
+def test_round_cost_charges_dispatch_padding_per_rank():
+    assert v05_estimators.osla_round_cost([3, 0, 5]) == 8
+    assert v05_estimators.osla_round_cost([3, 0, 5], dispatch_multiple=4) == 4 + 0 + 8
+    with pytest.raises(ValueError, match="dispatch_multiple"):
+        v05_estimators.osla_round_cost([1], dispatch_multiple=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.floats(0.0, 2.0), st.integers(0, 2)), min_size=1, max_size=12),
+       st.integers(0, 40), st.sampled_from([1, 2, 4]))
+def test_trim_to_budget_properties(items, remaining, m):
+    """Served requests fit the budget, never exceed the request, go to larger bias2 first, and the rule is exact:
+    no unserved rollout of a prompt could still have been added within the budget (greedy by priority)."""
+    add = np.array([a for a, _, _ in items], dtype=np.int64)
+    bias2 = np.array([b for _, b, _ in items])
+    owner = np.array([o for _, _, o in items])
+    served, short = v05_estimators.osla_trim_to_budget(add, bias2, owner, 3, remaining, m)
+    per_rank = np.bincount(owner, weights=served, minlength=3).astype(int)
+    assert v05_estimators.osla_round_cost(per_rank, m) <= remaining
+    assert np.all((0 <= served) & (served <= add)) and short == bool((served < add).any())
+    order = sorted(np.flatnonzero(add > 0).tolist(), key=lambda i: (-bias2[i], i))
+    for pos, j in enumerate(order):  # a prompt left short: nothing served to lower-priority prompts could be moved
+        if served[j] < add[j]:
+            trial = per_rank.copy()
+            trial[owner[j]] += 1
+            for later in order[pos + 1:]:  # what the greedy had not yet given when it reached j
+                trial[owner[later]] -= served[later]
+            assert v05_estimators.osla_round_cost(trial, m) > remaining
+
+
+def test_trim_to_budget_serves_the_largest_bias_first_and_unbounded_passes_through():
+    add, bias2, owner = np.array([2, 2, 2]), np.array([0.1, 0.9, 0.5]), np.array([0, 0, 0])
+    served, short = v05_estimators.osla_trim_to_budget(add, bias2, owner, 1, 3)
+    assert served.tolist() == [0, 2, 1] and short
+    served, short = v05_estimators.osla_trim_to_budget(add, bias2, owner, 1, None)
+    assert served.tolist() == [2, 2, 2] and not short
+
+
+def test_extra_budget_is_the_floor_of_the_fraction_and_inf_is_unbounded():
+    assert v05_estimators.osla_extra_budget(1.0, 32) == 32
+    assert v05_estimators.osla_extra_budget(0.3, 10) == 3 and v05_estimators.osla_extra_budget(0.0, 10) == 0
+    assert v05_estimators.osla_extra_budget(0.7, 10) == 7  # 0.7 x 10 = 6.999...: not floored to 6
+    assert v05_estimators.osla_extra_budget(float("inf"), 10) is None

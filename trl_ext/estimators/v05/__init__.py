@@ -58,11 +58,14 @@ from .osla import (  # noqa: F401 - `osla_step` is the patch point tests spy on
     OslaStep,
     osla_allocate,
     osla_cap,
+    osla_extra_budget,
     osla_need_more,
     osla_next_counts,
+    osla_round_cost,
     osla_should_stop,
     osla_step,
     osla_target,
+    osla_trim_to_budget,
 )
 from .weights import equal_prompt_weights
 
@@ -81,6 +84,9 @@ __all__ = [
     "OslaStep",
     "osla_allocate",
     "OslaAllocation",
+    "osla_extra_budget",
+    "osla_round_cost",
+    "osla_trim_to_budget",
     "equal_prompt_weights",
     "to_signed_reward",
     "v05_advantages",

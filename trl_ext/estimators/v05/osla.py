@@ -2,6 +2,8 @@
 
 The decision exists once: :func:`osla_need_more` (Theorem 3.6, one prompt) -> :func:`osla_next_counts` (one round,
 one prompt) -> :func:`osla_step` (one round of a batch, with the global stop); :func:`osla_allocate` loops it.
+The per-step compute bound of the trainer (not in the paper) trims a round to a rollout budget:
+:func:`osla_round_cost` and :func:`osla_trim_to_budget`.
 """
 
 from __future__ import annotations
@@ -310,3 +312,82 @@ def osla_allocate(
         rounds += 1
     fr = shrinkage_fusion_batch(buf, None, v)
     return OslaAllocation([buf[j, : k[j]].copy() for j in range(g)], k, fr, rounds, stopped)
+
+
+# ------------------------------------------------------------------------------------------------ per-step budget
+def osla_extra_budget(budget_fraction: float, generation_batch_size: int) -> int | None:
+    """Rollouts the OSLA rounds of one generation batch may generate: ``floor(budget_fraction x
+    generation_batch_size)`` (``v05_extra_rollout_budget``), or ``None`` (unbounded) for an infinite fraction."""
+    b = float(budget_fraction)
+    if math.isinf(b):
+        return None
+    return int(math.floor(b * int(generation_batch_size) + 1e-9))
+
+
+def osla_round_cost(per_rank: Any, dispatch_multiple: int = 1) -> int:
+    """Rollouts one round charges to the budget: each rank's request padded to ``dispatch_multiple``.
+
+    Parameters
+    ----------
+    per_rank : sequence of int
+        Rollouts requested on each rank in the round.
+    dispatch_multiple : int, default 1
+        Each rank's dispatch is generated in multiples of this (the paper pads to 32 for tensor-parallel
+        generation); with 1 the charge is exactly the requested rollouts, whatever the layout over ranks.
+
+    Returns
+    -------
+    int
+        ``sum_r ceil(n_r / m) m``.
+    """
+    m = int(dispatch_multiple)
+    if m < 1:
+        raise ValueError(f"dispatch_multiple must be an int >= 1, got {dispatch_multiple!r}.")
+    return sum(math.ceil(int(n) / m) * m for n in per_rank)
+
+
+def osla_trim_to_budget(add: Any, bias2: Any, owner: Any, num_processes: int, remaining: int | None,
+                        dispatch_multiple: int = 1) -> tuple[np.ndarray, bool]:
+    """Trim one round's request ``add`` (from :func:`osla_step`) to a remaining rollout budget.
+
+    Prompts that need more are served in order of decreasing ``bias2`` (the prior's estimated squared bias: Theorem
+    3.6's target ``1/sqrt(c) - 1/bias2`` grows with it), ties in batch order; each gets the largest part of its
+    request whose :func:`osla_round_cost` (all ranks, so far) still fits in ``remaining``. Deterministic and a function
+    of global arrays only, so identical on every rank.
+
+    Parameters
+    ----------
+    add : array_like of int, shape (G,)
+        Rollouts each prompt asks for in this round.
+    bias2 : array_like of float, shape (G,)
+        Eq. 7 bias estimates (NaN sorts last).
+    owner : array_like of int, shape (G,)
+        The rank that generates each prompt.
+    num_processes : int
+    remaining : int or None
+        Rollouts the budget still allows (``None``: unbounded, ``add`` is returned unchanged).
+    dispatch_multiple : int, default 1
+
+    Returns
+    -------
+    served : ndarray of int64, shape (G,)
+        Rollouts to draw per prompt (``0 <= served <= add``, ``osla_round_cost`` of the served requests
+        ``<= remaining``).
+    short : bool
+        Whether some request was not served in full.
+    """
+    add = np.asarray(add, dtype=np.int64)
+    if remaining is None:
+        return add, False
+    bias2 = np.nan_to_num(np.asarray(bias2, dtype=np.float64), nan=-np.inf)
+    served = np.zeros_like(add)
+    per_rank = [0] * int(num_processes)
+    for j in sorted(np.flatnonzero(add > 0).tolist(), key=lambda i: (-float(bias2[i]), i)):
+        r = int(owner[j])
+        for n in range(int(add[j]), 0, -1):
+            per_rank[r] += n
+            if osla_round_cost(per_rank, dispatch_multiple) <= remaining:
+                served[j] = n
+                break
+            per_rank[r] -= n
+    return served, bool((served < add).any())

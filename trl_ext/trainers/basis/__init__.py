@@ -9,7 +9,8 @@ One module per part (the math is :mod:`trl_ext.estimators.basis`, the registered
   preset, and its model card.
 """
 
-from .strategy import BASIS_METRICS, ValueTableLookup, common_reward_range, resolve_value_table
+from .strategy import BASIS_METRICS, ValueTableLookup
+from .table_checks import common_reward_range, resolve_value_table
 from .trainer import BASIS_PAPER, BASISConfig, BASISTrainer, basis_model_card_details, card_table_source, file_sha256
 
 __all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "ValueTableLookup", "basis_model_card_details",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +25,14 @@ from ...estimators.basis import (
     v_beta_from_samples,
     validate_basis_options,
 )
-from ...priors.table_format import ValueTable, load_value_table, prompt_key
+from ...priors.table_format import ValueTable, prompt_key
 from ..rollouts import FixedGroups, RolloutGroups, register_rollout_strategy
+from .table_checks import check_table_coverage, check_table_sampling, common_reward_range, resolve_value_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..batch import RolloutBatch
 
-__all__ = ["BASIS_METRICS", "ValueTableLookup", "common_reward_range", "resolve_value_table"]
+__all__ = ["BASIS_METRICS", "ValueTableLookup"]
 
 BASIS_METRICS = (
     "basis/beta", "basis/calibration_loss", "basis/active_fraction", "basis/fallback_count", "basis/no_source_count",
@@ -146,45 +146,15 @@ class ValueTableLookup(FixedGroups):
     def check_setup(self, trainer, strict: bool = False, model_id: str | None = None,
                     allow_sampling_mismatch: bool = False) -> None:
         """The table's header against the trainer's reward functions and model, its sampling settings against the
-        training config (:meth:`check_sampling`), and its coverage of the training prompts (:meth:`check_coverage`)."""
+        training config (:func:`~.table_checks.check_table_sampling`), and its coverage of the training prompts
+        (:func:`~.table_checks.check_table_coverage`)."""
         if model_id is None:
             model_id = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
         self.table.check_compatible(reward_funcs=list(trainer.reward_func_names), model=model_id or None,
                                     strict=strict)
-        self.check_sampling(trainer.args, allow=allow_sampling_mismatch,
+        check_table_sampling(self.table, trainer.args, allow=allow_sampling_mismatch,
                             tokenizer=getattr(trainer, "processing_class", None))
-        self.check_coverage(trainer.train_dataset, self.options["max_missing_fraction"])
-
-    def check_sampling(self, args, allow: bool = False, tokenizer=None) -> None:
-        """Refuse a table sampled under other settings than training samples with: the header's ``temperature``,
-        ``top_p``, ``max_new_tokens`` and ``chat_template_sha256`` against ``temperature``, ``top_p``,
-        ``max_completion_length`` and the training tokenizer's chat template (p_hat is
-        the reference policy's success rate *under those settings*; another temperature or cap is another value).
-        Settings the header does not record (in-memory or hand-made tables) are not checked. ``allow`` (the
-        documented override, ``basis_allow_sampling_mismatch``) turns the refusal into a warning."""
-        md = self.table.metadata
-        want = {"temperature": ("temperature", float(args.temperature)),
-                "top_p": ("top_p", 1.0 if args.top_p is None else float(args.top_p)),
-                "max_new_tokens": ("max_completion_length", args.max_completion_length)}
-        bad = [f"{key}={md[key]!r} in the table vs {name}={value!r} in training" for key, (name, value) in want.items()
-               if md.get(key) is not None and value is not None and md[key] != value]
-        if md.get("chat_template_sha256") is not None and tokenizer is not None:
-            from ...priors.value_table import chat_template_sha256
-
-            have = chat_template_sha256(tokenizer)
-            if have != md["chat_template_sha256"]:
-                bad.append(f"chat template sha256 {md['chat_template_sha256'][:12]}... in the table vs "
-                           f"{(have or 'none')[:12]}... of the training tokenizer")
-        if not bad:
-            return
-        msg = (f"The value table was sampled under other settings than this training run: {'; '.join(bad)}. Its "
-               "p_hat values are success rates under the table's settings. Rebuild it with the training settings "
-               "(`trl-ext build-value-table ... --training_config <your config>` or --temperature / --top_p / "
-               "--max_new_tokens; examples/scripts/basis.py --build_value_table uses the run's own), or set "
-               "basis_allow_sampling_mismatch=True to use it deliberately.")
-        if not allow:
-            raise ValueError(msg)
-        warnings.warn(msg, UserWarning, stacklevel=3)
+        check_table_coverage(self.table, trainer.train_dataset, self.options["max_missing_fraction"])
 
     def describe(self, api):
         lo, hi = self.reward_range
@@ -210,41 +180,6 @@ class ValueTableLookup(FixedGroups):
             out = _Lookup(p=row.success_probability)
         self._cache[key] = out
         return out
-
-    def check_coverage(self, dataset, max_missing_fraction: float) -> None:
-        """Refuse a table that covers none of ``dataset``'s prompts; warn when more than ``max_missing_fraction``
-        of them are missing (training would stop at the first batch above the limit). Iterable or custom
-        datasets are checked batch by batch instead."""
-        from datasets import Dataset
-
-        if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names or len(dataset) == 0:
-            return
-        prompts = dataset["prompt"]
-        n_missing = sum(self.table.lookup(p) is None for p in prompts)  # also detects key collisions
-        if n_missing == len(prompts):
-            raise ValueError(
-                f"The value table ({len(self.table)} rows) covers none of the {len(prompts)} training prompts: "
-                "it was built for another dataset or prompt format. Rebuild it with `trl-ext build-value-table` on "
-                "this train_dataset."
-            )
-        frac = n_missing / len(prompts)
-        if frac > max_missing_fraction and getattr(self.table, "legacy_format", False):
-            # a trl_ext 0.1 table records no row count: a file cut on a row boundary reads as a shorter table
-            raise ValueError(
-                f"{n_missing} of {len(prompts)} training prompts ({frac:.1%}) are missing from the value table, more "
-                f"than basis_max_missing_fraction={max_missing_fraction}. The table is in the trl_ext 0.1 format, "
-                "which records no row count, so it was most likely cut short (an interrupted copy or a full disk "
-                "leaves whole rows); a cut cannot be told apart from a table for another dataset in this format. "
-                "Rebuild it with `trl-ext build-value-table` on this train_dataset (the new format detects a cut), "
-                "or raise basis_max_missing_fraction to train with the fallback baseline on the missing prompts."
-            )
-        if frac > max_missing_fraction:
-            warnings.warn(
-                f"{n_missing} of {len(prompts)} training prompts ({frac:.1%}) are missing from the value table, more "
-                f"than basis_max_missing_fraction={max_missing_fraction}: training stops at the first batch above the "
-                "limit. Complete the table (`trl-ext build-value-table` resumes) or raise the limit.",
-                UserWarning, stacklevel=3,
-            )
 
     def _grid_row(self, x: _Lookup) -> list[float]:
         if x.v is not None:
@@ -365,35 +300,3 @@ class ValueTableLookup(FixedGroups):
         for k in self.totals:
             if k in state:
                 self.totals[k] = int(state[k])
-
-
-def resolve_value_table(spec) -> ValueTable:
-    """A :class:`ValueTable` from a table or a path (``ValueError`` / ``FileNotFoundError`` / ``TypeError`` saying
-    how to get one)."""
-    if spec is None:
-        raise ValueError(
-            "BASISTrainer needs a value table: set BASISConfig(basis_value_table_path=...) or pass value_table=. Build "
-            "one with `trl-ext build-value-table` (reference-policy samples per training prompt, paper Appendix 10)."
-        )
-    if isinstance(spec, ValueTable):
-        table = spec
-    elif isinstance(spec, str | os.PathLike):
-        if not os.path.exists(spec):
-            raise FileNotFoundError(f"value table {os.fspath(spec)!r} does not exist; build it with "
-                                    "`trl-ext build-value-table`.")
-        table = load_value_table(spec)  # corrupt / partial files raise ValueError with the line number
-    else:
-        raise TypeError(f"value_table must be a ValueTable or a path, got {type(spec).__name__}.")
-    if len(table) == 0:
-        raise ValueError("The value table has no rows; build it on the training dataset first.")
-    return table
-
-
-def common_reward_range(table: ValueTable) -> tuple[float, float]:
-    """The one ``reward_range`` of every row of ``table`` (``ValueError`` if rows differ)."""
-    ranges = {tuple(row.reward_range) for row in table}
-    if len(ranges) != 1:
-        raise ValueError(f"The value table mixes reward ranges {sorted(ranges)[:4]}; BASIS maps rewards to [0, 1] "
-                         "with one range, so rebuild the table with a single reward_range.")
-    lo, hi = ranges.pop()
-    return float(lo), float(hi)

@@ -39,7 +39,8 @@ from ...priors.table_format import ValueTable
 from .. import model_card
 from ..base import ExtGRPOConfig, GRPOTrainer, as_config
 from ..config import accept_renamed_fields
-from .strategy import ValueTableLookup, resolve_value_table
+from .strategy import ValueTableLookup
+from .table_checks import resolve_value_table
 
 __all__ = ["BASISConfig", "BASISTrainer", "BASIS_PAPER", "basis_model_card_details", "card_table_source", "file_sha256"]
 

@@ -7,7 +7,9 @@ registered estimator ``"pair_draw"``):
 * :mod:`.config` -- :class:`PAIRConfig` (every ``pair_*`` option, with help), its validation and
   :func:`pair_config_view` (the options given as ``rollout_strategy_kwargs`` to ``trl_ext.GRPOTrainer``);
 * :mod:`.strategy` -- :class:`PrefixProbeRollouts`, the registered rollout strategy ``"pair_prefix_probe"`` (probe,
-  heads, design, draw, continuation) and :class:`DesignHeads`;
+  heads, design, draw, continuation);
+* :mod:`.heads` -- :class:`DesignHeads` (the prefix heads as the strategy uses them), the prefix features and the
+  snap delimiters;
 * :mod:`.diagnostics` -- the ``pair/*`` metrics;
 * :mod:`.trainer` -- :class:`PAIRTrainer`, the drop-in preset (learning-rate scaling, model card).
 """
@@ -23,7 +25,8 @@ from .config import (
     short_probe_message,
     validate_pair_config,
 )
-from .strategy import DesignHeads, PrefixProbeRollouts, prefix_features
+from .heads import DesignHeads, prefix_features
+from .strategy import PrefixProbeRollouts
 from .trainer import PAIR_PAPER, PAIRTrainer, pair_model_card_details
 
 __all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "DesignHeads", "validate_pair_config",

@@ -72,7 +72,7 @@ class PairBatchStats:
 
 def pair_metrics(s: PairBatchStats, heads) -> dict[str, float]:
     """The ``pair/*`` metrics of one batch: its accumulated stats and the heads' latest refresh (``heads``: the
-    strategy's :class:`~trl_ext.trainers.pair.strategy.DesignHeads`)."""
+    strategy's :class:`~trl_ext.trainers.pair.heads.DesignHeads`)."""
     n = max(s.groups, 1)
     m = {
         "pair/groups": s.groups,

@@ -64,7 +64,7 @@ Layout: the method math is pure numpy in :mod:`trl_ext.estimators.pair` (design 
 inclusion, Eq. 13 of a draw: :mod:`trl_ext.estimators.pair.group_draw`; the ``pair_draw`` registry entry:
 :mod:`trl_ext.estimators.pair.registry`) and the heads are pure torch in :mod:`trl_ext.estimators.pair_heads`;
 :mod:`.config` holds :class:`PAIRConfig` and its validation, :mod:`.strategy` the strategy and the heads
-it designs with (:class:`~.strategy.DesignHeads`), :mod:`.diagnostics` the ``pair/*`` metrics, and this
+it designs with (:class:`~.heads.DesignHeads`), :mod:`.diagnostics` the ``pair/*`` metrics, and this
 module the trainer. The estimator math is imported from :mod:`trl_ext.estimators.pair` (no longer re-exported here).
 """
 
@@ -85,7 +85,8 @@ from .config import (
     pair_lr_factor,
     short_probe_message,
 )
-from .strategy import PrefixProbeRollouts, prefix_features
+from .heads import prefix_features
+from .strategy import PrefixProbeRollouts
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +200,7 @@ class PAIRTrainer(GRPOTrainer):
 
     def create_rollout_strategy(self) -> PrefixProbeRollouts:
         """PAIR's probe-then-continue allocation over this config (:meth:`PrefixProbeRollouts.build`: the snap
-        delimiters, the prefix heads and :func:`~trl_ext.trainers.pair.strategy.prefix_features`)."""
+        delimiters, the prefix heads and :func:`~trl_ext.trainers.pair.heads.prefix_features`)."""
         return PrefixProbeRollouts.build(self, self.args)
 
     @property
@@ -231,5 +232,5 @@ class PAIRTrainer(GRPOTrainer):
 
     def pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
         """Stop-gradient prefix summaries: mean of the last ``pair_summary_last_k`` final-layer hidden states
-        (Appendix C; :func:`~trl_ext.trainers.pair.strategy.prefix_features`)."""
+        (Appendix C; :func:`~trl_ext.trainers.pair.heads.prefix_features`)."""
         return prefix_features(self, seqs, last_k=int(self.args.pair_summary_last_k))

@@ -16,12 +16,20 @@ import numpy as np
 import torch
 
 from ...estimators import v05 as v05_estimators
-from ...estimators.v05 import osla_cap, shrinkage_fusion_batch, v05_signed_rewards
+from ...estimators.v05 import (
+    osla_cap,
+    osla_extra_budget,
+    osla_round_cost,
+    osla_trim_to_budget,
+    shrinkage_fusion_batch,
+    v05_signed_rewards,
+)
 from ...priors import SupportBuffer, ValuePrior
 from .. import _trl_compat as compat
 from ..batch import RolloutBatch
 from ..rollouts import RolloutGroups, RolloutStrategy, rank_block, register_rollout_strategy, unique_prompt_rows
 from .config import v05_config_view
+from .diagnostics import v05_description, v05_metrics, v05_unscorable_warnings
 from .prior import build_v05_prior
 
 __all__ = ["OSLARounds"]
@@ -62,8 +70,9 @@ class OSLARounds(RolloutStrategy):
       same arguments;
     * each OSLA round is decided by :func:`trl_ext.estimators.osla_step` (Theorem 3.6 plus the 25% global stop) on
       the per-prompt drawn counts and Eq. 7 bias estimates gathered over ranks, then trimmed to the remaining
-      ``v05_extra_rollout_budget`` (:meth:`apply_budget`: prompts served by decreasing ``bias2``), identically on
-      every rank.
+      ``v05_extra_rollout_budget`` (:func:`~trl_ext.estimators.v05.osla_trim_to_budget`: prompts served by
+      decreasing ``bias2``; :func:`~trl_ext.estimators.v05.osla_round_cost` charges dispatch padding, not the rows
+      that equalize a collective generation call, which depend on the back-end), identically on every rank.
 
     Every rank calls :meth:`dispatch` once per round (possibly with nothing to generate): generation goes through
     ``api.generate`` (:meth:`trl_ext.GRPOTrainer.generate_rollouts`), which joins the keyed-sampling collective, pads collective calls
@@ -125,84 +134,9 @@ class OSLARounds(RolloutStrategy):
                                                 seed=int(options.seed))
         return strategy
 
-    # ------------------------------------------------------------------------------------------------ compute bounds
-    def extra_budget(self) -> int | None:
-        """Rollouts the OSLA rounds of one generation batch may generate: ``floor(v05_extra_rollout_budget x
-        generation_batch_size)``, or ``None`` (unbounded) for an infinite budget."""
-        b = float(self.options.v05_extra_rollout_budget)
-        if math.isinf(b):
-            return None
-        return int(math.floor(b * int(self.options.generation_batch_size) + 1e-9))
-
-    def round_cost(self, per_rank: list[int]) -> int:
-        """Rollouts one round charges to the budget when rank ``r`` requests ``per_rank[r]``: the requests, each
-        rank's dispatch padded to ``v05_dispatch_multiple`` (with the default 1: exactly the requested rollouts, so
-        the charge does not depend on how prompts are spread over ranks).
-
-        Not charged: the dummy rows that equalize a *collective* generation call across ranks (vLLM server, tensor
-        parallel, ZeRO-3/FSDP). They depend on the back-end and the layout, are discarded, and are counted in
-        ``v05/discarded_rollouts`` and ``ext/generated_tokens``; charging them would make the allocation depend on
-        the number of processes.
-        """
-        m = int(self.options.v05_dispatch_multiple)
-        return sum(math.ceil(int(n) / m) * m for n in per_rank)
-
-    def apply_budget(self, add: np.ndarray, bias2: np.ndarray, owner: np.ndarray, num_processes: int,
-                     remaining: int | None) -> tuple[np.ndarray, bool]:
-        """Trim one round's global request ``add`` (from :func:`~trl_ext.estimators.osla_step`) to ``remaining``.
-
-        Prompts that need more are served in order of decreasing ``bias2`` (the prior's estimated squared bias:
-        Theorem 3.6's target grows with it), ties in batch order; each gets the largest part of its request whose
-        :meth:`round_cost` still fits. Deterministic and computed from global arrays, so identical on every rank.
-        Returns ``(served, short)``: the rollouts to draw per prompt and whether some request was not served in full.
-        """
-        add = np.asarray(add, dtype=np.int64)
-        if remaining is None:
-            return add, False
-        served = np.zeros_like(add)
-        per_rank = [0] * num_processes
-        order = sorted(np.flatnonzero(add > 0).tolist(), key=lambda j: (-float(bias2[j]), j))
-        for j in order:
-            r = int(owner[j])
-            for n in range(int(add[j]), 0, -1):
-                per_rank[r] += n
-                if self.round_cost(per_rank) <= remaining:
-                    served[j] = n
-                    break
-                per_rank[r] -= n
-        return served, bool((served < add).any())
-
     def describe(self, api) -> tuple[str, list[str]]:
-        """One line saying what each generation batch generates compared with TRL for the same arguments, and the
-        drop-in differences: prompts per step when ``v05_k_init != num_generations``; extra OSLA rollouts when the
-        budget allows any."""
-        a = self.options
-        gbs, k, g = int(a.generation_batch_size), int(a.v05_k_init), int(a.num_generations)
-        cap = osla_cap(a.v05_rollout_cost)
-        natural = gbs // k * max(cap - k, 0)  # what the paper's unbounded rounds could add at most
-        budget = self.extra_budget()
-        most = natural if budget is None else min(budget, natural)
-        binds = budget is not None and budget < natural
-        stop = f"global stop below {a.v05_global_stop_fraction:.0%} of prompts" if a.v05_global_stop_fraction > 0 \
-            else "no global stop"
-        pad = (f"; dispatches padded to a multiple of {a.v05_dispatch_multiple} (charged to the budget)"
-               if a.v05_dispatch_multiple > 1 else "")
-        line = (f"rollout strategy v05_osla (V0.5 Sequential OSLA): round 1: {gbs} rollouts per generation batch "
-                f"({gbs // k} prompts x {k}; = TRL's for these arguments: {gbs // g} prompts x {g}); OSLA: at most "
-                f"{most} more (+{a.v05_k_step} per round to prompts whose prior fails the test, cap {cap}, {stop}, "
-                f"v05_extra_rollout_budget={a.v05_extra_rollout_budget:g}"
-                f"{'' if binds else ': does not bind, the paper rounds'}), i.e. <= {(gbs + most) / gbs:.4g}x TRL's"
-                f"{pad}; prompt weighting {a.v05_prompt_weighting!r}")
-        differences = []
-        if gbs // k != gbs // g:
-            differences.append(f"takes {gbs // k} prompts per generation batch ({k} rollouts each, v05_k_init={k}) "
-                               f"where TRL takes {gbs // g} ({g} each, num_generations={g}) for the same arguments; "
-                               f"set v05_k_init={g} to keep TRL's prompts per step.")
-        if most > 0:
-            differences.append(f"generates up to {(gbs + most) / gbs:.3g}x TRL's rollouts per generation batch (OSLA "
-                               "rounds after round 1; measured 1.37-1.70x TRL's tokens with TRL's arguments); set "
-                               "v05_extra_rollout_budget=0 to generate exactly TRL's rollouts.")
-        return line, differences
+        """The construction line and drop-in differences (:func:`~.diagnostics.v05_description`)."""
+        return v05_description(self.options, osla_extra_budget(self.options.v05_extra_rollout_budget, self.options.generation_batch_size))
 
     def state_dict(self) -> dict:
         """The generation index and the support buffer."""
@@ -244,21 +178,8 @@ class OSLARounds(RolloutStrategy):
             prompt_weight[scorable] = result.extras["prompt_weight"]
         n_unscorable = int((~scorable).sum())
         n_bad_rows = int((real & ~valid.numpy()).sum())
-        if n_bad_rows:
-            # the base trainer's key: one warning about unscorable rows per run, this (more specific) one first
-            api.warn_once(
-                "unscorable_rows",
-                f"V0.5: {n_bad_rows} of {int(real.sum())} rollouts were unscorable (every reward function returned "
-                "None or NaN); they get advantage 0, are left out of the fusion and of the prompt weights, and still "
-                "count as drawn for OSLA (logged every step as v05/unscorable_rollouts; this warning is shown once).",
-            )
-        if n_unscorable:
-            api.warn_once(
-                "v05_unscorable",
-                f"V0.5: {n_unscorable} of {g} prompts had no scorable rollout (every reward function returned None "
-                "or NaN); they get advantage 0 and are not added to the support buffer (logged as "
-                "v05/unscorable_prompts).",
-            )
+        for key, message in v05_unscorable_warnings(n_bad_rows, int(real.sum()), n_unscorable, g):
+            api.warn_once(key, message)
         # support buffer: identical global update on every rank
         prompts_ok = [pend["prompts"][j] for j in range(g) if scorable[j]]
         if prompts_ok:
@@ -272,33 +193,7 @@ class OSLARounds(RolloutStrategy):
         self.last_record = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
                             "vbar": vbar, "prompt_weight": prompt_weight, "unscorable_rollouts": n_bad_rows,
                             "buffer_fingerprint": fingerprint}
-        return self.metrics(self.last_record, n_unscorable)
-
-    def metrics(self, rec: dict, n_unscorable: int) -> dict[str, float]:
-        """The ``v05/*`` diagnostics of one batch record."""
-        k = rec["k"].astype(np.float64)
-        s = rec["scorable"]
-        out = {"v05/rollouts_per_prompt_mean": k.mean(), "v05/rollouts_per_prompt_max": k.max(),
-               "v05/rollouts_per_prompt_p50": np.percentile(k, 50), "v05/rollouts_per_prompt_p90": np.percentile(k, 90),
-               "v05/frac_prompts_at_k_init": (rec["k"] == self.options.v05_k_init).mean(),
-               "v05/rounds": rec["rounds"], "v05/early_stop": rec["early_stop"],
-               "v05/rejection_rate": rec["rejected_at_init"].mean(), "v05/context_size": rec["context_size"],
-               "v05/dispatched_rollouts": rec["dispatched"], "v05/discarded_rollouts": rec["discarded"],
-               "v05/unscorable_prompts": n_unscorable, "v05/unscorable_rollouts": rec["unscorable_rollouts"],
-               "v05/round1_rollouts": rec["round1_rollouts"], "v05/extra_rollouts": rec["extra_rollouts"],
-               "v05/budget_exhausted": rec["budget_exhausted"], "v05/prior_mean": rec["prior_p"].mean()}
-        if s.any():
-            bias2, weight, vbar = rec["bias2"], rec["weight"], rec["vbar"]
-            out.update({
-                "v05/rejection_rate_final": (bias2[s] > 0).mean(), "v05/mean_weight": weight[s].mean(),
-                "v05/prompt_weight_max": rec["prompt_weight"][s].max(),
-                "v05/prompt_weight_min": rec["prompt_weight"][s].min(),
-                # Brier score of the prior against the realized group success rates (vbar + 1) / 2
-                "v05/prior_brier": np.mean((rec["prior_p"][s] - (vbar[s] + 1.0) / 2.0) ** 2),
-                # plug-in MSE of mu*: (1 - w)^2 bias2 + w^2 / k = w / k; the plain mean's bound is 1 / k
-                "v05/baseline_mse_proxy": np.mean(weight[s] / rec["k"][s]),
-                "v05/mean_only_mse_bound": np.mean(1.0 / rec["k"][s])})
-        return {name: float(value) for name, value in out.items()}
+        return v05_metrics(self.last_record, n_unscorable, self.options.v05_k_init)
 
     # ------------------------------------------------------------------------------------------------ one round
     def dispatch(self, api, states: list[_PromptState], requests: list[tuple[int, int]],
@@ -402,8 +297,8 @@ class OSLARounds(RolloutStrategy):
         states = [_PromptState(row=dict(batch[j]), prior_p=float(p_all[j])) for j in range(lo, hi)]
         # Step 2: v05_k_init rollouts per prompt = generation_batch_size rollouts in all (TRL's count)
         counters = self.dispatch(api, states, [(i, k_init) for i in range(len(states))], fallback)
-        round1 = self.round_cost([k_init * (h - low) for low, h in blocks])
-        budget = self.extra_budget()
+        round1 = osla_round_cost([k_init * (h - low) for low, h in blocks], a.v05_dispatch_multiple)
+        budget = osla_extra_budget(self.options.v05_extra_rollout_budget, self.options.generation_batch_size)
         # round-1 padding beyond TRL's count (v05_dispatch_multiple > 1) is paid from the budget
         remaining = None if budget is None else max(budget - max(round1 - int(a.generation_batch_size), 0), 0)
         # Steps 3-4: OSLA rounds, decided on the gathered batch so every rank runs the same rounds
@@ -417,11 +312,12 @@ class OSLARounds(RolloutStrategy):
             if step.stop:
                 early_stop = bool(step.stopped_globally)
                 break
-            add, short = self.apply_budget(step.add, bias2, owner, n_proc, remaining)
+            add, short = osla_trim_to_budget(step.add, bias2, owner, n_proc, remaining, a.v05_dispatch_multiple)
             exhausted |= short
             if not add.any():
                 break
-            cost = self.round_cost(np.bincount(owner, weights=add, minlength=n_proc).astype(int).tolist())
+            cost = osla_round_cost(np.bincount(owner, weights=add, minlength=n_proc).astype(int).tolist(),
+                                   a.v05_dispatch_multiple)
             extra += cost
             if remaining is not None:
                 remaining -= cost
