@@ -433,7 +433,7 @@ def test_value_table_strategy_is_registered_and_built_by_the_preset(tmp_path, ca
                       advantage_estimator="basis", num_generations=1)
     with caplog.at_level(logging.INFO, logger="trl_ext.trainers.base"):
         trainer = _unit_trainer(tmp_path)
-    assert isinstance(trainer.rollout_strategy, ValueTableLookup) and trainer.train_estimator == "basis"
+    assert isinstance(trainer.rollout_strategy, ValueTableLookup) and trainer.args.advantage_estimator == "basis"
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("BASISTrainer:")]
     assert line == ["BASISTrainer: rollout strategy value_table: 8 rollouts per generation batch (1 per prompt), as "
                     "TRL; each prompt's offline value p_hat from a value table of 8 rows (reward range [0, 1], "

@@ -603,7 +603,7 @@ def test_vllm_continuation_resubmits_prefix_and_concatenates_logprobs(tmp_path, 
         (dict(pair_edge_proxy="energy"), "pair_edge_proxy"),
         (dict(dynamic_sampling=True), "dynamic_sampling"),
         (dict(keyed_sampling=True), "keyed_sampling"),
-        (dict(advantage_estimator="rloo"), "computes its own advantages"),
+        (dict(advantage_estimator="rloo"), "trains with advantage_estimator='pair_draw'"),
         (dict(pair_lr_scaling="sqrt"), "pair_lr_scaling"),
     ],
 )

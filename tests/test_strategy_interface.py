@@ -167,3 +167,66 @@ def test_validation_runs_once_per_config_object(monkeypatch, tmp_path, route):
     model, tok = tiny_model_and_tokenizer(0)
     cls(model=model, reward_funcs=[hash_reward], args=cfg, train_dataset=tiny_dataset(16), processing_class=tok)
     assert counts == {}, f"the trainer validated again: {counts}"
+
+
+# ----------------------------------------------------------------------------------------------- one route per method
+def _method_config(method: str, tmp_path):
+    import zlib
+
+    from trl_ext import BASISConfig, PAIRConfig, V05GRPOConfig
+    from trl_ext.priors.table_format import ValueTable, ValueTableRow, save_value_table
+
+    common = dict(output_dir=str(tmp_path / "out"), max_completion_length=5, max_steps=2, learning_rate=1e-3,
+                  use_cpu=True, report_to="none", beta=0.0, logging_steps=1, save_strategy="no", seed=0,
+                  disable_tqdm=True)
+    if method == "v05":  # a rejected constant prior: the OSLA rounds run
+        return V05GRPOConfig(**common, per_device_train_batch_size=16, num_generations=4, loss_type="dapo",
+                             v05_value_prior="constant", v05_value_prior_kwargs={"p": 0.9})
+    if method == "basis":
+        path = tmp_path / "table.jsonl"
+        if not path.exists():
+            rows = [ValueTableRow.from_rewards(p, [1.0] * (1 + zlib.crc32(p.encode()) % 7) +
+                                               [0.0] * (7 - zlib.crc32(p.encode()) % 7), (0.0, 1.0))
+                    for p in tiny_dataset(16)["prompt"]]
+            save_value_table(str(path), ValueTable(rows, {"reward_funcs": ["hash_reward"]}))
+        return BASISConfig(**common, per_device_train_batch_size=8, num_generations=1,
+                           basis_value_table_path=str(path))
+    return PAIRConfig(**common, per_device_train_batch_size=16, num_generations=8, pair_prefix_tokens=2,
+                      pair_head_min_labels=8, pair_lr_scaling="none")
+
+
+@pytest.mark.parametrize("method", ["v05", "basis", "pair"])
+def test_the_base_trainer_runs_a_method_config_as_the_method_trainer(tmp_path, method):
+    """One route per method: a method config is an ExtGRPOConfig with the method's estimator, strategy and options,
+    so ``trl_ext.GRPOTrainer`` trains it exactly as the method's named trainer (same rollouts, advantages and
+    weights after two steps)."""
+    import warnings
+
+    import torch
+
+    from trl_ext import BASISTrainer, PAIRTrainer, V05GRPOTrainer
+
+    named = {"v05": V05GRPOTrainer, "basis": BASISTrainer, "pair": PAIRTrainer}[method]
+    runs = []
+    for cls in (named, GRPOTrainer):
+        model, tok = tiny_model_and_tokenizer(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PAIR's short-probe warning
+            tr = cls(model=model, reward_funcs=[hash_reward], args=_method_config(method, tmp_path),
+                     train_dataset=tiny_dataset(16), processing_class=tok)
+            tr.train()
+        assert tr.rollout_strategy.name == tr.args.rollout_strategy
+        runs.append((tr.last_advantages, tr.state.log_history[-2]["ext/generated_tokens_total"],
+                     sum(float(p.detach().double().sum()) for p in tr.model.parameters())))
+    (adv_a, tok_a, w_a), (adv_b, tok_b, w_b) = runs
+    assert torch.equal(adv_a, adv_b) and tok_a == tok_b and w_a == pytest.approx(w_b, rel=1e-9)
+    assert adv_a.abs().sum() > 0
+
+
+def test_pair_lr_scaling_is_refused_on_a_trainer_that_does_not_rescale(tmp_path):
+    cfg = _method_config("pair", tmp_path)
+    cfg.pair_lr_scaling = "sqrt_budget"
+    model, tok = tiny_model_and_tokenizer(0)
+    with pytest.raises(ValueError, match="does not rescale its optimizer; use PAIRTrainer"):
+        GRPOTrainer(model=model, reward_funcs=[hash_reward], args=cfg, train_dataset=tiny_dataset(16),
+                    processing_class=tok)

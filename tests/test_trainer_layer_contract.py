@@ -100,10 +100,18 @@ def test_no_options_mirror_class():
 
 
 @pytest.mark.parametrize("cls", [V05GRPOConfig, BASISConfig, PAIRConfig], ids=lambda c: c.__name__)
-def test_method_configs_refuse_an_advantage_estimator_they_would_ignore(tmp_path, cls):
-    assert cls(**_kw(tmp_path)).advantage_estimator == "grpo"
-    with pytest.raises(ValueError, match="computes its own advantages"):
-        cls(**_kw(tmp_path), advantage_estimator="rloo")
+def test_method_configs_are_ext_configs_with_their_route_as_defaults(tmp_path, cls):
+    """A method config is an ExtGRPOConfig whose estimator and strategy default to its method's (``method_route``);
+    another estimator or strategy is refused, naming the route and ExtGRPOConfig."""
+    kw = {**_kw(tmp_path), **({"num_generations": 1} if cls is BASISConfig else {})}
+    if cls is V05GRPOConfig:
+        kw.update(num_generations=4, per_device_train_batch_size=8, loss_type="dapo")
+    cfg = cls(**kw)
+    assert (cfg.advantage_estimator, cfg.rollout_strategy) == cls.method_route and cfg.rollout_strategy_kwargs == {}
+    for bad in ({"advantage_estimator": "rloo"}, {"rollout_strategy": "fixed_groups"},
+                {"advantage_estimator_kwargs": {"x": 1}}):
+        with pytest.raises(ValueError, match=rf"trains with advantage_estimator='{cls.method_route[0]}'.*ExtGRPOConfig"):
+            cls(**kw, **bad)
 
 
 @pytest.mark.parametrize("cls", [ExtGRPOConfig, V05GRPOConfig, BASISConfig, PAIRConfig], ids=lambda c: c.__name__)
@@ -158,11 +166,11 @@ def test_the_base_ext_config_is_upgraded(tmp_path, dst):
     assert type(up) is dst and up.log_rollout_metadata is True
     own = {f.name for f in _own_fields(dst)} - TRL_FIELDS
     assert own <= set(vars(up))  # the method's fields at their defaults
-    # a method config given to the base trl_ext.GRPOTrainer is refused: its method options would be ignored (and
-    # BASIS's one rollout per prompt would give the default grpo estimator singleton groups: zero advantages)
-    with pytest.raises(TypeError) as err:
-        as_config(_config(dst, tmp_path), ExtGRPOConfig, "GRPOTrainer")
-    assert dst.__name__ in str(err.value) and "Pass args=ExtGRPOConfig(...)" in str(err.value)
+    assert (up.advantage_estimator, up.rollout_strategy) == dst.method_route  # the upgrade takes the method's route
+    # a method config given to the base trl_ext.GRPOTrainer is accepted as is: it is an ExtGRPOConfig whose estimator,
+    # strategy and options are the method's, so the base trainer runs the method (one route)
+    own_cfg = _config(dst, tmp_path)
+    assert as_config(own_cfg, ExtGRPOConfig, "GRPOTrainer") is own_cfg
 
 
 @dataclasses.dataclass

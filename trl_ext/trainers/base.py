@@ -238,9 +238,6 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     config_class: ClassVar[type] = ExtGRPOConfig
     unique_prompt_sampler: ClassVar[bool] = False
     rollout_columns: ClassVar[tuple[str, ...]] = ()
-    train_estimator: ClassVar[str | None] = None
-    """Method presets: the registered estimator the preset's strategy feeds (used instead of ``advantage_estimator``;
-    evaluation batches the strategy does not feed get ``grpo``, see :meth:`compute_advantages`)."""
     keyed_sampler: KeyedSampler | None = None
     """The keyed generation back-end (``keyed_sampling=True``), else ``None`` (TRL's generation runs unchanged)."""
 
@@ -290,16 +287,14 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         self.rollout_api = RolloutAPI(self)
         self.rollout_strategy: RolloutStrategy = self.create_rollout_strategy()
         check_strategy_interface(type(self.rollout_strategy))
-        if self.args.uses_advantage_estimator:  # a subclass's own strategy must serve the configured estimator
-            check_side_inputs(self.args.advantage_estimator, type(self.rollout_strategy))
-        if self.train_estimator is not None:
-            check_side_inputs(self.train_estimator, type(self.rollout_strategy))
+        # a subclass's own strategy must serve the configured estimator
+        check_side_inputs(self.args.advantage_estimator, type(self.rollout_strategy))
         if self.args.dynamic_sampling and self.rollout_strategy.name != "dynamic_sampling":
             raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
         if self.accelerator.is_main_process:
             line, differences = strategy_description(self.rollout_strategy, self.rollout_api)
-            name = self.train_estimator or self.args.advantage_estimator
+            name = self.args.advantage_estimator
             eval_note = " (evaluation batches without its inputs: grpo)" if estimator_side_inputs(name) else ""
             logger.info("%s: %s; advantage estimator %s%s.", type(self).__name__, line, name, eval_note)
             for message in differences:
@@ -323,7 +318,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
     def compute_advantages(self, batch: RolloutBatch) -> torch.Tensor:
         """Advantages of every row of the generation batch: the estimator, then the rollout strategy's ``update``.
 
-        The estimator is the config's ``advantage_estimator`` (a method preset's ``train_estimator``). It runs with
+        The estimator is the config's ``advantage_estimator`` (a method config's own by default). It runs with
         the inputs the batch carries: per-row ``side_inputs`` and the strategy's ``estimator_inputs``, under the
         config's ``advantage_estimator_kwargs``. A batch that lacks an input the estimator needs is an error on
         training batches and gets ``"grpo"`` on evaluation batches (TRL's fixed groups, which a method's strategy
@@ -344,7 +339,7 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             computes them from ``batch`` only). The base class then zeroes pad and unscorable rows, applies the
             tie-break confidence scaling, slices the local rows and fixes the logs.
         """
-        name = self.train_estimator or self.args.advantage_estimator
+        name = self.args.advantage_estimator
         kwargs = {**batch.estimator_inputs, **self.args.advantage_estimator_kwargs}
         missing = set(estimator_side_inputs(name)) - set(batch.side_inputs) - set(batch.estimator_inputs)
         if missing and batch.mode == "train":

@@ -63,7 +63,8 @@ class ExtGRPOConfig(trl.GRPOConfig):
                           "fixed_groups (TRL's num_generations rollouts per prompt), dynamic_sampling (DAPO), "
                           "value_table (BASIS, with advantage_estimator='basis'), v05_osla (V0.5, with 'v05'), "
                           "pair_prefix_probe (PAIR, with 'pair_draw'), or your own. None: dynamic_sampling when "
-                          "dynamic_sampling=True, else fixed_groups. Method trainers refuse it."},
+                          "dynamic_sampling=True, else fixed_groups. Method configs (V05GRPOConfig, BASISConfig, "
+                          "PAIRConfig) set it, and advantage_estimator, to their method's."},
     )
     rollout_strategy_kwargs: dict | str | None = field(
         default=None,
@@ -189,11 +190,10 @@ class ExtGRPOConfig(trl.GRPOConfig):
                           "None: train() returns instead and trainer.preempted is True."},
     )
 
-    uses_advantage_estimator: ClassVar[bool] = True
-    """False for method configs whose trainer computes its own advantages (V0.5, BASIS, PAIR): then
-    ``advantage_estimator`` must stay at its default."""
-    method_rollout_strategy: ClassVar[str | None] = None
-    """Method configs: the rollout strategy their trainer runs (what every rule about strategies checks)."""
+    method_route: ClassVar[tuple[str, str] | None] = None
+    """Method configs (V0.5, BASIS, PAIR): their ``(advantage_estimator, rollout_strategy)`` -- the defaults of those
+    two fields in the method config, and the only values it accepts; the method's options are its prefixed fields.
+    A method config is an ``ExtGRPOConfig`` with these defaults: any trl_ext trainer runs it the same way."""
 
     def __post_init__(self):
         self.advantage_estimator_kwargs = parse_kwargs_field(self.advantage_estimator_kwargs,
@@ -209,10 +209,9 @@ class ExtGRPOConfig(trl.GRPOConfig):
 
 
 def resolved_rollout_strategy(args: Any) -> str:
-    """The rollout strategy name a config selects: ``rollout_strategy``, else a method config's own
-    (:attr:`ExtGRPOConfig.method_rollout_strategy`), else ``"dynamic_sampling"`` when ``dynamic_sampling=True``, else
-    ``"fixed_groups"`` (TRL's)."""
-    name = args.rollout_strategy or getattr(args, "method_rollout_strategy", None)
+    """The rollout strategy name a config selects: ``rollout_strategy``, else ``"dynamic_sampling"`` when
+    ``dynamic_sampling=True``, else ``"fixed_groups"`` (TRL's)."""
+    name = args.rollout_strategy
     if name is not None:
         return str(name)
     return "dynamic_sampling" if args.dynamic_sampling else "fixed_groups"
@@ -344,15 +343,17 @@ def as_config(args: Any, config_class: type, trainer_name: str):
       ``config_class`` object with the same attribute values (the user's extra fields included), the defaults of
       ``config_class`` for the fields it lacks, and ``config_class``'s own validation (TRL's ``__post_init__`` is
       not re-run: its derived fields are kept);
-    * a library class equal to ``config_class`` (the trainer's own config, or a user's subclass of it): returned
-      unchanged;
+    * a ``config_class`` (the trainer's own config, a user's subclass of it, or a method config given to the base
+      ``trl_ext.GRPOTrainer``, which runs the method's estimator and strategy exactly as the method's trainer):
+      returned unchanged;
     * any other library class raises ``TypeError``: another trainer's method config (a ``V05GRPOConfig`` given to
-      the PAIR trainer, or any method config given to the base ``trl_ext.GRPOTrainer``), whose method options would
-      otherwise be silently ignored.
+      the PAIR trainer), whose method options would otherwise be silently ignored.
     """
     if not isinstance(args, trl.GRPOConfig):
         raise TypeError(f"{trainer_name} needs a {config_class.__name__} (or a trl.GRPOConfig), got "
                         f"{type(args).__name__}.")
+    if isinstance(args, config_class):
+        return args
     library = next((c for c in type(args).__mro__ if c.__module__.split(".")[0] == "trl_ext"), None)
     if library is not None and not issubclass(config_class, library):
         raise TypeError(
@@ -361,8 +362,6 @@ def as_config(args: Any, config_class: type, trainer_name: str):
             "with the same arguments (a plain trl.GRPOConfig or ExtGRPOConfig is upgraded with its defaults), or "
             f"use the trainer that {library.__name__} belongs to."
         )
-    if isinstance(args, config_class):
-        return args
     new = object.__new__(config_class)
     new.__dict__.update(args.__dict__)
     for f in fields(config_class):
@@ -380,41 +379,33 @@ def validate_ext_config(o) -> None:
     """Check the trl_ext fields of a config; raises ``ValueError`` saying what to change."""
     args = o
     o.advantage_estimator_kwargs = parse_kwargs_field(o.advantage_estimator_kwargs, "advantage_estimator_kwargs")
-    if not o.uses_advantage_estimator:
-        if o.advantage_estimator != "grpo" or o.advantage_estimator_kwargs:
-            raise ValueError(f"{type(o).__name__} computes its own advantages; advantage_estimator="
-                             f"{o.advantage_estimator!r} would be ignored. Leave advantage_estimator at 'grpo' (it "
-                             "then only applies to evaluation batches) or use trl_ext.GRPOTrainer / ExtGRPOConfig.")
+    o.rollout_strategy_kwargs = parse_kwargs_field(o.rollout_strategy_kwargs, "rollout_strategy_kwargs")
+    route = getattr(o, "method_route", None)
+    if route is not None:
+        check_method_route(o, route)
     try:
         min_g = estimator_min_group_size(o.advantage_estimator)
     except KeyError as e:
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} is not registered: {e.args[0]}. Register it "
                          "with @trl_ext.estimators.register_advantage_estimator(name) before building the config."
                          ) from None
-    o.rollout_strategy_kwargs = parse_kwargs_field(o.rollout_strategy_kwargs,
-                                                   "rollout_strategy_kwargs")
-    if o.uses_advantage_estimator:
-        strategy = resolved_rollout_strategy(o)
-        try:
-            strategy_cls = get_rollout_strategy(strategy)
-        except KeyError as e:
-            raise ValueError(f"rollout_strategy={strategy!r} is not registered: {e.args[0]}. Register it with "
-                             "@trl_ext.trainers.rollouts.register_rollout_strategy(name) before building the config."
-                             ) from None
-        check_side_inputs(o.advantage_estimator, strategy_cls)
-        check_estimator_kwargs(o.advantage_estimator, o.advantage_estimator_kwargs, strategy_cls)
-        strategy_cls.validate_kwargs(o.rollout_strategy_kwargs, o)
-    elif o.rollout_strategy is not None or o.rollout_strategy_kwargs:
-        raise ValueError(f"{type(o).__name__} uses its method's own rollout strategy; rollout_strategy="
-                         f"{o.rollout_strategy!r} would be ignored. Leave rollout_strategy unset, or use "
-                         "trl_ext.GRPOTrainer / ExtGRPOConfig to combine an estimator with a strategy.")
     strategy = resolved_rollout_strategy(o)
+    try:
+        strategy_cls = get_rollout_strategy(strategy)
+    except KeyError as e:
+        raise ValueError(f"rollout_strategy={strategy!r} is not registered: {e.args[0]}. Register it with "
+                         "@trl_ext.trainers.rollouts.register_rollout_strategy(name) before building the config."
+                         ) from None
+    check_side_inputs(o.advantage_estimator, strategy_cls)
+    check_estimator_kwargs(o.advantage_estimator, o.advantage_estimator_kwargs, strategy_cls)
+    if route is None:  # a method config's options are its own fields (its validate_method checks them)
+        strategy_cls.validate_kwargs(o.rollout_strategy_kwargs, o)
     if o.dynamic_sampling and strategy != "dynamic_sampling":  # the one rule (method configs included)
-        fix = "set dynamic_sampling=False" if o.method_rollout_strategy else "set one of them"
+        fix = "set dynamic_sampling=False" if route else "set one of them"
         raise ValueError(f"dynamic_sampling=True selects DAPO's dynamic_sampling rollout strategy, but this "
                          f"{type(o).__name__} uses rollout strategy {strategy!r}; {fix}.")
     g = o.num_generations
-    if isinstance(g, int) and g < min_g and o.uses_advantage_estimator:
+    if isinstance(g, int) and g < min_g and route is None:
         raise ValueError(f"advantage_estimator={o.advantage_estimator!r} needs num_generations >= {min_g} (it has a "
                          f"per-prompt baseline), got {g}. Raise num_generations or pick an estimator with a "
                          "cross-prompt baseline (reinforce_pp).")
@@ -471,6 +462,25 @@ def validate_ext_config(o) -> None:
     if not (math.isfinite(float(o.gate_atol)) and o.gate_atol >= 0):
         raise ValueError(f"gate_atol must be a finite number >= 0, got {o.gate_atol!r}.")
     o.validate_method()
+
+
+def check_method_route(o, route: tuple[str, str]) -> None:
+    """A method config trains with its own estimator and strategy (``method_route``), configured by its prefixed
+    fields: unset ones take the route (their ``ExtGRPOConfig`` defaults ``"grpo"`` / ``None`` mean "the method's"),
+    anything else is a ``ValueError`` naming the route and ``ExtGRPOConfig`` for other combinations."""
+    estimator, strategy = route
+    if o.advantage_estimator == "grpo" and not o.advantage_estimator_kwargs:
+        o.advantage_estimator = estimator
+    if o.rollout_strategy is None and not o.rollout_strategy_kwargs:
+        o.rollout_strategy = strategy
+    if (o.advantage_estimator, o.rollout_strategy) != route or o.advantage_estimator_kwargs \
+            or o.rollout_strategy_kwargs:
+        raise ValueError(
+            f"{type(o).__name__} trains with advantage_estimator={estimator!r} and rollout_strategy={strategy!r}, "
+            f"configured by its own fields; got advantage_estimator={o.advantage_estimator!r} "
+            f"(kwargs {o.advantage_estimator_kwargs}), rollout_strategy={o.rollout_strategy!r} (kwargs "
+            f"{o.rollout_strategy_kwargs}). Leave those four fields unset, or use ExtGRPOConfig to combine another "
+            "estimator or strategy.")
 
 
 def _validate_resume_options(o) -> None:

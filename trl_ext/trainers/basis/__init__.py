@@ -3,15 +3,17 @@ base trainer.
 
 One module per part (the math is :mod:`trl_ext.estimators.basis`, the registered estimator ``"basis"``):
 
+* :mod:`.config` -- :class:`BASISConfig` (every ``basis_*`` option, with help) and its validation;
 * :mod:`.strategy` -- :class:`ValueTableLookup`, the registered rollout strategy ``"value_table"`` (each row's
   offline value ``p_hat``, the beta history, the ``basis/*`` metrics);
-* :mod:`.trainer` -- :class:`BASISConfig` (every ``basis_*`` option, with help), :class:`BASISTrainer`, the drop-in
-  preset, and its model card.
+* :mod:`.table_checks` -- the value table's loading and its checks against the training setup;
+* :mod:`.trainer` -- :class:`BASISTrainer`, the drop-in preset, and its model card.
 """
 
+from .config import BASISConfig
 from .strategy import BASIS_METRICS, ValueTableLookup
 from .table_checks import common_reward_range, resolve_value_table
-from .trainer import BASIS_PAPER, BASISConfig, BASISTrainer, basis_model_card_details, card_table_source, file_sha256
+from .trainer import BASIS_PAPER, BASISTrainer, basis_model_card_details, card_table_source, file_sha256
 
 __all__ = ["BASISConfig", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "ValueTableLookup", "basis_model_card_details",
            "card_table_source", "common_reward_range", "file_sha256", "resolve_value_table"]

@@ -27,6 +27,7 @@ from ...estimators.basis import (
 )
 from ...priors.table_format import ValueTable, prompt_key
 from ..rollouts import FixedGroups, RolloutGroups, register_rollout_strategy
+from .config import BASISConfig, basis_options
 from .table_checks import check_table_coverage, check_table_sampling, common_reward_range, resolve_value_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -135,9 +136,14 @@ class ValueTableLookup(FixedGroups):
     @classmethod
     def from_trainer(cls, trainer, value_table_path=None, beta_grid=None, strict_table_check=False,
                      allow_sampling_mismatch=False, **options):
-        """The strategy selected by config on any trainer (``rollout_strategy="value_table"``): the table at
-        ``value_table_path``, checked against the trainer's reward functions and model (table header) and its
-        training prompts, as :class:`~trl_ext.trainers.basis.BASISTrainer` checks it."""
+        """The strategy the config selects on any trainer: the table at ``value_table_path`` (a
+        :class:`~trl_ext.trainers.basis.BASISConfig`: its ``basis_*`` fields), checked against the trainer's reward
+        functions and model (table header) and its training prompts, as ``BASISTrainer`` checks it."""
+        args = trainer.args
+        if isinstance(args, BASISConfig):
+            value_table_path, beta_grid = args.basis_value_table_path, args.basis_beta_grid
+            strict_table_check, allow_sampling_mismatch = args.basis_strict_table_check, args.basis_allow_sampling_mismatch
+            options = basis_options(args)
         strategy = cls(resolve_value_table(value_table_path), beta_grid=beta_grid, **options)
         strategy.check_setup(trainer, strict=bool(strict_table_check),
                              allow_sampling_mismatch=bool(allow_sampling_mismatch))

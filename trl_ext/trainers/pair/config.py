@@ -62,12 +62,11 @@ class PAIRConfig(ExtGRPOConfig):
     -- and the sampler's batch semantics are TRL's (``per_device_train_batch_size * steps_per_generation`` candidate
     rows per rank, which must be a multiple of ``G`` so every prompt's candidates stay on one rank). A plain
     ``trl.GRPOConfig`` (or ``ExtGRPOConfig``) given to :class:`PAIRTrainer` is upgraded with these defaults and
-    validated by :meth:`validate_method`. PAIR computes its own advantages (Eq. 13), so
-    ``advantage_estimator`` must stay at its default (it then only applies to evaluation batches).
+    validated by :meth:`validate_method`. Its ``advantage_estimator`` and ``rollout_strategy`` are PAIR's
+    (``method_route``: ``"pair_draw"``, Eq. 13, and ``"pair_prefix_probe"``).
     """
 
-    uses_advantage_estimator: ClassVar[bool] = False
-    method_rollout_strategy: ClassVar[str | None] = "pair_prefix_probe"
+    method_route: ClassVar[tuple[str, str] | None] = ("pair_draw", "pair_prefix_probe")
 
     pair_prefix_tokens: int | None = field(
         default=None,

@@ -25,6 +25,7 @@ from ...estimators.pair_heads import PrefixHeads
 from .. import _trl_compat as compat
 from ..rollouts import RolloutGroups, RolloutStrategy, register_rollout_strategy
 from .config import (
+    PAIRConfig,
     PAIRShortProbeWarning,
     pair_advantage_options,
     pair_config_view,
@@ -98,9 +99,16 @@ class PrefixProbeRollouts(RolloutStrategy):
 
     @classmethod
     def from_trainer(cls, trainer, **kwargs) -> PrefixProbeRollouts:
-        """The strategy selected by config on any trainer (``rollout_strategy="pair_prefix_probe"`` with
-        ``advantage_estimator="pair_draw"``); the optimizer keeps ``learning_rate`` (no PAIR lr scaling)."""
-        options = pair_config_view(trainer.args, kwargs, validate=False)
+        """The strategy the config selects on a trainer that builds it from the config (``PAIRTrainer`` builds its
+        own): the options are a :class:`PAIRConfig`'s fields, or ``rollout_strategy_kwargs`` read through
+        :func:`~trl_ext.trainers.pair.config.pair_config_view`; the optimizer keeps ``learning_rate``, so
+        ``pair_lr_scaling`` must be ``"none"``."""
+        args = trainer.args
+        options = args if isinstance(args, PAIRConfig) else pair_config_view(args, kwargs, validate=False)
+        if options.pair_lr_scaling != "none":  # PAIRTrainer builds its strategy itself and rescales the optimizer
+            raise ValueError(f"pair_lr_scaling={options.pair_lr_scaling!r}: {type(trainer).__name__} does not rescale "
+                             "its optimizer; use PAIRTrainer, or set pair_lr_scaling='none' and learning_rate to the "
+                             "rate you want.")
         short = short_probe_message(options)
         if short is not None:
             warnings.warn(short, PAIRShortProbeWarning, stacklevel=3)

@@ -4,7 +4,7 @@ Implements Algorithm 1 of "Pairwise-Aware Inclusion Reweighting for Adaptive Rol
 Hale and Reyes, arXiv:2608.11368; "PAIR") on top of :class:`trl_ext.GRPOTrainer` (TRL 1.16). Section, equation and
 appendix numbers refer to that paper. The generation side is the rollout strategy :class:`PrefixProbeRollouts`
 (returned by :meth:`PAIRTrainer.create_rollout_strategy`); the estimator side is the registered estimator
-``"pair_draw"`` (:func:`~trl_ext.estimators.pair.pair_draw_group_advantages`, the preset's ``train_estimator``), fed
+``"pair_draw"`` (:func:`~trl_ext.estimators.pair.pair_draw_group_advantages`, the config's ``advantage_estimator``), fed
 the designed draws the strategy returns with its rollouts (``RolloutGroups.estimator_inputs``); the strategy's
 ``update`` adds the heads' delayed labels, the solver warm start and the ``pair/*`` diagnostics. Per prompt and generation batch:
 
@@ -167,7 +167,6 @@ class PAIRTrainer(GRPOTrainer):
     """
 
     config_class: ClassVar[type] = PAIRConfig
-    train_estimator = "pair_draw"  # Eq. 13 on the designed draws PrefixProbeRollouts returns
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)

@@ -58,8 +58,7 @@ class V05GRPOConfig(ExtGRPOConfig):
     with these defaults and checked by :meth:`validate_method`.
     """
 
-    uses_advantage_estimator: ClassVar[bool] = False
-    method_rollout_strategy: ClassVar[str | None] = "v05_osla"
+    method_route: ClassVar[tuple[str, str] | None] = ("v05", "v05_osla")
 
     v05_k_init: int = field(
         default=V05_K_INIT,

@@ -28,7 +28,7 @@ from ...priors import SupportBuffer, ValuePrior
 from .. import _trl_compat as compat
 from ..batch import RolloutBatch
 from ..rollouts import RolloutGroups, RolloutStrategy, rank_block, register_rollout_strategy, unique_prompt_rows
-from .config import v05_config_view
+from .config import V05GRPOConfig, v05_config_view
 from .diagnostics import v05_description, v05_metrics, v05_unscorable_warnings
 from .prior import build_v05_prior
 
@@ -115,9 +115,12 @@ class OSLARounds(RolloutStrategy):
 
     @classmethod
     def from_trainer(cls, trainer, **kwargs) -> OSLARounds:
-        """The strategy selected by config on any trainer (``rollout_strategy="v05_osla"`` with
-        ``advantage_estimator="v05"``), its options from :func:`~trl_ext.trainers.v05.config.v05_config_view`."""
-        return cls.build(trainer, v05_config_view(trainer.args, kwargs, validate=False))
+        """The strategy the config selects on any trainer: its options are a :class:`V05GRPOConfig`'s own fields,
+        or ``rollout_strategy_kwargs`` read through :func:`~trl_ext.trainers.v05.config.v05_config_view` (already
+        validated with the config)."""
+        args = trainer.args
+        return cls.build(trainer, args if isinstance(args, V05GRPOConfig) else
+                         v05_config_view(args, kwargs, validate=False))
 
     @classmethod
     def build(cls, trainer, options, prior: ValuePrior | None = None) -> OSLARounds:

@@ -5,8 +5,8 @@ Implementation Workflow" (Section 4.1.3, Steps 1-5), "Empirical Shrinkage Fusion
 (Eq. 10) and "Sequential OSLA Allocation" (Theorem 3.6, Appendix A.8). The math lives in
 :mod:`trl_ext.estimators.v05`; this module wires it into the base trainer as a rollout strategy
 (:class:`OSLARounds`: prior, rounds, the ``priors`` side input, the support buffer and the ``v05/*`` diagnostics)
-that feeds the registered ``"v05"`` estimator (:func:`~trl_ext.estimators.v05.v05_advantages`, the preset's
-``train_estimator``) through the base trainer's valid-row adapter.
+that feeds the registered ``"v05"`` estimator (:func:`~trl_ext.estimators.v05.v05_advantages`, the config's
+``advantage_estimator``) through the base trainer's valid-row adapter.
 
 Drop-in contract: a TRL user changes the import and the config class only. For the same TRL arguments every
 generation batch first generates exactly TRL's ``generation_batch_size`` rollouts -- TRL's sampler yields each of
@@ -115,7 +115,6 @@ class V05GRPOTrainer(GRPOTrainer):
     """
 
     config_class: ClassVar[type] = V05GRPOConfig
-    train_estimator: ClassVar[str] = "v05"
     # TRL's sampler with num_generations = v05_k_init (set in __init__): each prompt v05_k_init times, so round 1 is
     # exactly TRL's generation_batch_size rollouts
     unique_prompt_sampler: ClassVar[bool] = False
