@@ -185,7 +185,7 @@ def trainer_gradient(tr, patterns: list[np.ndarray]):
     orig = pair_draw.draw_selection
     pair_draw.draw_selection = forced
     try:
-        tr.pair_needs_refresh = False
+        tr.rollout_strategy.heads.needs_refresh = False
         out = tr._generate_and_score_completions(tr.rows)
     finally:
         pair_draw.draw_selection = orig

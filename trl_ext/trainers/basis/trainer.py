@@ -31,8 +31,6 @@ import os
 import warnings
 from typing import Any
 
-import numpy as np
-
 from ..._io import sha256_file
 from ...priors.table_format import ValueTable
 from .. import model_card
@@ -77,8 +75,8 @@ def basis_model_card_details(trainer) -> dict[str, Any]:
         if key in info["metadata"]:
             out[f"value table {key}"] = info["metadata"][key]
     out["estimator"] = (f"basis_variant = {a.basis_variant}, basis_objective = {a.basis_objective}, basis_fallback = "
-                        f"{a.basis_fallback}, beta grid of {len(trainer.basis_beta_grid)} points on "
-                        f"[{float(trainer.basis_beta_grid[0]):.4g}, {float(trainer.basis_beta_grid[-1]):.4g}], "
+                        f"{a.basis_fallback}, beta grid of {len(trainer.rollout_strategy.beta_grid)} points on "
+                        f"[{float(trainer.rollout_strategy.beta_grid[0]):.4g}, {float(trainer.rollout_strategy.beta_grid[-1]):.4g}], "
                         f"basis_scale_advantages = {a.basis_scale_advantages}")
     if trainer.beta_history:
         out["beta_t (last training batch)"] = float(trainer.beta_history[-1])
@@ -175,21 +173,12 @@ class BASISTrainer(GRPOTrainer):
         return self._basis_strategy.table
 
     @property
-    def basis_beta_grid(self) -> np.ndarray:
-        """The beta grid in use (``basis_beta_grid`` or the paper's 230 points)."""
-        return self._basis_strategy.beta_grid
-
-    @property
     def beta_history(self) -> list[float]:
         return self._basis_strategy.beta_history
 
     @property
     def beta_history_steps(self) -> list[int]:
         return self._basis_strategy.beta_history_steps
-
-    @property
-    def last_calibration(self):
-        return self._basis_strategy.last_calibration
 
     def value_table_info(self) -> dict[str, Any]:
         """What identifies the value table this run uses (recorded in the model card).

@@ -144,9 +144,6 @@ class PAIRTrainer(GRPOTrainer):
         state).
     pair_heads : PrefixHeads
         Success/remaining-cost heads, optimizer and replay window (saved in every checkpoint).
-    pair_needs_refresh : bool
-        New labels arrived since the last refresh; the heads are refit at the start of the next generation
-        (the strategy's ``heads.refresh()``; checkpointed).
     pair_design_log : list of dict
         Per prompt of the latest generation batch on this rank: ``generation``, ``row_idx``, ``pi``,
         ``pi_design``, ``selected``, ``finished``, ``p_hat``, ``cost_hat``, ``anchor``, ``reason``, ``n_iter``,
@@ -210,15 +207,6 @@ class PAIRTrainer(GRPOTrainer):
     @pair_heads.setter
     def pair_heads(self, heads: PrefixHeads) -> None:
         self.rollout_strategy.heads.heads = heads
-
-    @property
-    def pair_needs_refresh(self) -> bool:
-        """New labels arrived since the last refresh (:attr:`DesignHeads.needs_refresh`; settable)."""
-        return self.rollout_strategy.heads.needs_refresh
-
-    @pair_needs_refresh.setter
-    def pair_needs_refresh(self, value: bool) -> None:
-        self.rollout_strategy.heads.needs_refresh = bool(value)
 
     @property
     def pair_design_log(self) -> list[dict]:
