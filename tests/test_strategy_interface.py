@@ -230,3 +230,32 @@ def test_pair_lr_scaling_is_refused_on_a_trainer_that_does_not_rescale(tmp_path)
     with pytest.raises(ValueError, match="does not rescale its optimizer; use PAIRTrainer"):
         GRPOTrainer(model=model, reward_funcs=[hash_reward], args=cfg, train_dataset=tiny_dataset(16),
                     processing_class=tok)
+
+
+# ----------------------------------------------------------------------------------------------- self-registration
+def test_method_strategies_register_themselves_through_entry_points():
+    """The base holds no table of method names: the method strategies are declared in the entry-point group and a
+    config names them before their module is imported; building a base config imports no method module."""
+    import subprocess
+    from importlib.metadata import entry_points
+
+    from trl_ext.trainers import rollouts
+
+    declared = {ep.name: ep.value for ep in entry_points(group=rollouts.ENTRY_POINT_GROUP)}
+    assert declared == {"value_table": "trl_ext.trainers.basis.strategy:ValueTableLookup",
+                        "v05_osla": "trl_ext.trainers.v05.strategy:OSLARounds",
+                        "pair_prefix_probe": "trl_ext.trainers.pair.strategy:PrefixProbeRollouts"}
+    assert not hasattr(rollouts, "METHOD_STRATEGY_MODULES")
+    code = (
+        "import sys\n"
+        "from trl_ext import ExtGRPOConfig\n"
+        "ExtGRPOConfig('out', use_cpu=True, per_device_train_batch_size=8, report_to='none')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('trl_ext.trainers.v05', 'trl_ext.trainers.pair',"
+        " 'trl_ext.trainers.basis')))\n"
+        "assert loaded == [], loaded\n"
+        "from trl_ext.trainers.rollouts import get_rollout_strategy\n"
+        "assert get_rollout_strategy('v05_osla').__name__ == 'OSLARounds'\n"
+        "assert 'trl_ext.trainers.v05.strategy' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

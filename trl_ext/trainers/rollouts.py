@@ -71,25 +71,25 @@ def register_rollout_strategy(name: str):
     return decorator
 
 
-METHOD_STRATEGY_MODULES = {"value_table": "trl_ext.trainers.basis.strategy",
-                           "v05_osla": "trl_ext.trainers.v05.strategy",
-                           "pair_prefix_probe": "trl_ext.trainers.pair.strategy"}
-"""The method strategies of the package, registered when their module is first imported (on demand here, so a
-config can name them before any method trainer is imported)."""
+ENTRY_POINT_GROUP = "trl_ext.rollout_strategies"
+"""Strategies of installed packages register themselves under this entry-point group (``name = "module:Class"``; the
+package's own method strategies are declared in its ``pyproject.toml``): a config can name them before their module
+is imported, and the base holds no table of method names."""
 
 
 def registered_rollout_strategies() -> dict[str, type]:
-    """Every registered strategy, the package's method strategies included (their modules imported)."""
-    from importlib import import_module
+    """Every registered strategy, those of the entry-point group included (their modules imported)."""
+    from importlib.metadata import entry_points
 
-    for module in METHOD_STRATEGY_MODULES.values():
-        import_module(module)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in ROLLOUT_STRATEGIES:
+            ep.load()  # the module registers the class with @register_rollout_strategy
     return dict(ROLLOUT_STRATEGIES)
 
 
 def get_rollout_strategy(name: str) -> type:
     """The strategy class registered under ``name`` (``KeyError`` listing the known names otherwise)."""
-    if name not in ROLLOUT_STRATEGIES and name in METHOD_STRATEGY_MODULES:
+    if name not in ROLLOUT_STRATEGIES:
         registered_rollout_strategies()
     try:
         return ROLLOUT_STRATEGIES[name]
