@@ -259,3 +259,22 @@ def test_method_strategies_register_themselves_through_entry_points():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_method_checkpoint_from_before_the_route_fields_resumes():
+    """Checkpoints of method configs written before the configs carried their route recorded
+    advantage_estimator="grpo" and rollout_strategy=None for the same run: resuming accepts them as the route; any
+    other recorded estimator is still a refused change."""
+    import json
+    from types import SimpleNamespace
+
+    from trl_ext.checkpoints.resume import check_resumed_config
+
+    args = SimpleNamespace(method_route=("v05", "v05_osla"), resume_config_changes=[])
+    current = {"advantage_estimator": "v05", "rollout_strategy": "v05_osla", "learning_rate": 1e-3}
+    old = {**current, "advantage_estimator": "grpo", "rollout_strategy": None}
+    state = {"config_fingerprint": json.dumps(old)}
+    assert check_resumed_config(state, current, args, None, None, "ckpt", 3) == {}
+    other = {"config_fingerprint": json.dumps({**old, "advantage_estimator": "rloo"})}
+    with pytest.raises(ValueError, match="advantage_estimator"):
+        check_resumed_config(other, current, args, None, None, "ckpt", 3)

@@ -215,8 +215,13 @@ def check_resumed_config(state: Any, current: dict[str, Any], args: Any, optimiz
     """:func:`check_config_changes` on a loaded ``trl_ext_state.pt``, then the accepted changes applied (the learning
     rate rescaled in the restored optimizer and scheduler) and logged. Returns the accepted ``{field: (old, new)}``."""
     saved = state.get("config_fingerprint") if isinstance(state, dict) else None
-    accepted = check_config_changes(json.loads(saved) if saved else None, current,
-                                    list(args.resume_config_changes), checkpoint)
+    saved = json.loads(saved) if saved else None
+    route = getattr(args, "method_route", None)
+    if saved and route and (saved.get("advantage_estimator"), saved.get("rollout_strategy")) == ("grpo", None):
+        # a method config's checkpoint written before method configs carried their route in these two fields
+        # (they read "grpo" / None and meant the method's): the same run
+        saved = {**saved, "advantage_estimator": route[0], "rollout_strategy": route[1]}
+    accepted = check_config_changes(saved, current, list(args.resume_config_changes), checkpoint)
     if "learning_rate" in accepted:
         apply_learning_rate_change(optimizer, scheduler, *accepted["learning_rate"])
     if accepted:
