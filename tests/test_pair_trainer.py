@@ -505,7 +505,7 @@ def test_resume_restores_heads_replay_window_and_warm_start(tmp_path):
     tr.train()
     saved = copy.deepcopy(tr.pair_heads.state_dict())
     saved_strategy = copy.deepcopy(tr.rollout_strategy.state_dict())
-    assert tr.pair_heads.n_labels > 0 and tr.pair_needs_refresh and saved_strategy["warm_start"]["profiles"]
+    assert tr.pair_heads.n_labels > 0 and tr.rollout_strategy.heads.needs_refresh and saved_strategy["warm_start"]["profiles"]
     ckpt = tmp_path / "a" / "checkpoint-2"
     assert (ckpt / "trl_ext_state.pt").exists()
     tr2 = make_trainer(tmp_path / "b", max_steps=3)
@@ -515,7 +515,7 @@ def test_resume_restores_heads_replay_window_and_warm_start(tmp_path):
 
     def load_and_snapshot(state):  # the state right after the checkpoint is restored (training then continues)
         load(state)
-        snap.update(heads=copy.deepcopy(tr2.pair_heads.state_dict()), refresh=tr2.pair_needs_refresh,
+        snap.update(heads=copy.deepcopy(tr2.pair_heads.state_dict()), refresh=tr2.rollout_strategy.heads.needs_refresh,
                     strategy=copy.deepcopy(tr2.rollout_strategy.state_dict()))
 
     tr2.load_ext_state_dict = load_and_snapshot
