@@ -424,14 +424,15 @@ class DynamicSampling(RolloutStrategy):
         mine = kept[slice(*rank_block(len(kept), p, rank))]
         if not mine:  # nothing for this rank: one masked pad row keeps the collectives aligned
             return RolloutGroups.pad_only(fallback, api.eos_token_id, api.num_reward_funcs)
-        lps = [None if grp["lps"] is None else [list(x) for x in grp["lps"]] for grp in mine]
-        use_lps = any(x is not None for x in lps)
+        c_ids = [list(c) for grp in mine for c in grp["c_ids"]]
+        lps = None
+        if any(grp["lps"] is not None for grp in mine):  # vLLM: per-token sampling log-probs (0 where none came)
+            lps = [list(x) for grp in mine for x in (grp["lps"] or [[0.0] * len(c) for c in grp["c_ids"]])]
         return RolloutGroups(
             rows=[grp["row"] for grp in mine for _ in range(g)],
-            completion_ids=[list(c) for grp in mine for c in grp["c_ids"]],
+            completion_ids=c_ids,
             group_ids=[n_j for n_j in range(len(mine)) for _ in range(g)],
-            logprobs=[x for grp, lp in zip(mine, lps) for x in (lp or [[0.0] * len(c) for c in grp["c_ids"]])]
-            if use_lps else None,
+            logprobs=lps,
             rewards_per_func=torch.tensor([r for grp in mine for r in grp["rpf"]], dtype=torch.float32))
 
     def state_dict(self) -> dict:
