@@ -191,10 +191,12 @@ from compare_harness.evaluation import (  # noqa: E402
     _prompt_text,
     _tokenize_prompts,
     accuracy_by_level,
+    eval_samples_for,
     evaluate_checkpoint,
     final_accuracy,
     point_accuracy,
     start_evaluation,
+    start_regime,
 )
 from compare_harness.presets import (  # noqa: E402
     AMORTIZE_OVER,
@@ -438,6 +440,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = start_evaluation(ctx)
     start_by_level = accuracy_by_level(start.records, ctx.difficulty_levels("test"))
     print(f"start accuracy {start.accuracy:.3f} on {len(ctx.eval_ds)} held-out questions", flush=True)
+    regime = start_regime(start.records, eval_samples_for(s, "test"))
+    if regime is not None:
+        print(f"start regime ({regime['k']} samples per question): solved in none {regime['share_none']:.3f}, in all "
+              f"{regime['share_all']:.3f}, mixed {regime['share_mixed']:.3f}; ICC {regime['icc']:.3f}", flush=True)
     if args.jobs > 1 and len(s["methods"]) > 1 and not s["report_only"]:
         # the start checkpoint is pinned above, so every worker trains from the same weights
         run_workers(argv, s["methods"], args.jobs, out)
@@ -478,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plots = [] if args.no_plots else make_plots(runs, start.accuracy, out, s.get("eval_mode", "greedy"))
     settings = {k: v for k, v in s.items()}
     doc = {"settings": settings, "start_checkpoint": ctx.model_path, "start_accuracy": start.accuracy,
-           "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,
+           "start_regime": regime, "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,
            "threshold": threshold, "threshold_rule": threshold_rule, "n_eval": len(ctx.eval_ds),
            "n_train": len(ctx.train_ds), "n_val": len(ctx.val_ds) if s["tune_lr"] else None,
            "max_completion_length": ctx.max_new, "runs": runs, "tuning_runs": tune_runs,

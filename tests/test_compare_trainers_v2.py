@@ -26,6 +26,7 @@ import json
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from bench_module import compare_trainers  # tests/ is on sys.path (pytest's rootdir insertion)
@@ -716,3 +717,23 @@ def test_lr_choice_from_another_folder_for_a_longer_horizon(tiny_model, tmp_path
                  "--lr_choice_from", str(short / "lr_choice.json")])
     with pytest.raises(SystemExit, match="drop --tune_lr"):
         ct.main([*base, "--output_dir", str(long_), "--tune_lr", "1e-4", "--lr_choice_from", "x.json"])
+
+
+def test_start_regime_shares_and_icc():
+    """The start regime the harness prints and records (``start_regime``): shares of questions solved in none / all /
+    some of the ``k`` samples, and the ICC of ``trl_ext.advise.regime.variance_decomposition`` -- checked by hand on
+    four questions and on the committed steps_matched start evaluation (docs/results.md: 42 %, 10 %, ICC 0.41)."""
+    from compare_harness.evaluation import start_regime
+
+    recs = [{"pass_rate": p} for p in (0.0, 0.0, 1.0, 0.5)]
+    r = start_regime(recs, 4)
+    assert (r["share_none"], r["share_all"], r["share_mixed"]) == (0.5, 0.25, 0.25)
+    p = np.array([0.0, 0.0, 1.0, 0.5])
+    between = p.var(ddof=1) - np.mean(p * (1 - p) / 3)
+    assert r["icc"] == pytest.approx(between / (p.mean() * (1 - p.mean())))
+    assert start_regime(recs, 1) is None  # one sample per question: no within-question information
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = json.load(open(os.path.join(root, "benchmarks/results/compare/smollm2/steps_matched_t07/start_eval.json")))
+    committed = start_regime(doc["records"], 4)
+    assert committed["n_questions"] == 48 and round(committed["share_none"], 2) == 0.42
+    assert round(committed["share_all"], 2) == 0.10 and round(committed["icc"], 2) == 0.41

@@ -152,6 +152,24 @@ def start_evaluation(ctx: Context):
     return g
 
 
+def start_regime(records: Sequence[dict], k: int) -> dict | None:
+    """The regime of the start checkpoint on the test split, from its evaluation's per-question pass rates (``k``
+    samples per question): the shares of questions solved in none, all and some of the ``k`` samples, and the
+    between-question share of reward variance (``icc``, :func:`trl_ext.advise.regime.variance_decomposition`:
+    ``(var(p_hat) - mean p_hat (1 - p_hat) / (k - 1)) / (pbar (1 - pbar))``, binomial noise removed). ``None`` with
+    one sample per question (no within-question information). "None of ``k``" over-counts the never-solved share
+    (a question with pass rate p is missed ``k`` times with probability ``(1 - p)^k``): an upper bound."""
+    from trl_ext.advise.regime import variance_decomposition
+
+    if k < 2 or len(records) < 2:
+        return None
+    p = [float(r["pass_rate"]) for r in records]
+    n = len(p)
+    never, always = sum(x == 0.0 for x in p) / n, sum(x == 1.0 for x in p) / n
+    return {"k": int(k), "n_questions": n, "mean": sum(p) / n, "share_none": never, "share_all": always,
+            "share_mixed": 1.0 - never - always, "icc": float(variance_decomposition(p, k)["icc"])}
+
+
 def final_accuracy(run: dict) -> float:
     """A run's primary accuracy at the budget (``final_greedy_accuracy`` in runs written before ``eval_mode``)."""
     return float(run["final_accuracy"] if run.get("final_accuracy") is not None else run["final_greedy_accuracy"])
