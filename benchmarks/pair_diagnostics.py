@@ -461,14 +461,14 @@ def main(argv=None) -> int:
                 seqs.append(list(pids[k]) + comp[:tau])
                 r.append(rr)
                 c.append(float(max(len(comp) - tau, 0)))
-        ref.pair_heads.add_labels(ref.pair_features(seqs), torch.tensor(r), torch.tensor(c), torch.ones(len(r)))
-        ref.pair_heads.refresh(steps=int(ref.args.pair_head_fit_steps), batch_size=int(ref.args.pair_head_batch_size))
-    head_state = ref.pair_heads.state_dict()
+        ref.rollout_strategy.heads.heads.add_labels(ref.rollout_strategy.features(seqs), torch.tensor(r), torch.tensor(c), torch.ones(len(r)))
+        ref.rollout_strategy.heads.heads.refresh(steps=int(ref.args.pair_head_fit_steps), batch_size=int(ref.args.pair_head_batch_size))
+    head_state = ref.rollout_strategy.heads.heads.state_dict()
     predictors = {"spread": SpreadPredictor(), "costblind": SpreadPredictor(cost_blind=True)}
     learned_predict = {}
     for name in ["complete"] + options:
-        trainers[name].pair_heads.load_state_dict(head_state)
-        learned_predict[name] = trainers[name].pair_heads.predict
+        trainers[name].rollout_strategy.heads.heads.load_state_dict(head_state)
+        learned_predict[name] = trainers[name].rollout_strategy.heads.heads.predict
 
     # ---- the K benchmark prompts, resampled populations
     ds = make_dataset("addition", K, seed=args.seed)
@@ -524,7 +524,7 @@ def main(argv=None) -> int:
         for v in variants:
             regime, opt = v
             tr = trainers[opt]
-            tr.pair_heads.predict = predictors[regime].predict if regime in predictors else learned_predict[opt]
+            tr.rollout_strategy.heads.heads.predict = predictors[regime].predict if regime in predictors else learned_predict[opt]
             A = acc[v]
             mean_g, sq = torch.zeros_like(g_full), 0.0
             first_log = None

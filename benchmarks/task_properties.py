@@ -16,8 +16,8 @@ completion + 2 (scratchpad: 71 + 2 = 73), scores them with the task's reward (bi
    ``PAIRConfig(max_completion_length=L).pair_tau`` (``min(256, max(1, L // 8))``; scratchpad: 9 tokens). A real
    ``PAIRTrainer`` is built on the model (nothing is trained) and its own pieces are used: prompt ids
    (``_trl_compat.tokenize_prompts``), the probe's finished flag and checkpoint (``PrefixProbeRollouts``), the prefix
-   features (``PAIRTrainer.pair_features``: mean of the last 16 final hidden states of prompt + prefix) and the heads
-   (``trainer.pair_heads``, refit with ``trainer.rollout_strategy.heads.refresh()``). The probe of a sample is the first ``tau``
+   features (PAIR's ``trl_ext.trainers.pair.heads.prefix_features``: mean of the last 16 final hidden states of prompt + prefix) and the heads
+   (``trainer.rollout_strategy.heads.heads``, refit with ``trainer.rollout_strategy.heads.refresh()``). The probe of a sample is the first ``tau``
    tokens of its full completion (a probe plus its continuation is a sample of the same distribution). Labels of the
    first half of the prompts (all k samples, inclusion probability 1, remaining-token cost) are fed to fresh heads
    in generation batches of ``--head_batch_prompts`` prompts, one refresh after each batch, as the trainer does;
@@ -279,12 +279,12 @@ def build_pair_trainer(model, tok, rows, task, k, max_new, seed, out_dir):
 
 
 def probe_features(trainer, prompt_ids, comps, probe_len, batch):
-    """Features (``trainer.pair_features``), finished flags (the trainer's end tokens) and remaining-token costs of
+    """Features (``trainer.rollout_strategy.features``), finished flags (the trainer's end tokens) and remaining-token costs of
     every sample's probe of ``probe_len`` tokens (:func:`trl_ext.advise.prefix.probe_features`; the checkpoint is
     the probe's end: ``pair_snap_window = 0``, PAIR's default)."""
     if int(trainer.args.pair_snap_window) != 0:
         raise ValueError("probe_features assumes pair_snap_window = 0 (no checkpoint snapping).")
-    return _probe_features(trainer.pair_features, prompt_ids, comps, probe_len, trainer.eos_token_ids, batch)
+    return _probe_features(trainer.rollout_strategy.features, prompt_ids, comps, probe_len, trainer.eos_token_ids, batch)
 
 
 def fit_and_score_heads(trainer, init_heads, feats, finished, costs, rewards, n_fit, head_batch_prompts, k):
@@ -299,7 +299,7 @@ def fit_and_score_heads(trainer, init_heads, feats, finished, costs, rewards, n_
     refreshes = feed_heads(heads, feats, rewards, costs, range(n_fit), k, head_batch_prompts,
                            fit_steps=int(trainer.args.pair_head_fit_steps),
                            fit_batch_size=int(trainer.args.pair_head_batch_size))
-    trainer.pair_heads = heads
+    trainer.rollout_strategy.heads.heads = heads
     ev = slice(n_fit * k, n * k)
     pred = heads.predict(feats[ev])
     p_hat = pred.p_hat.numpy()
@@ -487,7 +487,7 @@ def main(argv=None) -> dict:
         trl_ids = compat.tokenize_prompts(trainer, [r["prompt"] for r in rows])
         if [list(x) for x in trl_ids] != prompt_ids:
             raise RuntimeError("TRL's prompt tokenization differs from the one used for sampling")
-        init_heads = copy.deepcopy(trainer.pair_heads)
+        init_heads = copy.deepcopy(trainer.rollout_strategy.heads.heads)
         probes, feat_cache = {}, {}
         for f in PROBE_FACTORS:
             t_len = max(1, min(max_new - 1, int(math.floor(f * tau))))
@@ -498,7 +498,7 @@ def main(argv=None) -> dict:
                                             args.head_batch_prompts, k)
                 feat_cache[t_len] = (feats, fin, costs, res_t)
             probes[f"{f:g}x"] = {"factor": f, "probe_tokens": t_len, **feat_cache[t_len][3]}
-        head_cfg = dict(trainer.pair_heads.config)
+        head_cfg = dict(trainer.rollout_strategy.heads.heads.config)
         fit_steps, fit_batch = int(trainer.args.pair_head_fit_steps), int(trainer.args.pair_head_batch_size)
         last_k = int(trainer.args.pair_summary_last_k)
         del trainer

@@ -1,7 +1,7 @@
 """Tests of PAIR prefix informativeness in ``trl-ext advise`` (``trl_ext.advise.prefix``; ``docs/advise.md``, E1-E4).
 
 The metrics against brute force; the settings against the installed ``PAIRConfig`` and the feature function against
-``PAIRTrainer.pair_features``; out-of-fold heads on synthetic features with a planted informative or prompt-only
+PAIR's ``prefix_features`` (``trl_ext.trainers.pair.heads``); out-of-fold heads on synthetic features with a planted informative or prompt-only
 signal; end to end on the tiny testbed model with a reward decided by the first completion token (informative
 prefix) and with the planted hash reward of ``test_advise_cli`` (uninformative prefix); the PAIR rule.
 """
@@ -105,7 +105,7 @@ def test_settings_are_pair_configs_defaults(tmp_path):
 
 
 def test_features_equal_pair_trainer_features(tmp_path):
-    """``hidden_state_features`` is ``PAIRTrainer.pair_features`` without a trainer (same summary, padding and
+    """``hidden_state_features`` is PAIR's ``prefix_features`` (``trl_ext.trainers.pair.heads``) without a trainer (same summary, padding and
     positions)."""
     import torch
     from datasets import Dataset
@@ -128,7 +128,7 @@ def test_features_equal_pair_trainer_features(tmp_path):
     seqs = [tok(text=t)["input_ids"] for t in ("12+34=46", "7=", "123+456=579\n9+9=18")]
     assert len({len(s) for s in seqs}) == 3
     ours = px.hidden_state_features(model, tok.pad_token_id)(seqs)
-    theirs = trainer.pair_features(seqs)
+    theirs = trainer.rollout_strategy.features(seqs)
     assert ours.shape == theirs.shape == (3, model.config.hidden_size)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
     # one forward pass for every probe length gives the per-probe features (causal attention)

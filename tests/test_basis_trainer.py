@@ -198,22 +198,22 @@ def test_g1_training_changes_weights_while_trl_g1_does_not(tmp_path):
     assert batch.num_rows == 8 and len(set(batch.prompts)) == 8  # one rollout per prompt, unique prompts
     assert bool((trainer.last_advantages != 0).any())
     assert max_change(before, trainer.model) > 0.0
-    assert len(trainer.beta_history) == 2 and trainer.beta_history_steps == [0, 1]
-    assert all(b in set(default_beta_grid().tolist()) for b in trainer.beta_history)
+    assert len(trainer.rollout_strategy.beta_history) == 2 and trainer.rollout_strategy.beta_history_steps == [0, 1]
+    assert all(b in set(default_beta_grid().tolist()) for b in trainer.rollout_strategy.beta_history)
     logged = [h for h in trainer.state.log_history if "basis/beta" in h]
     assert len(logged) == 2 and all(set(BASIS_METRICS) <= set(h) for h in logged)
 
 
 def test_trainer_advantages_equal_estimator_on_gathered_batch(tmp_path):
     trainer = make_basis(tmp_path, max_steps=1)
-    table = trainer.value_table
+    table = trainer.rollout_strategy.table
     trainer.train()
     batch = trainer.last_rollout_batch
     r = batch.rewards.double().numpy()
     p = np.array([table.lookup(x).success_probability for x in batch.prompts])
     cal = calibrate_beta(r, p)
     np.testing.assert_allclose(trainer.last_advantages.numpy(), r - cal.baseline, atol=1e-6)
-    assert trainer.beta_history[-1] == cal.beta
+    assert trainer.rollout_strategy.beta_history[-1] == cal.beta
     logged = [h for h in trainer.state.log_history if "basis/mean_sq_advantage" in h][-1]
     assert logged["basis/mean_sq_advantage"] == pytest.approx(np.mean((r - cal.baseline) ** 2), rel=1e-5)
     assert logged["basis/beta"] == cal.beta
@@ -256,7 +256,7 @@ def test_missing_prompts_fallback_counted(tmp_path, fallback):
     assert last_metric(trainer, "basis/fallback_count") >= 2
     assert trainer.rollout_strategy.totals["missing_total"] == 2
     # the present prompts get the estimator's baseline with the missing ones as NaN values
-    p = np.array([np.nan, np.nan] + [trainer.value_table.lookup(x).success_probability for x in PROMPTS[2:]])
+    p = np.array([np.nan, np.nan] + [trainer.rollout_strategy.table.lookup(x).success_probability for x in PROMPTS[2:]])
     cal = calibrate_beta(r, p, fallback=fallback)
     np.testing.assert_allclose(adv, r - cal.baseline, atol=1e-6)
 
@@ -274,7 +274,7 @@ def test_pad_and_nan_rows(tmp_path):
     r[3] = float("nan")
     adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, r)).double().numpy()
     assert adv[3] == 0 and np.isfinite(adv).all()
-    p = np.array([trainer.value_table.lookup(x).success_probability for x in PROMPTS])
+    p = np.array([trainer.rollout_strategy.table.lookup(x).success_probability for x in PROMPTS])
     cal = calibrate_beta(np.array(r), p)
     keep = np.arange(8) != 3
     np.testing.assert_allclose(adv[keep], np.array(r)[keep] - cal.baseline[keep], atol=1e-6)
@@ -330,9 +330,9 @@ def test_scale_advantages_and_eval_mode(tmp_path):
     trainer = _unit_trainer(tmp_path, basis_scale_advantages=True)
     adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS)).double().numpy()
     assert np.std(adv, ddof=1) == pytest.approx(1.0, abs=1e-2)
-    assert len(trainer.beta_history) == 1
+    assert len(trainer.rollout_strategy.beta_history) == 1
     trainer.compute_advantages(make_batch(trainer, PROMPTS, REWARDS, mode="eval"))
-    assert len(trainer.beta_history) == 1  # eval batches are calibrated and logged, not recorded
+    assert len(trainer.rollout_strategy.beta_history) == 1  # eval batches are calibrated and logged, not recorded
     assert "basis/beta" in trainer._metrics["eval"]
 
 
@@ -386,7 +386,7 @@ def test_batch_without_a_scorable_row_is_recorded_like_any_other(tmp_path):
     trainer = _unit_trainer(tmp_path, table_prompts=PROMPTS[1:], basis_max_missing_fraction=0.25)
     adv = trainer.compute_advantages(make_batch(trainer, PROMPTS, [float("nan")] * 8)).numpy()
     assert (adv == 0).all()
-    assert trainer.beta_history == [float(default_beta_grid().max())]
+    assert trainer.rollout_strategy.beta_history == [float(default_beta_grid().max())]
     assert last_metric(trainer, "basis/missing_count") == 1 and last_metric(trainer, "basis/fallback_count") == 8
     assert last_metric(trainer, "basis/calibration_loss") == math.inf
     assert last_metric(trainer, "basis/mean_sq_advantage") == 0.0
@@ -497,7 +497,7 @@ def test_table_bad_input(tmp_path):
     path = tmp_path / "table.jsonl"
     save_value_table(path, make_table(PROMPTS))
     trainer = build(args=basis_config(tmp_path, basis_value_table_path=str(path)))
-    assert len(trainer.value_table) == 8
+    assert len(trainer.rollout_strategy.table) == 8
 
 
 # ------------------------------------------------------------------------------------------------------ resume
@@ -562,7 +562,7 @@ def test_rollouts_and_tokens_per_step_equal_trls_with_the_same_batch(tmp_path):
 def test_resume_restores_beta_history(tmp_path):
     trainer = make_basis(tmp_path, save_strategy="steps", save_steps=1, max_steps=2)
     trainer.train()
-    full = list(trainer.beta_history)
+    full = list(trainer.rollout_strategy.beta_history)
     assert len(full) == 2
     ckpt = os.path.join(trainer.args.output_dir, "checkpoint-1")
     state = torch.load(os.path.join(ckpt, EXT_STATE_FILE), weights_only=True)
@@ -572,10 +572,10 @@ def test_resume_restores_beta_history(tmp_path):
     assert strategy_state["state"]["rows_total"] == 8
 
     resumed = make_basis(tmp_path, save_strategy="no", max_steps=2)
-    assert resumed.beta_history == []
+    assert resumed.rollout_strategy.beta_history == []
     resumed.train(resume_from_checkpoint=ckpt)
-    assert resumed.beta_history[0] == full[0]
-    assert len(resumed.beta_history) == 2 and resumed.beta_history_steps == [0, 1]
+    assert resumed.rollout_strategy.beta_history[0] == full[0]
+    assert len(resumed.rollout_strategy.beta_history) == 2 and resumed.rollout_strategy.beta_history_steps == [0, 1]
     assert resumed.rollout_strategy.totals["rows_total"] == 16
 
     corrupt = {**strategy_state, "state": {**strategy_state["state"], "beta_history": [1.0, float("nan")],
@@ -639,7 +639,7 @@ def test_objective_combinations_train(tmp_path, overrides):
     assert trainer.last_rollout_batch.num_rows == 8 and len(set(trainer.last_rollout_batch.prompts)) == 8
     assert max_change(before, trainer.model) > 0.0
     n_gen = 2 // trainer.args.steps_per_generation
-    assert len(trainer.beta_history) == n_gen  # one calibration per generation batch
+    assert len(trainer.rollout_strategy.beta_history) == n_gen  # one calibration per generation batch
 
 
 # ------------------------------------------------------------------------------------------------------ review fixes
@@ -663,7 +663,7 @@ def test_evaluate_on_held_out_prompts_uses_the_fallback(tmp_path):
     metrics = trainer.evaluate()
     assert metrics["eval_basis/missing_fraction"] == 1.0
     assert np.isfinite(metrics["eval_loss"])
-    assert trainer.beta_history == []  # eval batches do not enter the training beta trajectory
+    assert trainer.rollout_strategy.beta_history == []  # eval batches do not enter the training beta trajectory
     with pytest.raises(ValueError, match="missing from the value table"):
         trainer.compute_advantages(make_batch(trainer, held_out["prompt"], [1.0, 0.0] * 4, mode="train"))
 

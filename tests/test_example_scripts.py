@@ -136,7 +136,7 @@ def test_grpo_script_runs_v05_by_config_values(tiny, tmp_path):
     from trl_ext.trainers.v05 import OSLARounds
 
     assert type(tr).__name__ == "GRPOTrainer" and isinstance(tr.rollout_strategy, OSLARounds)
-    assert tr.state.global_step == 2 and tr.rollout_strategy.options.v05_value_prior == "constant"
+    assert tr.state.global_step == 2 and tr.rollout_strategy.options.value_prior == "constant"
     assert sum("v05/rollouts_per_prompt_mean" in h for h in state_of(out)["log_history"]) == 2
 
 

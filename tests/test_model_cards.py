@@ -149,8 +149,8 @@ def test_card_written_at_checkpoints_records_training_state(tmp_path):
         card = f.read()
     totals = tr.rollout_strategy.totals
     assert "This model was trained with PAIR" in card
-    assert tr.pair_heads.n_labels > 0 and totals["prefix_tokens"] > 0  # one generation batch: what the card saw
-    assert f"**heads at card time**: {tr.pair_heads.n_labels} labels in the replay window" in card
+    assert tr.rollout_strategy.heads.heads.n_labels > 0 and totals["prefix_tokens"] > 0  # one generation batch: what the card saw
+    assert f"**heads at card time**: {tr.rollout_strategy.heads.heads.n_labels} labels in the replay window" in card
     assert f"**training tokens (prefix / suffix)**: {totals['prefix_tokens']} / {totals['suffix_tokens']} over 2 " \
            "prompts" in card
     assert (tmp_path / "checkpoint-1" / EXT_STATE_FILE).exists()
@@ -277,7 +277,7 @@ def test_v05_card_names_the_model_the_default_embedding_prior_embeds_with(tmp_pa
 
     default = dict(v05_value_prior="embedding", v05_value_prior_kwargs=None)
     tr = _v05(tmp_path / "copy", **default)
-    n = tr.prior_backbone["parameters"]
+    n = tr.rollout_strategy.prior_info.get("prior_backbone")["parameters"]
     assert n > 0 and embedding_line(tr).endswith(f"a frozen copy of the starting policy (policy_copy; {n} parameters "
                                                  "copied)")
     tr = _v05(tmp_path / "lora", peft_config=LoraConfig(r=4, target_modules="all-linear"), **default)

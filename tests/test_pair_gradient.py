@@ -153,12 +153,12 @@ def build_trainer(tmp_path, loss_type: str, setting: Setting = SHORT, **over) ->
     tr.population = {tuple(tr.prompt_ids[p]): [_tokens(tok, c) for c, _ in cands] for p, cands in POPULATION.items()}
     # heads "ready" with fixed predictions: the real pair_design runs on them, nothing is refit
     g = torch.Generator().manual_seed(0)
-    h = tr.pair_heads.config["input_dim"]
-    tr.pair_heads.add_labels(torch.randn(16, h, generator=g), torch.ones(16), torch.ones(16), torch.ones(16))
-    pred = type(tr.pair_heads.predict(torch.zeros(1, h)))
+    h = tr.rollout_strategy.heads.heads.config["input_dim"]
+    tr.rollout_strategy.heads.heads.add_labels(torch.randn(16, h, generator=g), torch.ones(16), torch.ones(16), torch.ones(16))
+    pred = type(tr.rollout_strategy.heads.heads.predict(torch.zeros(1, h)))
     p_hat = torch.tensor([v for p in prompts for v in P_HAT[p]], dtype=torch.float32)
     c_hat = torch.tensor([v for p in prompts for v in COST_HAT[p]], dtype=torch.float32)
-    tr.pair_heads.predict = lambda feats: pred(p_hat=p_hat.clone(), cost_hat=c_hat.clone(), n_nonfinite=0)
+    tr.rollout_strategy.heads.heads.predict = lambda feats: pred(p_hat=p_hat.clone(), cost_hat=c_hat.clone(), n_nonfinite=0)
     tr.model.train()
     tr.current_gradient_accumulation_steps = 1
     tr.rows = [{"prompt": p, "question_id": ds[k]["question_id"], compat.ROW_IDX_COLUMN: k}
@@ -200,8 +200,8 @@ def expected_gradient(tr):
     """sum_J P(J) grad(J) over every selection pattern of the unfinished candidates of both prompts."""
     G = tr.setting.G
     _, pis, _ = trainer_gradient(tr, [np.ones(G, bool)] * 2)
-    pi = [tr.pair_design_log[k]["pi"] for k in range(2)]
-    fin = [np.asarray(tr.pair_design_log[k]["finished"], bool) for k in range(2)]
+    pi = [tr.rollout_strategy.design_log[k]["pi"] for k in range(2)]
+    fin = [np.asarray(tr.rollout_strategy.design_log[k]["finished"], bool) for k in range(2)]
     unf = [np.flatnonzero(~f) for f in fin]
     total, expect = 0.0, None
     for bits in itertools.product([False, True], repeat=sum(len(u) for u in unf)):
@@ -216,7 +216,7 @@ def expected_gradient(tr):
         grad, seen, _ = trainer_gradient(tr, pats)
         for k in range(2):  # every draw was made with the same, logged design
             np.testing.assert_array_equal(seen[k], pis[k])
-            np.testing.assert_array_equal(tr.pair_design_log[k]["pi"], pi[k])
+            np.testing.assert_array_equal(tr.rollout_strategy.design_log[k]["pi"], pi[k])
         expect = prob * grad if expect is None else expect + prob * grad
         total += prob
     assert total == pytest.approx(1.0, abs=1e-12)
@@ -270,7 +270,7 @@ def test_expected_gradient_over_the_design_equals_the_complete_pair_gradient(tmp
     # the trainer's complete design (every candidate continued, weights 1) gives the target draw by draw
     full = build_trainer(tmp_path / "full", loss_type, SETTINGS[setting], pair_budget_ratio=1.0)
     g_full, _, _ = trainer_gradient(full, [np.ones(G, bool)] * 2)
-    assert all(np.all(np.asarray(d["pi"]) == 1.0) for d in full.pair_design_log)
+    assert all(np.all(np.asarray(d["pi"]) == 1.0) for d in full.rollout_strategy.design_log)
     assert rel_err(g_full, target) < 1e-5, rel_err(g_full, target)
 
 
@@ -325,8 +325,8 @@ def test_loss_sees_exactly_the_sampled_tokens_of_probe_and_continuation(tmp_path
     # the logged design: finished in the probe <=> EOS within the first TAU tokens
     for k, p in enumerate(POPULATION):
         fin = [tr.eos_token_id_ in _tokens(tr.processing_class, c)[:TAU] for c, _ in POPULATION[p]]
-        assert tr.pair_design_log[k]["finished"] == fin
-        assert tr.pair_design_log[k]["realized_suffix_tokens"] == [
+        assert tr.rollout_strategy.design_log[k]["finished"] == fin
+        assert tr.rollout_strategy.design_log[k]["realized_suffix_tokens"] == [
             0 if f else len(_tokens(tr.processing_class, c)[:L]) - TAU for f, (c, _) in zip(fin, POPULATION[p])]
 
 
@@ -371,7 +371,7 @@ def test_real_generator_probe_and_continuation_alignment(tmp_path):
         assert j and j[0] not in cont_of
         cont_of[j[0]] = c
     assert not any(finished[j] for j in cont_of)
-    log = [d for d in tr.pair_design_log]
+    log = [d for d in tr.rollout_strategy.design_log]
     expected_rows = []
     for k, d in enumerate(log):
         for i in range(8):

@@ -89,21 +89,21 @@ Scripted = two_rank.recording_class(PAIRTrainer)
 
 def preload_labels(trainer: PAIRTrainer, n: int = 64, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
-    h = trainer.pair_heads.config["input_dim"]
+    h = trainer.rollout_strategy.heads.heads.config["input_dim"]
     f = torch.randn(n, h, generator=g)
     r = (f[:, 0] > 0).float()
     c = 1.0 + 3.0 * torch.rand(n, generator=g)
-    trainer.pair_heads.add_labels(f, r, c, torch.full((n,), 0.5))
+    trainer.rollout_strategy.heads.heads.add_labels(f, r, c, torch.full((n,), 0.5))
 
 
 def design_and_draw(trainer, p_hat, cost_hat, finished, rng, **kw):
     """The design the rollout strategy runs per prompt, with the trainer's ``pair_*`` options."""
-    return pair_est.design_and_draw(p_hat, cost_hat, finished, rng, **kw, **pair_config.pair_design_options(trainer.args))
+    return pair_est.design_and_draw(p_hat, cost_hat, finished, rng, **kw, **pair_config.pair_design_options(trainer.rollout_strategy.options))
 
 
 def group_advantages(trainer, rewards, draw):
     """Eq. 13 of one group's draw with the trainer's options (what the ``pair_draw`` estimator computes per group)."""
-    return pair_est.draw_advantages(rewards, draw, **pair_config.pair_advantage_options(trainer.args))
+    return pair_est.draw_advantages(rewards, draw, **pair_config.pair_advantage_options(trainer.rollout_strategy.options))
 
 
 def full_advantages(trainer, rewards):
@@ -195,14 +195,14 @@ def test_realized_advantages_average_to_complete_pair_monte_carlo(tmp_path, n_pr
     the unweighted estimator does not."""
     tr = make_trainer(tmp_path)
     preload_labels(tr, 128)
-    tr.pair_heads.refresh(steps=100)
+    tr.rollout_strategy.heads.heads.refresh(steps=100)
     G = tr.num_generations
     rows, feats, fin, rewards = _probe_population(tr, n_prompts=n_prompts, seed=1)
-    pred = tr.pair_heads.predict(feats)
-    assert tr.pair_heads.ready
+    pred = tr.rollout_strategy.heads.heads.predict(feats)
+    assert tr.rollout_strategy.heads.heads.ready
     mixed, spread, naive_detected = 0, 0.0, False
     for anchor in (False, True):
-        tr.args.pair_anchor_pair = anchor
+        tr.rollout_strategy.options.anchor_pair = anchor
         for k in range(len(rows) // G):
             sl = slice(k * G, (k + 1) * G)
             r = rewards[sl]
@@ -213,7 +213,8 @@ def test_realized_advantages_average_to_complete_pair_monte_carlo(tmp_path, n_pr
             for _ in range(n_draws):
                 adv, draw, _ = pair_est.simulate_draw(
                     pred.p_hat[sl].numpy(), pred.cost_hat[sl].numpy(), fin[sl], r, rng,
-                    design=pair_config.pair_design_options(tr.args), estimator=pair_config.pair_advantage_options(tr.args))
+                    design=pair_config.pair_design_options(tr.rollout_strategy.options),
+                    estimator=pair_config.pair_advantage_options(tr.rollout_strategy.options))
                 samples.append(adv)
                 sel = draw.selected
                 naive.append(pair_est.pair_advantages(np.where(sel, r, np.nan), sel, np.ones(G)).advantages)
@@ -224,7 +225,7 @@ def test_realized_advantages_average_to_complete_pair_monte_carlo(tmp_path, n_pr
             nv = np.array(naive)
             nse = nv.std(axis=0, ddof=1) / np.sqrt(len(nv))
             naive_detected |= bool(np.any(np.abs(nv.mean(axis=0) - target) > 5 * nse + 1e-9))
-    tr.args.pair_anchor_pair = False
+    tr.rollout_strategy.options.anchor_pair = False
     assert mixed >= 1, "population has no reward contrast; the test would be vacuous"
     assert spread > 0.01, "the heads produced a uniform design; the test would not exercise the weights"
     assert naive_detected
@@ -268,9 +269,9 @@ def test_fixed_normalizer_is_the_global_number_of_prompts(tmp_path):
     assert tr.last_rollout_batch.fixed_normalizer == 2.0  # K = 2 prompts probed, whatever was completed
     rows = [dict(tr.train_dataset[k]) for k in range(2) for _ in range(tr.args.num_generations)]
     tr.model.train()
-    tr.args.pair_fixed_normalizer = False
+    tr.rollout_strategy.options.fixed_normalizer = False
     assert strat.rollout(tr.rollout_api, rows).fixed_normalizer is None
-    tr.args.pair_fixed_normalizer = True
+    tr.rollout_strategy.options.fixed_normalizer = True
 
 
 # --------------------------------------------------------------------------------------------- budget
@@ -290,12 +291,12 @@ def test_expected_cost_respects_budget(trainer, G, data, ratio, anchor):
     if data.draw(st.booleans()):  # a warm start from an arbitrary previous profile changes nothing here
         ws = DesignWarmStart()
         ws.update([np.array(data.draw(st.lists(st.floats(0.0, 3.0), min_size=G, max_size=G)))])
-    old = (trainer.args.pair_budget_ratio, trainer.args.pair_anchor_pair)
-    trainer.args.pair_budget_ratio, trainer.args.pair_anchor_pair = ratio, anchor
+    old = (trainer.rollout_strategy.options.budget_ratio, trainer.rollout_strategy.options.anchor_pair)
+    trainer.rollout_strategy.options.budget_ratio, trainer.rollout_strategy.options.anchor_pair = ratio, anchor
     try:
         d = design_and_draw(trainer, p, c, fin, np.random.default_rng(0), warmup=warm, warm_start=ws)
     finally:
-        trainer.args.pair_budget_ratio, trainer.args.pair_anchor_pair = old
+        trainer.rollout_strategy.options.budget_ratio, trainer.rollout_strategy.options.anchor_pair = old
     unf = ~fin
     assert np.all(d.pi[fin] == 1.0) and np.all(d.selected[fin])
     if unf.any():
@@ -318,7 +319,7 @@ def test_training_logs_design_before_rewards_and_budget(tmp_path):
 
     def checking_reward(prompts, completions, **kw):
         tr = holder["trainer"]
-        log = tr.pair_design_log
+        log = tr.rollout_strategy.design_log
         # the strategy counts this generation batch once it has returned its rollouts
         assert log and all(d["generation"] == tr.rollout_strategy.generation_index - 1 for d in log)
         assert len(completions) == sum(sum(d["selected"]) for d in log)
@@ -338,7 +339,7 @@ def test_training_logs_design_before_rewards_and_budget(tmp_path):
     assert metric(tr, "ext/generated_tokens_total")[-1] == sum(gen)
     assert not any(k.startswith("pair/generated_tokens") for h in tr.state.log_history for k in h)
     assert all(p <= 16 * 2 for p in pre)  # every candidate probed, at most tau tokens each
-    for d in tr.pair_design_log:  # realized suffix costs appended after the design: 0 unless continued
+    for d in tr.rollout_strategy.design_log:  # realized suffix costs appended after the design: 0 unless continued
         cont = np.array(d["selected"]) & ~np.array(d["finished"])
         assert all((s > 0) == bool(c) for s, c in zip(d["realized_suffix_tokens"], cont))
         assert d["expected_cost"] <= d["budget"] * (1 + 1e-7)
@@ -388,7 +389,7 @@ def test_design_solver_is_warm_started_from_the_previous_step(tmp_path, monkeypa
             warm_checked += 1
     assert warm_checked >= 4
     assert metric(tr, "pair/warm_started_groups")[-1] == 2.0
-    assert all(d["warm_started"] for d in tr.pair_design_log)
+    assert all(d["warm_started"] for d in tr.rollout_strategy.design_log)
     # the profile after the last step: mean of that step's sorted solutions
     last = [c["design"].x for c in by_gen[2] if c["design"].reason in ("optimal", "iteration limit")]
     np.testing.assert_allclose(strat.warm_start.profiles[8], np.mean([np.sort(x) for x in last], axis=0),
@@ -425,7 +426,7 @@ def test_heads_learn_when_prefix_predicts_success(tmp_path):
                       per_device_train_batch_size=32, n_rows=64, pair_head_min_labels=32, pair_head_fit_steps=100,
                       pair_summary_last_k=1)
     tr.train()
-    assert tr.pair_heads.n_labels >= 100
+    assert tr.rollout_strategy.heads.heads.n_labels >= 100
     tr.rollout_strategy.heads.refresh()
     from trl_ext.testbed import make_dataset
 
@@ -434,7 +435,7 @@ def test_heads_learn_when_prefix_predicts_success(tmp_path):
     torch.manual_seed(3)
     pr = tr.rollout_strategy.probe(tr.rollout_api, rows)
     y = np.array(first_char_reward(None, tr.processing_class.batch_decode(pr["probe_ids"], skip_special_tokens=True)))
-    p = tr.pair_heads.predict(pr["features"]).p_hat.numpy()
+    p = tr.rollout_strategy.heads.heads.predict(pr["features"]).p_hat.numpy()
     brier = float(np.mean((p - y) ** 2))
     base = float(np.mean((y.mean() - y) ** 2))
     assert 0.05 < y.mean() < 0.95
@@ -503,19 +504,19 @@ def test_resume_restores_heads_replay_window_and_warm_start(tmp_path):
     tr = make_trainer(tmp_path / "a", max_steps=2, save_strategy="steps", save_steps=2)
     preload_labels(tr)
     tr.train()
-    saved = copy.deepcopy(tr.pair_heads.state_dict())
+    saved = copy.deepcopy(tr.rollout_strategy.heads.heads.state_dict())
     saved_strategy = copy.deepcopy(tr.rollout_strategy.state_dict())
-    assert tr.pair_heads.n_labels > 0 and tr.rollout_strategy.heads.needs_refresh and saved_strategy["warm_start"]["profiles"]
+    assert tr.rollout_strategy.heads.heads.n_labels > 0 and tr.rollout_strategy.heads.needs_refresh and saved_strategy["warm_start"]["profiles"]
     ckpt = tmp_path / "a" / "checkpoint-2"
     assert (ckpt / "trl_ext_state.pt").exists()
     tr2 = make_trainer(tmp_path / "b", max_steps=3)
-    assert tr2.pair_heads.n_labels == 0 and not tr2.rollout_strategy.warm_start.profiles
+    assert tr2.rollout_strategy.heads.heads.n_labels == 0 and not tr2.rollout_strategy.warm_start.profiles
     snap = {}
     load = tr2.load_ext_state_dict
 
     def load_and_snapshot(state):  # the state right after the checkpoint is restored (training then continues)
         load(state)
-        snap.update(heads=copy.deepcopy(tr2.pair_heads.state_dict()), refresh=tr2.rollout_strategy.heads.needs_refresh,
+        snap.update(heads=copy.deepcopy(tr2.rollout_strategy.heads.heads.state_dict()), refresh=tr2.rollout_strategy.heads.needs_refresh,
                     strategy=copy.deepcopy(tr2.rollout_strategy.state_dict()))
 
     tr2.load_ext_state_dict = load_and_snapshot
@@ -531,8 +532,8 @@ def test_resume_restores_heads_replay_window_and_warm_start(tmp_path):
     no_heads = lambda st: {k: v for k, v in st.items() if k != "heads"}  # noqa: E731 - the heads are compared above
     assert snap["refresh"] and no_heads(snap["strategy"]) == no_heads(saved_strategy)
     assert snap["strategy"]["generation_index"] == 2
-    assert tr2.state.global_step == 3 and tr2.pair_heads.n_seen > saved["n_seen"]  # training continued from there
-    assert tr2.pair_design_log[0]["warm_started"]  # the resumed step started from the restored profile
+    assert tr2.state.global_step == 3 and tr2.rollout_strategy.heads.heads.n_seen > saved["n_seen"]  # training continued from there
+    assert tr2.rollout_strategy.design_log[0]["warm_started"]  # the resumed step started from the restored profile
 
 
 # --------------------------------------------------------------------------------------------- vLLM stand-in
@@ -577,7 +578,7 @@ def test_vllm_continuation_resubmits_prefix_and_concatenates_logprobs(tmp_path, 
     tau, L = tr.rollout_strategy.probe_len(), tr.args.max_completion_length
     assert [c["max"] for c in fake.calls] == [tau, L - tau]
     assert fake.max_completion_length == L  # restored
-    n_sel = sum(sum(d["selected"]) for d in tr.pair_design_log)
+    n_sel = sum(sum(d["selected"]) for d in tr.rollout_strategy.design_log)
     assert len(fake.calls[1]["prompts"]) == n_sel == len(captured["ids"]) and captured["is_pad"] is None
     prompt_ids = compat.tokenize_prompts(tr, [rows[0]["prompt"]])
     assert fake.calls[1]["prompts"][0] == prompt_ids[0] + [fake.token] * tau  # prompt + prefix resubmitted
@@ -712,7 +713,7 @@ def test_a_one_or_two_token_probe_warns_at_construction(tmp_path, over, probe):
     assert tr.rollout_strategy.probe_len() == probe
     msgs = [str(w.message) for w in caught if issubclass(w.category, pair_mod.PAIRShortProbeWarning)]
     if probe > pair_mod.SHORT_PROBE_TOKENS:
-        assert not msgs and pair_mod.short_probe_message(tr.args) is None
+        assert not msgs and pair_mod.short_probe_message(tr.rollout_strategy.options, tr.args.max_completion_length) is None
         return
     assert len(msgs) == 1
     msg = msgs[0]
@@ -864,13 +865,13 @@ def test_unscorable_rows_in_training_are_counted_and_get_no_advantage_or_label(t
 
     tr = two_rank.build(str(tmp_path), per_device=16, max_steps=3, reward_funcs=[sometimes_none])
     labels_before = []
-    orig = tr.pair_heads.add_labels
+    orig = tr.rollout_strategy.heads.heads.add_labels
 
     def count_labels(f, r, c, pi):
         labels_before.append(int(r.numel()))
         return orig(f, r, c, pi)
 
-    tr.pair_heads.add_labels = count_labels
+    tr.rollout_strategy.heads.heads.add_labels = count_labels
     tr.train()
     nan_total = 0
     for gen in tr.generations:
@@ -896,7 +897,7 @@ def test_solver_failure_falls_back_and_is_logged(tmp_path, monkeypatch):
     tr.train()
     assert metric(tr, "pair/solver_fallbacks")[-1] == 2.0  # both prompts
     assert metric(tr, "pair/warmup")[-1] == 0.0
-    assert all(d["reason"].startswith("solver failed") for d in tr.pair_design_log)
+    assert all(d["reason"].startswith("solver failed") for d in tr.rollout_strategy.design_log)
     assert metric(tr, "pair/predicted_suffix_cost")[-1] <= metric(tr, "pair/budget")[-1] * (1 + 1e-7)
     assert not tr.rollout_strategy.warm_start.profiles  # fallbacks are not solutions to learn from
 
@@ -905,12 +906,12 @@ def test_nan_head_outputs_are_replaced_and_counted(tmp_path):
     tr = make_trainer(tmp_path)
     preload_labels(tr)
     with torch.no_grad():
-        for p in tr.pair_heads.success_head.parameters():
+        for p in tr.rollout_strategy.heads.heads.success_head.parameters():
             p.fill_(float("nan"))
     tr.train()
     assert metric(tr, "pair/head_nonfinite")[-1] == 16.0
     assert np.isfinite(metric(tr, "loss")).all()
-    assert all(np.all(np.isfinite(d["pi"])) for d in tr.pair_design_log)
+    assert all(np.all(np.isfinite(d["pi"])) for d in tr.rollout_strategy.design_log)
 
 
 def alternating_reward(prompts, completions, **kw):

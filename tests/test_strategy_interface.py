@@ -105,10 +105,15 @@ def test_fixed_normalizer_and_signal_only_denominators_are_refused(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- validation once
 def _count_validations(monkeypatch) -> dict:
-    """Count the shared rules (``validate_ext_config``) and each class's method rules (``validate_method``) by the id
-    of the config object they ran on."""
+    """Count the shared rules (``validate_ext_config``), each class's method rules (``validate_method``) and the
+    V0.5 / PAIR option rules (``validate_v05_options``, ``validate_pair_options``, keyed ``"options"``) by the id of
+    the config object they ran on."""
     from trl_ext import BASISConfig, ExtGRPOConfig, PAIRConfig, V05GRPOConfig
     from trl_ext.trainers import config as config_module
+    from trl_ext.trainers.pair import config as pair_config
+    from trl_ext.trainers.pair import strategy as pair_strategy
+    from trl_ext.trainers.v05 import config as v05_config
+    from trl_ext.trainers.v05 import strategy as v05_strategy
 
     counts: dict = {}
     real = config_module.validate_ext_config
@@ -128,13 +133,23 @@ def _count_validations(monkeypatch) -> dict:
             return _method(self)
 
         monkeypatch.setattr(cls, "validate_method", counted)
+    for name, modules in (("validate_v05_options", (v05_config, v05_strategy)),
+                          ("validate_pair_options", (pair_config, pair_strategy))):
+        def options_rules(o, args, _real=getattr(modules[0], name)):
+            counts.setdefault(("options", id(args)), 0)
+            counts[("options", id(args))] += 1
+            return _real(o, args)
+
+        for module in modules:
+            monkeypatch.setattr(module, name, options_rules)
     return counts
 
 
 @pytest.mark.parametrize("route", ["base", "v05_preset", "v05_by_config", "pair_preset", "pair_by_config", "basis"])
 def test_validation_runs_once_per_config_object(monkeypatch, tmp_path, route):
-    """Every config object is validated exactly once (shared rules, then its own class's rules); a method selected
-    by config validates its options view once (method rules only); the trainer validates nothing again."""
+    """Every config object is validated exactly once (shared rules, then its own class's rules); V0.5's and PAIR's
+    option rules run once on it, whether the options are the method config's fields or ``rollout_strategy_kwargs``;
+    the trainer validates nothing again."""
     from trl_ext import BASISConfig, PAIRConfig, PAIRTrainer, V05GRPOConfig, V05GRPOTrainer
 
     counts = _count_validations(monkeypatch)
@@ -156,11 +171,9 @@ def test_validation_runs_once_per_config_object(monkeypatch, tmp_path, route):
         cfg, cls = BASISConfig(**common, num_generations=1), None
     own = type(cfg).__name__
     assert counts.pop(("shared", id(cfg))) == 1 and counts.pop((own, id(cfg))) == 1, counts
-    views = {k: v for k, v in counts.items() if k[0] != "ExtGRPOConfig"}
-    if route.endswith("by_config"):  # the options view: the method's own rules, once; never the shared ones
-        assert list(views.values()) == [1] and next(iter(views))[0] in ("V05GRPOConfig", "PAIRConfig"), counts
-    else:
-        assert counts == {}, counts
+    if route.startswith(("v05", "pair")):  # the typed options' rules: once, on this config, by either route
+        assert counts.pop(("options", id(cfg))) == 1, counts
+    assert counts == {}, counts
     if cls is None:
         return
     counts.clear()
@@ -278,3 +291,58 @@ def test_a_method_checkpoint_from_before_the_route_fields_resumes():
     other = {"config_fingerprint": json.dumps({**old, "advantage_estimator": "rloo"})}
     with pytest.raises(ValueError, match="advantage_estimator"):
         check_resumed_config(other, current, args, None, None, "ckpt", 3)
+
+
+# ----------------------------------------------------------------------------------------------- typed method options
+@pytest.mark.parametrize("method", ["v05", "pair", "basis"])
+def test_typed_method_options_mirror_the_method_config_and_agree_across_routes(tmp_path, method):
+    """``V05Options`` / ``PAIROptions`` are the method config's prefixed fields without the prefix (same defaults and
+    help, generated so they cannot drift); a method config and the same options given as
+    ``rollout_strategy_kwargs`` give equal option objects; an unknown key is refused naming the known ones; a strategy
+    holds the typed object, never a config."""
+    from dataclasses import MISSING, fields
+
+    from trl_ext import BASISConfig, PAIRConfig, V05GRPOConfig
+    from trl_ext.trainers.basis import BASISOptions
+    from trl_ext.trainers.pair import PAIROptions
+    from trl_ext.trainers.pair.config import pair_kwargs_options
+    from trl_ext.trainers.v05 import V05Options
+
+    config_cls, options_cls, prefix = {"v05": (V05GRPOConfig, V05Options, "v05_"),
+                                       "pair": (PAIRConfig, PAIROptions, "pair_"),
+                                       "basis": (BASISConfig, BASISOptions, "basis_")}[method]
+    own = {f.name[len(prefix):]: f for f in fields(config_cls) if f.name.startswith(prefix)}
+    typed = {f.name: f for f in fields(options_cls)}
+    assert set(own) == set(typed) and len(typed) >= 10
+    for name, f in typed.items():
+        g = own[name]
+        assert f.metadata["help"] == g.metadata["help"], name
+        assert (f.default if f.default is not MISSING else f.default_factory()) == (
+            g.default if g.default is not MISSING else g.default_factory()), name
+    common = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, max_completion_length=6, use_cpu=True,
+                  report_to="none", num_generations=4)
+    if method == "v05":
+        preset = V05GRPOConfig(**common, loss_type="dapo", v05_k_init=4, v05_value_prior="constant")
+        by_kwargs = V05Options.from_kwargs({"k_init": 4, "value_prior": "constant"})
+        bad = {"kinit": 4}
+    elif method == "pair":
+        preset = PAIRConfig(**common, pair_prefix_tokens=2, pair_budget_ratio=0.6, pair_lr_scaling="none")
+        by_kwargs = pair_kwargs_options({"prefix_tokens": 2, "budget_ratio": 0.6})
+        bad = {"budjet_ratio": 0.6}
+    else:
+        preset = BASISConfig(**{**common, "num_generations": 1}, basis_value_table_path="t.jsonl", basis_eps=0.01)
+        by_kwargs = BASISOptions.from_kwargs({"value_table_path": "t.jsonl", "eps": 0.01})
+        bad = {"objectiv": "paper"}
+    assert options_cls.from_config(preset) == by_kwargs
+    assert options_cls.of(preset, {}) == by_kwargs
+    with pytest.raises(ValueError, match=rf"unknown rollout_strategy_kwargs \['{next(iter(bad))}'\]; known: \["):
+        options_cls.from_kwargs(bad)
+    if method == "basis":  # its strategy holds the estimator's options (a table is needed to build one)
+        return
+    model, tok = tiny_model_and_tokenizer(0)
+    tr = GRPOTrainer(model=model, reward_funcs=[hash_reward], args=make_config(
+        tmp_path, loss_type="dapo", max_completion_length=6, advantage_estimator="v05" if method == "v05" else "pair_draw",
+        rollout_strategy="v05_osla" if method == "v05" else "pair_prefix_probe",
+        rollout_strategy_kwargs={"k_init": 4, "value_prior": "constant"} if method == "v05" else
+        {"prefix_tokens": 2, "budget_ratio": 0.6}), train_dataset=tiny_dataset(16), processing_class=tok)
+    assert tr.rollout_strategy.options == by_kwargs and isinstance(tr.rollout_strategy.options, options_cls)

@@ -122,7 +122,7 @@ def test_tokens_per_step_within_the_documented_factor_of_trl(tmp_path, trl_token
     assert per_step(tr, "v05/extra_rollouts")[0] == b * 8
     if b == 0:
         assert v05 == trl_tokens and per_step(tr, "v05/rounds") == [0.0] * 3
-    assert type(tr.prior).__name__ == "EmbeddingInContextPrior"
+    assert type(tr.rollout_strategy.prior).__name__ == "EmbeddingInContextPrior"
 
 
 def test_unbounded_budget_reproduces_the_paper_rounds(tmp_path):
@@ -130,7 +130,7 @@ def test_unbounded_budget_reproduces_the_paper_rounds(tmp_path):
     tr = make_v05(tmp_path, prior=ConstantPrior(0.5), v05_extra_rollout_budget=3.0, max_steps=1)
     assert "does not bind" in tr.rollout_strategy.describe(tr.rollout_api)[0]
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert r["k"].tolist() == [16, 16] and not r["budget_exhausted"] and r["extra_rollouts"] == 24
 
 
@@ -144,7 +144,7 @@ def test_budget_serves_the_largest_bias2_first(tmp_path):
     tr = make_v05(tmp_path, prior=prior, ds=ds, per_device_train_batch_size=32, num_generations=8, max_steps=1,
                   v05_extra_rollout_budget=0.25)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     rows = r["row_idx"]
     assert len(rows) == 8 and r["rejected_at_init"].all()
     order = sorted(range(8), key=lambda j: (-(3.75 if rows[j] % 2 == 0 else 0.75), j))
@@ -192,21 +192,21 @@ def test_lora_prior_shares_the_base_weights(tmp_path):
     tr, d_emb = _delta_bytes(lambda: make_v05(tmp_path / "e", peft_config=_lora(), learning_rate=5e-2,
                                               reward_funcs=[hash_bit_reward], per_device_train_batch_size=16))
     assert d_emb == d_const  # no second copy of the base weights
-    assert tr.prior_backbone == {"source": "peft_base_model", "parameters": 0, "bytes": 0}
-    embed = tr.prior.embed_fn
+    assert tr.rollout_strategy.prior_info.get("prior_backbone") == {"source": "peft_base_model", "parameters": 0, "bytes": 0}
+    embed = tr.rollout_strategy.prior.embed_fn
     assert embed.backbone["model"] is tr.accelerator.unwrap_model(tr.model) and not embed.backbone["copied"]
     policy_ptrs = {p.data_ptr() for p in tr.model.parameters()}
     assert {p.data_ptr() for p in embed.backbone["model"].parameters()} <= policy_ptrs
     texts = [x["prompt"] for x in _dataset(6)]
     before = embed(texts)
-    modes, predict = [], tr.prior.predict
+    modes, predict = [], tr.rollout_strategy.prior.predict
 
     def spy(*args):
         out = predict(*args)
-        modes.append(tr.prior.last_info["mode"])
+        modes.append(tr.rollout_strategy.prior.last_info["mode"])
         return out
 
-    tr.prior.predict = spy
+    tr.rollout_strategy.prior.predict = spy
     tr.train()
     assert "head" in modes  # the prior embedded during training (policy in train mode, adapter enabled around it)
     lora = [p for n, p in tr.model.named_parameters() if "lora_B" in n]
@@ -226,10 +226,10 @@ def test_full_finetuning_prior_is_a_frozen_copy_logged_with_its_size(tmp_path, c
     with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.v05"):
         tr, delta = _delta_bytes(lambda: make_v05(tmp_path, learning_rate=5e-2, reward_funcs=[hash_bit_reward]))
     foot = model_footprint(tr.accelerator.unwrap_model(tr.model))
-    assert tr.prior_backbone == {"source": "policy_copy", **foot}
+    assert tr.rollout_strategy.prior_info.get("prior_backbone") == {"source": "policy_copy", **foot}
     msgs = [r.getMessage() for r in caplog.records if "frozen copy" in r.getMessage()]
     assert len(msgs) == 1 and f"{foot['parameters']} parameters" in msgs[0]
-    embed = tr.prior.embed_fn
+    embed = tr.rollout_strategy.prior.embed_fn
     copy_ = embed.backbone["model"]
     assert copy_ is not tr.model and all(not p.requires_grad for p in copy_.parameters())
     assert not ({p.data_ptr() for p in copy_.parameters()} & {p.data_ptr() for p in tr.model.parameters()})
@@ -255,17 +255,17 @@ def test_beta_reuses_the_reference_model(tmp_path):
                         args=V05GRPOConfig(**_common(tmp_path / "out", beta=0.1, max_steps=1)),
                         train_dataset=_dataset(), processing_class=tok)
     assert tr.ref_model is not None
-    assert tr.prior_backbone == {"source": "reference_model", "parameters": 0, "bytes": 0}
-    assert tr.prior.embed_fn.backbone["model"] is tr.accelerator.unwrap_model(tr.ref_model)
+    assert tr.rollout_strategy.prior_info.get("prior_backbone") == {"source": "reference_model", "parameters": 0, "bytes": 0}
+    assert tr.rollout_strategy.prior.embed_fn.backbone["model"] is tr.accelerator.unwrap_model(tr.ref_model)
     texts = [x["prompt"] for x in _dataset(4)]
-    before = tr.prior.embed_fn(texts)
+    before = tr.rollout_strategy.prior.embed_fn(texts)
     tr.train()
-    np.testing.assert_array_equal(tr.prior.embed_fn(texts), before)
+    np.testing.assert_array_equal(tr.rollout_strategy.prior.embed_fn(texts), before)
     # sync_ref_model moves the reference towards the policy: then the prior keeps its own copy
     tr2 = V05GRPOTrainer(model=path, reward_funcs=[hash_bit_reward],
                          args=V05GRPOConfig(**_common(tmp_path / "out2", beta=0.1, sync_ref_model=True)),
                          train_dataset=_dataset(), processing_class=tok)
-    assert tr2.prior_backbone["source"] == "policy_copy" and tr2.prior_backbone["bytes"] > 0
+    assert tr2.rollout_strategy.prior_info.get("prior_backbone")["source"] == "policy_copy" and tr2.rollout_strategy.prior_info.get("prior_backbone")["bytes"] > 0
 
 
 # ------------------------------------------------------------------------------------------------------ resume
@@ -278,14 +278,14 @@ def test_resume_is_bit_identical_with_the_default_prior(tmp_path):
                         max_steps=steps, learning_rate=1e-2, v05_context_size=8, generation_kwargs=None, **kw)
 
     a = make(4, save_strategy="steps", save_steps=2)
-    modes, predict = [], a.prior.predict
+    modes, predict = [], a.rollout_strategy.prior.predict
 
     def spy(*args):
         out = predict(*args)
-        modes.append(a.prior.last_info["mode"])
+        modes.append(a.rollout_strategy.prior.last_info["mode"])
         return out
 
-    a.prior.predict = spy
+    a.rollout_strategy.prior.predict = spy
     a.train()
     assert "head" in modes  # the embeddings fed the prior after the resume point
     b = make(4)
@@ -317,7 +317,7 @@ def test_unscorable_rollouts_are_counted_and_warned_once(tmp_path):
     assert not any("generation batch are unscorable" in str(w.message) for w in rec)  # no second, generic warning
     counts = per_step(tr, "v05/unscorable_rollouts")
     assert counts == [float(n) for n in seen] and sum(counts) > 0  # budget 0: one scoring call per step
-    assert tr.last_v05["unscorable_rollouts"] == seen[-1]
+    assert tr.rollout_strategy.last_record["unscorable_rollouts"] == seen[-1]
 
 
 # ------------------------------------------------------------------------------------------------------ tied groups
@@ -333,7 +333,7 @@ def test_all_tied_batch_follows_the_paper_estimator(tmp_path, p, nonzero):
     """
     tr = make_v05(tmp_path, prior=ConstantPrior(p), reward_funcs=[zero_reward], max_steps=1, beta=0.0)
     tr.train()
-    b, adv, r = tr.last_rollout_batch, tr.last_advantages, tr.last_v05
+    b, adv, r = tr.last_rollout_batch, tr.last_advantages, tr.rollout_strategy.last_record
     signed = to_signed_reward(b.rewards.double().numpy())
     assert (signed == -1).all()
     c = equal_prompt_weights(r["k"])

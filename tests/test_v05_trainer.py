@@ -96,7 +96,7 @@ def rows(tmp_path_factory):
     """Row indices of the first generation batch of 8 prompts (the sampler is seeded, so this is deterministic)."""
     tr = make(tmp_path_factory.mktemp("probe"), prior=ConstantPrior(0.5), v05_global_stop_fraction=0.0, max_steps=1)
     tr.train()
-    out = list(tr.last_v05["row_idx"])
+    out = list(tr.rollout_strategy.last_record["row_idx"])
     assert sorted(out) == sorted(set(out)) and len(out) == 8  # unique prompts
     return out
 
@@ -127,7 +127,7 @@ def test_accurate_prior_stops_at_k_init(tmp_path):
     ds = _dataset()
     tr = make(tmp_path, prior=flipped_prior(ds, set()), ds=ds)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert r["k"].tolist() == [4] * 8
     assert r["rounds"] == 0 and not r["early_stop"] and r["need_history"] == [0.0]
     assert not r["rejected_at_init"].any() and (r["weight"] == 0).all()
@@ -144,7 +144,7 @@ def test_corrupted_prior_rolls_out_to_the_cap(tmp_path, rows, cost, cap):
     ds = _dataset()
     tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, v05_rollout_cost=cost, **UNBOUNDED)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert r["row_idx"] == rows
     expected = [cap if i in bad else 4 for i in rows]
     assert r["k"].tolist() == expected
@@ -166,7 +166,7 @@ def test_budget_caps_the_rounds_of_a_corrupted_prior(tmp_path, rows):
     ds = _dataset()
     tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert r["k"].tolist() == [12 if i in bad else 4 for i in rows]
     assert r["rounds"] == 4 and r["budget_exhausted"] and r["extra_rollouts"] == 32 == r["extra_budget"]
     rec = tr.state.log_history[0]
@@ -179,7 +179,7 @@ def test_global_stop_at_threshold(tmp_path, rows, n_bad, frac, stops):
     ds = _dataset()
     tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, v05_global_stop_fraction=frac)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert r["early_stop"] == stops
     assert r["need_history"][0] == n_bad / 8
     k_bad = 4 if stops else 16
@@ -201,7 +201,7 @@ def test_advantages_equal_fused_advantages_and_decisions_replay(tmp_path, p):
     tr = make(tmp_path, cls=Recording, prior=ConstantPrior(p), reward_funcs=[hash_bit_reward],
               per_device_train_batch_size=24, gradient_accumulation_steps=2, max_steps=1, **UNBOUNDED)
     tr.train()
-    b, adv, r, out = tr.last_rollout_batch, tr.last_advantages, tr.last_v05, tr.outputs[0]
+    b, adv, r, out = tr.last_rollout_batch, tr.last_advantages, tr.rollout_strategy.last_record, tr.outputs[0]
     assert b.group_sizes.tolist() == r["k"].tolist() and len(r["k"]) == 12
     signed = to_signed_reward(b.rewards.double().numpy())
     # Eq. 10 prompt weights (default "equal"): c_j = kbar / k_j over the batch's prompts
@@ -237,7 +237,7 @@ def test_advantages_equal_fused_advantages_and_decisions_replay(tmp_path, p):
     assert out["num_items_in_batch"].item() == int(b.completion_lengths.sum())
     assert b.num_rows % 2 == 0  # padded to a multiple of steps_per_generation
     # the support buffer got one success rate per prompt, in global order
-    prompts, y = tr.support_buffer.items()
+    prompts, y = tr.rollout_strategy.support_buffer.items()
     assert prompts == r["prompts"]
     np.testing.assert_allclose(y, (r["vbar"] + 1) / 2)
 
@@ -257,7 +257,7 @@ def test_strategy_decides_with_the_estimator_osla_step(tmp_path, rows, monkeypat
     ds = _dataset()
     tr = make(tmp_path, prior=flipped_prior(ds, bad), ds=ds, **UNBOUNDED)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert len(calls) == r["rounds"] + 1  # one decision per round plus the final (stopping) one
     assert all(kw == {"step": 2, "cap": 16, "min_active_frac": 0.25} and cost == 0.0039
                for _, _, cost, kw, _ in calls)
@@ -287,7 +287,7 @@ def _k4_vs_k16_run(tmp_path, rows, weighting: str, loss_type: str = "dapo"):
     tr = make(tmp_path, cls=Recording, prior=CallablePrior(fn), ds=ds, v05_prompt_weighting=weighting,
               loss_type=loss_type, generation_kwargs={"min_new_tokens": 5}, **UNBOUNDED)
     tr.train()
-    return tr, tr.last_rollout_batch, tr.last_v05, tr.outputs[0]
+    return tr, tr.last_rollout_batch, tr.rollout_strategy.last_record, tr.outputs[0]
 
 
 @pytest.mark.parametrize("weighting,share_k4,loss_type",
@@ -352,13 +352,13 @@ def test_dispatch_multiple_pads_rollouts_to_prompts(tmp_path):
     tr = make(tmp_path, cls=Counting, prior=flipped_prior(ds, set()), ds=ds, per_device_train_batch_size=24,
               v05_dispatch_multiple=32)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert calls == [32]  # 6 x 4 = 24 -> padded to 32, then no round (exact prior)
     assert sorted(r["k"].tolist(), reverse=True) == [6, 6, 5, 5, 5, 5]  # 8 extra rollouts round-robin
     assert r["k"].tolist() == [6, 6, 5, 5, 5, 5]
     assert tr.state.log_history[0]["v05/discarded_rollouts"] == 0
     # round 1 = TRL's 24 rollouts + 8 padding slots; the padding is paid from the budget (24 - 8 left)
-    assert tr.last_v05["round1_rollouts"] == 32 and tr.last_v05["extra_budget"] == 24
+    assert tr.rollout_strategy.last_record["round1_rollouts"] == 32 and tr.rollout_strategy.last_record["extra_budget"] == 24
 
 
 def test_dispatch_slots_beyond_cap_are_discarded(tmp_path):
@@ -380,7 +380,7 @@ def test_dispatch_slots_beyond_cap_are_discarded(tmp_path):
     tr.train()
     # cap 5: first dispatch 8 -> 14 (6 extra, only 2 fit under the cap) -> 4 discarded; no prompt needs more
     assert osla_cap(1 / 25.0) == 5
-    assert calls == [14] and tr.last_v05["k"].tolist() == [5, 5]
+    assert calls == [14] and tr.rollout_strategy.last_record["k"].tolist() == [5, 5]
     rec = tr.state.log_history[0]
     assert rec["v05/discarded_rollouts"] == 4 and rec["v05/dispatched_rollouts"] == 14
     # one token counter: every generated token, the discarded rollouts' included, is in ext/generated_tokens
@@ -433,7 +433,7 @@ def test_vllm_stand_in_keeps_sampling_logprobs_aligned(tmp_path, rows):
     tr.use_vllm, tr.vllm_mode, tr.vllm_generation, tr._last_loaded_step = True, "server", fake, -1
     tr.vllm_importance_sampling_correction = True
     tr.train()
-    out, r = tr.outputs[0], tr.last_v05
+    out, r = tr.outputs[0], tr.rollout_strategy.last_record
     assert fake.calls[0] == 32 and len(fake.calls) == 1 + r["rounds"] and fake.syncs == 1
     assert r["k"].tolist() == [16 if i in rows[:3] else 4 for i in rows]
     ratio = out["importance_sampling_ratio"]
@@ -452,12 +452,12 @@ def test_resume_restores_support_buffer(tmp_path):
     class Rec(V05GRPOTrainer):
         def compute_advantages(self, batch):
             adv = super().compute_advantages(batch)
-            prints.append(self.support_buffer.fingerprint())
+            prints.append(self.rollout_strategy.support_buffer.fingerprint())
             return adv
 
         def load_ext_state_dict(self, state):
             super().load_ext_state_dict(state)
-            self.loaded_fingerprint = self.support_buffer.fingerprint()
+            self.loaded_fingerprint = self.rollout_strategy.support_buffer.fingerprint()
 
     run1 = make(tmp_path / "a", cls=Rec, prior=ConstantPrior(0.5), reward_funcs=[hash_bit_reward], ds=ds,
                 max_steps=3, save_strategy="steps", save_steps=1, per_device_train_batch_size=16)
@@ -473,14 +473,15 @@ def test_resume_restores_support_buffer(tmp_path):
     run2.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-1"))
     assert run2.loaded_fingerprint == first[0]
     assert prints == first[1:]  # same buffers (and so same contexts) after resuming
-    assert run2.support_buffer.fingerprint() == run1.support_buffer.fingerprint() and len(run2.support_buffer) == 12
+    buf1, buf2 = run1.rollout_strategy.support_buffer, run2.rollout_strategy.support_buffer
+    assert buf2.fingerprint() == buf1.fingerprint() and len(buf2) == 12
 
 
 def test_legacy_checkpoint_layout_is_refused_with_one_clear_error(tmp_path):
     """trl_ext 0.2 and earlier kept the generation index as ``v05_generation_index`` and the buffer as
     ``v05_support_buffer`` outside the strategy's state: refused, naming the layout (no translation shim)."""
     tr = make(tmp_path, prior=ConstantPrior(0.5))
-    tr.support_buffer.add(["1+1="], [1.0])
+    tr.rollout_strategy.support_buffer.add(["1+1="], [1.0])
     state = tr.ext_state_dict()
     buffer = state["rollout_strategy"]["state"]["support_buffer"]
     oldest = {k: v for k, v in state.items() if k != "rollout_strategy"} | {"v05_generation_index": 3,
@@ -492,23 +493,23 @@ def test_legacy_checkpoint_layout_is_refused_with_one_clear_error(tmp_path):
             make(tmp_path, prior=ConstantPrior(0.5)).load_ext_state_dict(legacy)
     fresh = make(tmp_path, prior=ConstantPrior(0.5))
     fresh.load_ext_state_dict(state)
-    assert fresh.support_buffer.fingerprint() == tr.support_buffer.fingerprint()
+    assert fresh.rollout_strategy.support_buffer.fingerprint() == tr.rollout_strategy.support_buffer.fingerprint()
 
 
 def test_cold_start_then_context_from_buffer(tmp_path):
     # default prior: embedding of a frozen copy of the starting policy; empty buffer -> p = 0.5 for every prompt
     tr = make(tmp_path, reward_funcs=[hash_bit_reward], max_steps=2, per_device_train_batch_size=16,
               v05_context_size=3)
-    assert type(tr.prior).__name__ == "EmbeddingInContextPrior"
+    assert type(tr.rollout_strategy.prior).__name__ == "EmbeddingInContextPrior"
     seen = []
-    orig = tr.prior.predict
+    orig = tr.rollout_strategy.prior.predict
 
     def spy(targets, cp, cy):
         out = orig(targets, cp, cy)
         seen.append((len(cp), out.copy()))
         return out
 
-    tr.prior.predict = spy
+    tr.rollout_strategy.prior.predict = spy
     tr.train()
     assert seen[0][0] == 0 and (seen[0][1] == 0.5).all()
     assert seen[1][0] == 3  # v05_context_size pairs sampled from the 4 pairs of step 1
@@ -531,7 +532,7 @@ def test_reward_outside_declared_range_is_a_clear_error(tmp_path):
     tr = make(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[lambda prompts, completions, **kw: [2.0] * len(prompts)],
               v05_reward_low=0.0, v05_reward_high=2.0)
     tr.train()
-    assert tr.last_v05["vbar"].tolist() == [1.0] * 8
+    assert tr.rollout_strategy.last_record["vbar"].tolist() == [1.0] * 8
 
 
 def test_all_unscorable_prompts_fall_back_to_zero_advantage(tmp_path):
@@ -541,9 +542,9 @@ def test_all_unscorable_prompts_fall_back_to_zero_advantage(tmp_path):
     tr = make(tmp_path, prior=ConstantPrior(0.5), reward_funcs=[none_reward])
     with pytest.warns(UserWarning, match=r"no scorable rollout \(every reward function returned None or NaN\)"):
         tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert r["k"].tolist() == [4] * 8 and r["rounds"] == 0  # nothing to test -> no extra rollouts
-    assert not r["scorable"].any() and len(tr.support_buffer) == 0
+    assert not r["scorable"].any() and len(tr.rollout_strategy.support_buffer) == 0
     assert (tr.last_advantages == 0).all()
     assert tr.state.log_history[0]["v05/unscorable_prompts"] == 8
     assert tr.state.log_history[0]["v05/unscorable_rollouts"] == 32
@@ -558,9 +559,9 @@ def test_partly_unscorable_prompt(tmp_path, rows):
     ds = _dataset()
     tr = make(tmp_path, prior=flipped_prior(ds, set()), reward_funcs=[reward], ds=ds)
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert r["scorable"].tolist() == [i != dead for i in rows]
-    prompts, _ = tr.support_buffer.items()
+    prompts, _ = tr.rollout_strategy.support_buffer.items()
     assert len(prompts) == 7 and ds[dead]["prompt"] not in prompts
 
 
@@ -647,7 +648,7 @@ def test_plain_grpo_config_is_upgraded(tmp_path):
 
 def test_prior_from_config_and_bad_prior_object(tmp_path):
     tr = make(tmp_path, v05_value_prior="constant", v05_value_prior_kwargs={"p": 0.25})
-    assert isinstance(tr.prior, ConstantPrior) and tr.prior.p == 0.25
+    assert isinstance(tr.rollout_strategy.prior, ConstantPrior) and tr.rollout_strategy.prior.p == 0.25
     with pytest.raises(TypeError, match="ValuePrior"):
         make(tmp_path, prior=lambda *a: 0.5)
     with pytest.raises(ValueError, match="prior=CallablePrior"):
@@ -811,7 +812,7 @@ def test_generation_batch_counts_rollouts_as_in_trl(tmp_path):
     assert tr.args.num_generations == 4 and tr.num_generations_eval == 4
     assert tr.args.generation_batch_size == 12 and tr.num_generations == 4  # the sampler's repeat count = v05_k_init
     tr.train()
-    r = tr.last_v05
+    r = tr.rollout_strategy.last_record
     assert len(r["row_idx"]) == 3 and len(set(r["row_idx"])) == 3 and r["round1_rollouts"] == 12
     assert (r["k"] >= 4).all() and r["extra_rollouts"] <= 12
     with pytest.raises(ValueError, match="divisible by v05_k_init=4"):
@@ -856,7 +857,7 @@ def test_lora_reference_kl_and_reused_buffer(tmp_path):
     assert tr.ref_model is None  # PEFT: the reference is the model with its adapter disabled
     base_before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if "lora_" not in n}
     tr.train()
-    assert tr.rollout_strategy.generation_index == 1 and len(tr.support_buffer) == 8  # one generation for 4 micro-steps
+    assert tr.rollout_strategy.generation_index == 1 and len(tr.rollout_strategy.support_buffer) == 8  # one generation for 4 micro-steps
     assert len(tr.seen) == 4
     for (a0, r0), (a1, r1) in zip(tr.seen[:2], tr.seen[2:]):
         assert torch.equal(a0, a1) and torch.equal(r0, r1)  # second iteration: the same buffered micro-batches
@@ -920,7 +921,7 @@ def test_v05_selected_by_config_on_the_base_trainer_equals_the_preset(tmp_path, 
     assert np.array_equal(a["k"], b["k"]) and a["k"].max() > 4  # the OSLA rounds ran on the wrong-prior prompts
     assert torch.equal(preset.last_advantages, cfg_adv)
     assert all(torch.equal(p, q) for p, q in zip(preset.model.parameters(), cfg_tr.model.parameters()))
-    assert preset.support_buffer.fingerprint() == cfg_tr.rollout_strategy.support_buffer.fingerprint()
+    assert preset.rollout_strategy.support_buffer.fingerprint() == cfg_tr.rollout_strategy.support_buffer.fingerprint()
     assert preset.evaluate()["eval_loss"] == cfg_eval
 
 

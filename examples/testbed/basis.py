@@ -189,10 +189,10 @@ def main(argv=None) -> int:
                    (args.max_steps, gen_tokens, after[0].accuracy, after[1].accuracy)],
             train_tokens=gen_tokens, train_rollouts=rollouts, wall_total=time.time() - t_start,
             wall_train=train_time, world=world, warm_model=warm_path, config=vars(args),
-            method={"variant": args.variant, "beta_history": trainer.beta_history,
+            method={"variant": args.variant, "beta_history": trainer.rollout_strategy.beta_history,
                     "mean_active_fraction": sum(active) / len(active) if active else None,
                     "value_table": os.path.basename(args.table_path)})
-        b = trainer.beta_history
+        b = trainer.rollout_strategy.beta_history
         print(f"\nheld-out accuracy ({args.n_eval} questions)   before   after")
         print(f"  greedy                              {before[0].accuracy:.3f}    {after[0].accuracy:.3f}")
         print(f"  sampled (T=1, {args.eval_samples}/question)            {before[1].accuracy:.3f}    "

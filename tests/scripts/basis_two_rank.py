@@ -80,7 +80,7 @@ def main() -> int:
         adv = orig(batch)
         if batch.mode == "train":
             steps.append({"prompts": list(batch.prompts), "rewards": batch.rewards.tolist(),
-                          "advantages": adv.tolist(), "beta": trainer.beta_history[-1],
+                          "advantages": adv.tolist(), "beta": trainer.rollout_strategy.beta_history[-1],
                           "num_processes": batch.num_processes})
         return adv
 

@@ -218,7 +218,8 @@ def _checksums(trainer) -> dict:
     model = trainer.accelerator.unwrap_model(trainer.model)
     n, s, sq = sums(p for p in model.parameters() if p.requires_grad)
     out = {"trainable_numel": n, "param_sum": s, "param_sumsq": sq}
-    heads = getattr(trainer, "pair_heads", None)
+    design_heads = getattr(trainer.rollout_strategy, "heads", None)  # PAIR's (DesignHeads)
+    heads = getattr(design_heads, "heads", None)
     if heads is not None:
         _, out["pair_heads_sum"], out["pair_heads_sumsq"] = sums(
             p for m in (heads.success_head, heads.cost_head) for p in m.parameters())

@@ -104,7 +104,7 @@ def recording_class(base_cls):
                 out["test_row"] = torch.arange(n) + self.accelerator.process_index * n
                 b = self.last_rollout_batch
                 design = gather_object([{k: d[k] for k in ("row_idx", "pi", "selected", "finished", "warm_started")}
-                                        for d in self.pair_design_log])
+                                        for d in self.rollout_strategy.design_log])
                 self.generations.append({
                     "K": len(design), "design": design, "rewards": b.rewards.tolist(),
                     "group_ids": b.group_ids.tolist(), "is_pad": b.is_pad.tolist(),
@@ -230,7 +230,7 @@ def main() -> int:
     trainer.train()
     rec = recorded(trainer)
     if state.is_main_process:
-        heads = trainer.pair_heads
+        heads = trainer.rollout_strategy.heads.heads
         result = {
             "world": state.num_processes,
             "trace": [{"design": g["design"], "rewards": [r for r, p in zip(g["rewards"], g["is_pad"]) if not p],

@@ -212,8 +212,8 @@ def run(args) -> dict:
     record["calls"] = rec.calls
     record["log_history"] = tr.state.log_history
     record["global_step"] = tr.state.global_step
-    if hasattr(tr, "last_v05") and tr.last_v05 is not None:
-        record["v05_k"] = [int(k) for k in tr.last_v05["k"]]
+    if hasattr(tr, "last_v05") and tr.rollout_strategy.last_record is not None:
+        record["v05_k"] = [int(k) for k in tr.rollout_strategy.last_record["k"]]
     prompts = [c for call in rec.calls for c in call["prompt_ids"]][:8]
     smol = args.scenario.startswith("smollm2")
     record["weights"] = weight_check(tr, args.model_dir, prompts, 32 if smol else 8)

@@ -24,7 +24,7 @@ from ..estimators.baselines import (
 from . import _trl_compat as compat
 from .rollouts import get_rollout_strategy, validate_dynamic_sampling
 
-__all__ = ["ExtGRPOConfig", "as_config", "method_config_view", "parse_kwargs_field", "validate_ext_config",
+__all__ = ["ExtGRPOConfig", "MethodOptions", "as_config", "method_options_class", "parse_kwargs_field", "validate_ext_config",
            "resolved_rollout_strategy",
            "check_side_inputs"]
 
@@ -204,8 +204,8 @@ class ExtGRPOConfig(trl.GRPOConfig):
 
     def validate_method(self) -> None:
         """The rules of a method config's own fields (V0.5, BASIS and PAIR override it): run once per config object,
-        by :func:`validate_ext_config` after the shared rules, and on the option view of a method selected by config
-        (:func:`method_config_view`). Raises ``ValueError`` saying what to change."""
+        by :func:`validate_ext_config` after the shared rules (a method selected by config has its
+        ``rollout_strategy_kwargs`` checked by its strategy's ``validate_kwargs``). Raises ``ValueError``."""
 
 
 def resolved_rollout_strategy(args: Any) -> str:
@@ -287,34 +287,61 @@ def check_estimator_kwargs(estimator: str, kwargs: dict, strategy_cls: type) -> 
                          "estimator the strategy serves, or pick another rollout strategy.")
 
 
-def method_config_view(config: Any, kwargs: dict, config_class: type, prefix: str, strategy: str,
-                       validate: bool = True):
-    """The ``config_class`` object that ``config`` plus a method's options ``kwargs`` describe: what a method's
-    strategy reads when it is selected by config (``rollout_strategy=strategy``) on a trainer whose config has no
-    ``<prefix>*`` fields.
+@dataclass
+class MethodOptions:
+    """Base of a method's typed options (:func:`method_options_class`): the ``<prefix>*`` fields of its method config
+    without the prefix, read from a method config (:meth:`from_config`) or parsed from ``rollout_strategy_kwargs``
+    (:meth:`from_kwargs`, unknown keys refused). A strategy reads its options here and TRL's fields from the
+    trainer's ``args``; the method config's fields stay the one definition (type, default, help)."""
 
-    ``kwargs`` (the config's ``rollout_strategy_kwargs``) name ``config_class`` fields without ``prefix``
-    (``{"k_init": 4}`` for ``v05_k_init``); the others keep the class defaults (the paper's); every other field is
-    ``config``'s, its estimator and strategy fields reset as a method config has them. Validated as
-    ``config_class`` validates its own fields (``validate_method``) when the config is built (``validate``); the
-    trainer builds it again from the validated config without re-validating. An unknown name is a ``ValueError``
-    listing the known ones.
-    """
-    own = {f.name[len(prefix):]: f for f in fields(config_class) if f.name.startswith(prefix)}
-    unknown = sorted(set(kwargs) - set(own))
-    if unknown:
-        raise ValueError(f"rollout_strategy={strategy!r} got unknown rollout_strategy_kwargs {unknown}; known: "
-                         f"{sorted(own)} (the {config_class.__name__} fields without {prefix!r}).")
-    view = object.__new__(config_class)
-    view.__dict__.update(config.__dict__)
-    view.__dict__.update(advantage_estimator="grpo", advantage_estimator_kwargs={}, rollout_strategy=None,
-                         rollout_strategy_kwargs={})
-    for name, f in own.items():
-        setattr(view, f.name, kwargs[name] if name in kwargs else
-                (f.default_factory() if f.default is MISSING else f.default))
-    if validate:
-        view.validate_method()
-    return view
+    prefix: ClassVar[str] = ""
+    config_class: ClassVar[type] = None
+    strategy: ClassVar[str] = ""
+
+    def __post_init__(self):
+        # dict-valued options (``*_kwargs``) may come as JSON strings (command line): parsed once, here
+        for f in fields(self):
+            if f.name.endswith("_kwargs"):
+                setattr(self, f.name, parse_kwargs_field(getattr(self, f.name), self.prefix + f.name))
+
+    @classmethod
+    def from_config(cls, config: Any):
+        """The options a method config holds (its ``<prefix>*`` fields)."""
+        return cls(**{f.name: getattr(config, cls.prefix + f.name) for f in fields(cls)})
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict):
+        """The options ``rollout_strategy_kwargs`` name (without the prefix; the others keep the method config's
+        defaults, the paper's). An unknown name is a ``ValueError`` listing the known ones."""
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            raise ValueError(f"rollout_strategy={cls.strategy!r} got unknown rollout_strategy_kwargs {unknown}; "
+                             f"known: {known} (the {cls.config_class.__name__} fields without {cls.prefix!r}).")
+        return cls(**kwargs)
+
+    @classmethod
+    def of(cls, config: Any, kwargs: dict):
+        """The options of a trainer's config: its own fields when it is the method config, else ``kwargs``."""
+        return cls.from_config(config) if isinstance(config, cls.config_class) else cls.from_kwargs(kwargs)
+
+
+def method_options_class(config_class: type, prefix: str, strategy: str, name: str) -> type:
+    """The :class:`MethodOptions` dataclass ``name`` of ``config_class``'s ``<prefix>*`` fields, prefix dropped
+    (same types, defaults and help metadata), for the rollout strategy ``strategy``."""
+    from dataclasses import make_dataclass
+
+    specs = []
+    for f in fields(config_class):
+        if f.name.startswith(prefix):
+            default = {"default": f.default} if f.default is not MISSING else {"default_factory": f.default_factory}
+            specs.append((f.name[len(prefix):], f.type, field(metadata=f.metadata, **default)))
+    cls = make_dataclass(name, specs, bases=(MethodOptions,), namespace={
+        "prefix": prefix, "config_class": config_class, "strategy": strategy,
+        "__doc__": f"The {config_class.__name__} options (fields without {prefix!r}) as the {strategy!r} rollout "
+                   f"strategy reads them (:class:`~trl_ext.trainers.config.MethodOptions`)."})
+    cls.__module__ = config_class.__module__
+    return cls
 
 
 def parse_kwargs_field(value: Any, name: str) -> dict:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ...estimators.basis import BASIS_OPTION_DEFAULTS, validate_basis_options
-from ..config import ExtGRPOConfig, accept_renamed_fields
+from ..config import ExtGRPOConfig, accept_renamed_fields, method_options_class
 
-__all__ = ["BASISConfig", "basis_options"]
+__all__ = ["BASISConfig", "BASISOptions", "basis_options", "validate_basis_config_options"]
 
 
 @dataclass
@@ -105,7 +105,7 @@ class BASISConfig(ExtGRPOConfig):
         """The BASIS fields (run once by ``validate_ext_config``; a plain ``trl.GRPOConfig`` upgraded by
         ``as_config`` gets the upgrade's wording for ``num_generations``)."""
         _check_single_rollout(self, upgraded=True)
-        _validate_basis_options(self)
+        validate_basis_config_options(BASISOptions.from_config(self))
 
 
 # renamed in the one-naming-convention change (method options prefixed); accepted with a FutureWarning for one release
@@ -130,12 +130,20 @@ def _check_single_rollout(cfg, upgraded: bool = False) -> None:
         )
 
 
-def basis_options(cfg) -> dict:
-    """The ``basis_*`` fields of a config as :class:`ValueTableLookup` options."""
-    return {name: getattr(cfg, f"basis_{name}") for name in BASIS_OPTION_DEFAULTS}
+BASISOptions = method_options_class(BASISConfig, "basis_", "value_table", "BASISOptions")
+"""BASIS's typed options (``BASISConfig``'s ``basis_*`` fields without the prefix): what the ``"value_table"``
+strategy reads, from a :class:`BASISConfig` or from ``rollout_strategy_kwargs``."""
 
 
-def _validate_basis_options(cfg) -> None:
-    validate_basis_options({**basis_options(cfg), "beta_grid": cfg.basis_beta_grid}, prefix="basis_")
-    if cfg.basis_value_table_path is not None and not isinstance(cfg.basis_value_table_path, str | os.PathLike):
-        raise ValueError(f"basis_value_table_path must be a path, got {type(cfg.basis_value_table_path).__name__}.")
+def basis_options(o) -> dict:
+    """The estimator options of :data:`BASISOptions` ``o`` (:data:`BASIS_OPTION_DEFAULTS`' names) as
+    :class:`ValueTableLookup` options."""
+    return {name: getattr(o, name) for name in BASIS_OPTION_DEFAULTS}
+
+
+def validate_basis_config_options(o) -> None:
+    """Check :data:`BASISOptions` ``o``: the estimator options and beta grid
+    (:func:`~trl_ext.estimators.basis.validate_basis_options`) and the table path's type. Raises ``ValueError``."""
+    validate_basis_options({**basis_options(o), "beta_grid": o.beta_grid}, prefix="basis_")
+    if o.value_table_path is not None and not isinstance(o.value_table_path, str | os.PathLike):
+        raise ValueError(f"basis_value_table_path must be a path, got {type(o.value_table_path).__name__}.")

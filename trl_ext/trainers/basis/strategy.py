@@ -27,7 +27,7 @@ from ...estimators.basis import (
 )
 from ...priors.table_format import ValueTable, prompt_key
 from ..rollouts import FixedGroups, RolloutGroups, register_rollout_strategy
-from .config import BASISConfig, basis_options
+from .config import BASISOptions, basis_options, validate_basis_config_options
 from .table_checks import check_table_coverage, check_table_sampling, common_reward_range, resolve_value_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,36 +117,24 @@ class ValueTableLookup(FixedGroups):
 
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
-        """Config-time check of ``rollout_strategy_kwargs``: ``value_table_path`` (required), ``beta_grid``,
-        ``strict_table_check`` and the :data:`BASIS_OPTION_DEFAULTS` options (``ValueError`` saying what to change)."""
-        allowed = {"value_table_path", "beta_grid", "strict_table_check", "allow_sampling_mismatch",
-                   *BASIS_OPTION_DEFAULTS}
-        unknown = sorted(set(kwargs) - allowed)
-        if unknown:
-            raise ValueError(f"rollout_strategy='value_table' got unknown rollout_strategy_kwargs {unknown}; "
-                             f"allowed: {sorted(allowed)}.")
-        path = kwargs.get("value_table_path")
-        if not isinstance(path, str | os.PathLike):
+        """Config-time check of ``rollout_strategy_kwargs`` (:data:`~trl_ext.trainers.basis.config.BASISOptions`:
+        unknown names refused, ``value_table_path`` required; ``ValueError`` saying what to change)."""
+        options = BASISOptions.from_kwargs(kwargs)
+        if not isinstance(options.value_table_path, str | os.PathLike):
             raise ValueError("rollout_strategy='value_table' needs rollout_strategy_kwargs={'value_table_path': "
                              "<JSON Lines value table>} (build one with `trl-ext build-value-table`).")
-        validate_basis_options({**BASIS_OPTION_DEFAULTS, **{k: v for k, v in kwargs.items()
-                                                            if k not in ("value_table_path", "strict_table_check",
-                                                                         "allow_sampling_mismatch")}})
+        validate_basis_config_options(options)
 
     @classmethod
-    def from_trainer(cls, trainer, value_table_path=None, beta_grid=None, strict_table_check=False,
-                     allow_sampling_mismatch=False, **options):
-        """The strategy the config selects on any trainer: the table at ``value_table_path`` (a
-        :class:`~trl_ext.trainers.basis.BASISConfig`: its ``basis_*`` fields), checked against the trainer's reward
-        functions and model (table header) and its training prompts, as ``BASISTrainer`` checks it."""
-        args = trainer.args
-        if isinstance(args, BASISConfig):
-            value_table_path, beta_grid = args.basis_value_table_path, args.basis_beta_grid
-            strict_table_check, allow_sampling_mismatch = args.basis_strict_table_check, args.basis_allow_sampling_mismatch
-            options = basis_options(args)
-        strategy = cls(resolve_value_table(value_table_path), beta_grid=beta_grid, **options)
-        strategy.check_setup(trainer, strict=bool(strict_table_check),
-                             allow_sampling_mismatch=bool(allow_sampling_mismatch))
+    def from_trainer(cls, trainer, **kwargs):
+        """The strategy the config selects on any trainer: the table at ``value_table_path`` (of a
+        :class:`~trl_ext.trainers.basis.BASISConfig`, or of ``rollout_strategy_kwargs``), checked against the
+        trainer's reward functions and model (table header) and its training prompts, as ``BASISTrainer`` checks
+        it."""
+        o = BASISOptions.of(trainer.args, kwargs)
+        strategy = cls(resolve_value_table(o.value_table_path), beta_grid=o.beta_grid, **basis_options(o))
+        strategy.check_setup(trainer, strict=bool(o.strict_table_check),
+                             allow_sampling_mismatch=bool(o.allow_sampling_mismatch))
         return strategy
 
     def check_setup(self, trainer, strict: bool = False, model_id: str | None = None,

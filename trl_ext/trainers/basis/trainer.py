@@ -35,7 +35,7 @@ from ..._io import sha256_file
 from ...priors.table_format import ValueTable
 from .. import model_card
 from ..base import GRPOTrainer, as_config
-from .config import BASISConfig, basis_options
+from .config import BASISConfig, BASISOptions, basis_options
 from .strategy import ValueTableLookup
 from .table_checks import resolve_value_table
 
@@ -78,8 +78,8 @@ def basis_model_card_details(trainer) -> dict[str, Any]:
                         f"{a.basis_fallback}, beta grid of {len(trainer.rollout_strategy.beta_grid)} points on "
                         f"[{float(trainer.rollout_strategy.beta_grid[0]):.4g}, {float(trainer.rollout_strategy.beta_grid[-1]):.4g}], "
                         f"basis_scale_advantages = {a.basis_scale_advantages}")
-    if trainer.beta_history:
-        out["beta_t (last training batch)"] = float(trainer.beta_history[-1])
+    if trainer.rollout_strategy.beta_history:
+        out["beta_t (last training batch)"] = float(trainer.rollout_strategy.beta_history[-1])
     return out
 
 
@@ -119,12 +119,12 @@ class BASISTrainer(GRPOTrainer):
 
     Attributes
     ----------
-    beta_history : list of float
-        ``beta_t`` of every training generation batch (saved in checkpoints, restored on resume).
-    beta_history_steps : list of int
-        ``global_step`` at which each ``beta_t`` was selected.
-    last_calibration : CalibrationResult or None
-        Full calibration of the latest batch (grid losses, masks, counts).
+    rollout_strategy : ValueTableLookup
+        The value-table strategy and what BASIS learns or records: ``table`` (the value table in use),
+        ``beta_history`` (``beta_t`` of every training generation batch, saved in checkpoints and restored on
+        resume), ``beta_history_steps`` (the ``global_step`` of each) and ``last_calibration`` (the latest batch's
+        grid losses, masks and counts). The trainer adds no state of its own, so
+        ``trl_ext.GRPOTrainer(args=BASISConfig(...))`` exposes the same.
 
     Notes
     -----
@@ -146,7 +146,7 @@ class BASISTrainer(GRPOTrainer):
         is_path = isinstance(spec, str | os.PathLike)
         # the strategy is built before TRL's setup so that a bad table fails first
         self._basis_strategy = ValueTableLookup(resolve_value_table(spec), beta_grid=args.basis_beta_grid,
-                                                **basis_options(args))
+                                                **basis_options(BASISOptions.from_config(args)))
         self._basis_table_source = {"source": os.fspath(spec) if is_path else "in-memory ValueTable",
                                     "file_sha256": file_sha256(spec) if is_path else None}
         self._basis_table_rows_sha256: str | None = None
@@ -166,20 +166,6 @@ class BASISTrainer(GRPOTrainer):
         """The ``"value_table"`` strategy over this trainer's value table."""
         return self._basis_strategy
 
-    # -------------------------------------------------------------------------------- the strategy's state
-    @property
-    def value_table(self) -> ValueTable:
-        """The value table in use."""
-        return self._basis_strategy.table
-
-    @property
-    def beta_history(self) -> list[float]:
-        return self._basis_strategy.beta_history
-
-    @property
-    def beta_history_steps(self) -> list[int]:
-        return self._basis_strategy.beta_history_steps
-
     def value_table_info(self) -> dict[str, Any]:
         """What identifies the value table this run uses (recorded in the model card).
 
@@ -191,7 +177,7 @@ class BASISTrainer(GRPOTrainer):
             construction; ``None`` for an in-memory table), ``source`` (path or ``"in-memory ValueTable"``),
             ``rows``, ``reference_model`` (the header's ``model``, or ``None``) and ``metadata`` (the header).
         """
-        table = self.value_table
+        table = self.rollout_strategy.table
         if self._basis_table_rows_sha256 is None:
             self._basis_table_rows_sha256 = table.content_hash
         md = dict(table.metadata)

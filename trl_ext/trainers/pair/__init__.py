@@ -5,7 +5,8 @@ One module per part (the math is :mod:`trl_ext.estimators.pair` and :mod:`trl_ex
 registered estimator ``"pair_draw"``):
 
 * :mod:`.config` -- :class:`PAIRConfig` (every ``pair_*`` option, with help), its validation and
-  :func:`pair_config_view` (the options given as ``rollout_strategy_kwargs`` to ``trl_ext.GRPOTrainer``);
+  :data:`PAIROptions` (the same options typed, without the prefix: what the strategy reads, from the config or
+  ``rollout_strategy_kwargs``);
 * :mod:`.strategy` -- :class:`PrefixProbeRollouts`, the registered rollout strategy ``"pair_prefix_probe"`` (probe,
   heads, design, draw, continuation);
 * :mod:`.heads` -- :class:`DesignHeads` (the prefix heads as the strategy uses them), the prefix features and the
@@ -19,16 +20,16 @@ from .config import (
     PAIR_LR_SCALINGS,
     SHORT_PROBE_TOKENS,
     PAIRConfig,
+    PAIROptions,
     PAIRShortProbeWarning,
-    pair_config_view,
     pair_lr_factor,
     short_probe_message,
-    validate_pair_config,
+    validate_pair_options,
 )
 from .heads import DesignHeads, prefix_features
 from .strategy import PrefixProbeRollouts
 from .trainer import PAIR_PAPER, PAIRTrainer, pair_model_card_details
 
-__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "DesignHeads", "validate_pair_config",
+__all__ = ["PAIRConfig", "PAIRTrainer", "GroupDraw", "PrefixProbeRollouts", "DesignHeads", "validate_pair_options",
            "PAIRShortProbeWarning", "short_probe_message", "PAIR_PAPER", "SHORT_PROBE_TOKENS", "PAIR_LR_SCALINGS",
-           "pair_config_view", "pair_lr_factor", "pair_model_card_details", "prefix_features"]
+           "PAIROptions", "pair_lr_factor", "pair_model_card_details", "prefix_features"]

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .. import _trl_compat as compat
-from ..config import ExtGRPOConfig, method_config_view
+from ..config import ExtGRPOConfig, method_options_class
 
-__all__ = ["pair_config_view", "PAIRConfig", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS", "pair_advantage_options",
-           "pair_design_options", "pair_lr_factor", "short_probe_message", "validate_pair_config"]
+__all__ = ["PAIROptions", "pair_kwargs_options", "pair_tau", "PAIRConfig", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS", "pair_advantage_options",
+           "pair_design_options", "pair_lr_factor", "short_probe_message", "validate_pair_options"]
 
 
 def _default_tau(max_completion_length: int) -> int:
@@ -32,13 +32,14 @@ class PAIRShortProbeWarning(UserWarning):
     """The prefix probe is too short for the heads to predict anything (PAIRTrainer construction)."""
 
 
-def short_probe_message(args) -> str | None:
-    """Why PAIR should not be used with these arguments when its probe is 1-2 tokens, else ``None``."""
-    L = int(args.max_completion_length)
-    tau, w = int(args.pair_tau), int(args.pair_snap_window)
+def short_probe_message(o, max_completion_length: int) -> str | None:
+    """Why PAIR should not be used with the options ``o`` (:data:`PAIROptions`) when its probe is 1-2 tokens, else
+    ``None``."""
+    L = int(max_completion_length)
+    tau, w = pair_tau(o, L), int(o.snap_window)
     if tau + w > SHORT_PROBE_TOKENS:
         return None
-    how = "pair_prefix_tokens" if args.pair_prefix_tokens is not None else \
+    how = "pair_prefix_tokens" if o.prefix_tokens is not None else \
         f"the default max_completion_length // 8 with max_completion_length={L}"
     return (
         f"PAIR's prefix probe is only {tau + w} token(s) (tau={tau} from {how}, + pair_snap_window={w}): the "
@@ -165,45 +166,55 @@ class PAIRConfig(ExtGRPOConfig):
 
     def validate_method(self) -> None:
         """The PAIR fields (run once by ``validate_ext_config``)."""
-        validate_pair_config(self)
+        validate_pair_options(PAIROptions.from_config(self), self)
 
     @property
     def pair_tau(self) -> int:
         """The effective checkpoint ``tau`` (resolves ``pair_prefix_tokens=None``)."""
-        if self.pair_prefix_tokens is None:
-            return _default_tau(int(self.max_completion_length))
-        return int(self.pair_prefix_tokens)
+        return pair_tau(PAIROptions.from_config(self), int(self.max_completion_length))
+
+
+PAIROptions = method_options_class(PAIRConfig, "pair_", "pair_prefix_probe", "PAIROptions")
+"""PAIR's typed options (``PAIRConfig``'s ``pair_*`` fields without the prefix): what the ``"pair_prefix_probe"``
+strategy reads, from a :class:`PAIRConfig` or from ``rollout_strategy_kwargs`` (:func:`pair_kwargs_options`)."""
+
+
+def pair_tau(o, max_completion_length: int) -> int:
+    """The effective checkpoint ``tau`` of the options ``o``: ``prefix_tokens``, or by default
+    ``min(256, max(1, max_completion_length // 8))``."""
+    return _default_tau(int(max_completion_length)) if o.prefix_tokens is None else int(o.prefix_tokens)
 
 
 #: ``pair_lr_scaling`` choices: the factor on ``learning_rate`` as a function of ``pair_budget_ratio``.
 PAIR_LR_SCALINGS: dict = {"sqrt_budget": math.sqrt, "linear_budget": float, "none": lambda ratio: 1.0}
 
 
-def pair_lr_factor(args) -> float:
-    """The factor PAIR applies to ``learning_rate`` (``pair_lr_scaling`` of ``pair_budget_ratio``)."""
-    return float(PAIR_LR_SCALINGS[args.pair_lr_scaling](float(args.pair_budget_ratio)))
+def pair_lr_factor(o) -> float:
+    """The factor PAIR applies to ``learning_rate`` (``lr_scaling`` of ``budget_ratio``; ``o``: :data:`PAIROptions`)."""
+    return float(PAIR_LR_SCALINGS[o.lr_scaling](float(o.budget_ratio)))
 
 
-def validate_pair_config(args) -> None:
-    """Reject PAIR settings that cannot work, saying what to change. Raises ``ValueError``."""
+def validate_pair_options(o, args) -> None:
+    """Reject PAIR options ``o`` (:data:`PAIROptions`) that cannot work with the TRL fields of ``args``, saying what
+    to change. Raises ``ValueError``."""
     L = args.max_completion_length
     if L is None or int(L) < 2:
         raise ValueError(f"PAIR needs max_completion_length >= 2 (a prefix and a suffix), got {L}.")
-    tau = args.pair_tau
-    if isinstance(args.pair_prefix_tokens, bool) or tau < 1:
-        raise ValueError(f"pair_prefix_tokens must be a positive int, got {args.pair_prefix_tokens!r}.")
-    if args.pair_snap_window < 0:
-        raise ValueError(f"pair_snap_window must be >= 0, got {args.pair_snap_window}.")
-    if tau + args.pair_snap_window >= L:
+    tau = pair_tau(o, int(L))
+    if isinstance(o.prefix_tokens, bool) or tau < 1:
+        raise ValueError(f"pair_prefix_tokens must be a positive int, got {o.prefix_tokens!r}.")
+    if o.snap_window < 0:
+        raise ValueError(f"pair_snap_window must be >= 0, got {o.snap_window}.")
+    if tau + o.snap_window >= L:
         raise ValueError(
-            f"pair_prefix_tokens (tau={tau}) + pair_snap_window ({args.pair_snap_window}) must be < "
+            f"pair_prefix_tokens (tau={tau}) + pair_snap_window ({o.snap_window}) must be < "
             f"max_completion_length ({L}): the probe would generate whole completions and there would be no suffix "
             "to save. Lower tau or raise max_completion_length."
         )
-    pi_min = float(args.pair_pi_min)
+    pi_min = float(o.pi_min)
     if not (0.0 < pi_min <= 1.0):
         raise ValueError(f"pair_pi_min must be in (0, 1], got {pi_min}.")
-    ratio = float(args.pair_budget_ratio)
+    ratio = float(o.budget_ratio)
     if not (0.0 < ratio <= 1.0) or not math.isfinite(ratio):
         raise ValueError(f"pair_budget_ratio must be in (0, 1], got {ratio}.")
     if ratio < pi_min:
@@ -212,22 +223,22 @@ def validate_pair_config(args) -> None:
             "below pi_min * predicted cost, so no design satisfies both the floor and the budget (Proposition 2). "
             "Raise pair_budget_ratio or lower pair_pi_min."
         )
-    if args.pair_lr_scaling not in PAIR_LR_SCALINGS:
-        raise ValueError(f"pair_lr_scaling must be one of {sorted(PAIR_LR_SCALINGS)}, got {args.pair_lr_scaling!r}.")
-    if args.pair_edge_proxy != "disagreement":
-        raise ValueError(f'pair_edge_proxy must be "disagreement" (Eq. 8), got {args.pair_edge_proxy!r}.')
-    if args.pair_w_max is not None and (not math.isfinite(float(args.pair_w_max)) or float(args.pair_w_max) < 1):
-        raise ValueError(f"pair_w_max must be None or a finite number >= 1, got {args.pair_w_max}.")
-    if int(args.pair_solver_max_iter) < 1 or not float(args.pair_solver_tol) > 0:
+    if o.lr_scaling not in PAIR_LR_SCALINGS:
+        raise ValueError(f"pair_lr_scaling must be one of {sorted(PAIR_LR_SCALINGS)}, got {o.lr_scaling!r}.")
+    if o.edge_proxy != "disagreement":
+        raise ValueError(f'pair_edge_proxy must be "disagreement" (Eq. 8), got {o.edge_proxy!r}.')
+    if o.w_max is not None and (not math.isfinite(float(o.w_max)) or float(o.w_max) < 1):
+        raise ValueError(f"pair_w_max must be None or a finite number >= 1, got {o.w_max}.")
+    if int(o.solver_max_iter) < 1 or not float(o.solver_tol) > 0:
         raise ValueError("pair_solver_max_iter must be >= 1 and pair_solver_tol > 0.")
-    for name in ("pair_head_hidden", "pair_head_min_labels", "pair_head_batch_size", "pair_summary_last_k"):
-        if int(getattr(args, name)) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}.")
-    if int(args.pair_head_fit_steps) < 0:
-        raise ValueError(f"pair_head_fit_steps must be >= 0, got {args.pair_head_fit_steps}.")
-    if int(args.pair_replay_size) < max(4, int(args.pair_head_min_labels)):
-        raise ValueError(f"pair_replay_size ({args.pair_replay_size}) must be >= 4 and >= pair_head_min_labels "
-                         f"({args.pair_head_min_labels}), or the heads never leave warm-up.")
+    for name in ("head_hidden", "head_min_labels", "head_batch_size", "summary_last_k"):
+        if int(getattr(o, name)) < 1:
+            raise ValueError(f"pair_{name} must be >= 1, got {getattr(o, name)}.")
+    if int(o.head_fit_steps) < 0:
+        raise ValueError(f"pair_head_fit_steps must be >= 0, got {o.head_fit_steps}.")
+    if int(o.replay_size) < max(4, int(o.head_min_labels)):
+        raise ValueError(f"pair_replay_size ({o.replay_size}) must be >= 4 and >= pair_head_min_labels "
+                         f"({o.head_min_labels}), or the heads never leave warm-up.")
     G = args.num_generations
     if not isinstance(G, int) or isinstance(G, bool) or G < 2:
         raise ValueError(f"PAIR needs num_generations (the candidate group size G) >= 2, got {G!r}.")
@@ -248,7 +259,7 @@ def validate_pair_config(args) -> None:
         raise ValueError("keyed_sampling is not supported by PAIRTrainer: a PAIR rollout is generated in two calls "
                          "(probe, then continuation from prompt + prefix), which the keyed noise and trl-ext replay do "
                          "not model; set keyed_sampling=False.")
-    if args.pair_fixed_normalizer and args.loss_type not in (compat.SEQUENCE_LEVEL_LOSSES +
+    if o.fixed_normalizer and args.loss_type not in (compat.SEQUENCE_LEVEL_LOSSES +
                                                              compat.GLOBAL_TOKEN_LEVEL_LOSSES):
         raise ValueError(f"pair_fixed_normalizer supports loss_type in "
                          f"{compat.SEQUENCE_LEVEL_LOSSES + compat.GLOBAL_TOKEN_LEVEL_LOSSES}, got {args.loss_type!r}. "
@@ -256,30 +267,29 @@ def validate_pair_config(args) -> None:
 
 
 
-def pair_design_options(args) -> dict:
-    """Keyword arguments of :func:`trl_ext.estimators.pair.design_and_draw` from a :class:`PAIRConfig` (read at
+def pair_design_options(o) -> dict:
+    """Keyword arguments of :func:`trl_ext.estimators.pair.design_and_draw` from :data:`PAIROptions` (read at
     call time: ``budget_ratio``, ``pi_min``, ``anchor_pair``, ``max_iter``, ``tol``, ``kind``)."""
-    return {"budget_ratio": float(args.pair_budget_ratio), "pi_min": float(args.pair_pi_min),
-            "anchor_pair": bool(args.pair_anchor_pair), "max_iter": int(args.pair_solver_max_iter),
-            "tol": float(args.pair_solver_tol), "kind": args.pair_edge_proxy}
+    return {"budget_ratio": float(o.budget_ratio), "pi_min": float(o.pi_min),
+            "anchor_pair": bool(o.anchor_pair), "max_iter": int(o.solver_max_iter),
+            "tol": float(o.solver_tol), "kind": o.edge_proxy}
 
 
-def pair_advantage_options(args) -> dict:
-    """Keyword arguments of :func:`trl_ext.estimators.pair.draw_advantages` from a :class:`PAIRConfig`: the
+def pair_advantage_options(o) -> dict:
+    """Keyword arguments of :func:`trl_ext.estimators.pair.draw_advantages` from :data:`PAIROptions`: the
     biased Appendix B variants ``w_max``, ``self_normalize`` and ``standardize``."""
-    return {"w_max": args.pair_w_max, "self_normalize": bool(args.pair_self_normalize),
-            "standardize": bool(args.pair_standardize)}
+    return {"w_max": o.w_max, "self_normalize": bool(o.self_normalize),
+            "standardize": bool(o.standardize)}
 
 
-def pair_config_view(config, kwargs: dict, validate: bool = True) -> PAIRConfig:
-    """The :class:`PAIRConfig` that ``config`` plus the PAIR options ``kwargs`` (field names without ``pair_``,
-    e.g. ``{"budget_ratio": 0.5, "prefix_tokens": 16}``) describe: what the ``"pair_prefix_probe"`` strategy reads
-    when it is selected by config (:func:`~trl_ext.trainers.config.method_config_view`). The base trainer does not
-    rescale its optimizer, so ``lr_scaling`` is ``"none"`` there (anything else is refused: set ``learning_rate``
-    to the rate you want, e.g. ``sqrt(budget_ratio)`` times GRPO's as ``PAIRTrainer`` does by default)."""
+def pair_kwargs_options(kwargs: dict):
+    """The :data:`PAIROptions` that ``rollout_strategy_kwargs`` (names without ``pair_``, e.g.
+    ``{"budget_ratio": 0.5, "prefix_tokens": 16}``) describe for the ``"pair_prefix_probe"`` strategy selected by
+    config. The base trainer does not rescale its optimizer, so ``lr_scaling`` is ``"none"`` there (anything else is
+    refused: set ``learning_rate`` to the rate you want, e.g. ``sqrt(budget_ratio)`` times GRPO's as ``PAIRTrainer``
+    does by default)."""
     if kwargs.get("lr_scaling", "none") != "none":
         raise ValueError(f"rollout_strategy='pair_prefix_probe' on the base trainer cannot rescale the optimizer "
                          f"(lr_scaling={kwargs['lr_scaling']!r}): drop lr_scaling and set learning_rate to the rate "
                          "you want, or use PAIRTrainer, which rescales it.")
-    return method_config_view(config, {**kwargs, "lr_scaling": "none"}, PAIRConfig, "pair_", "pair_prefix_probe",
-                              validate=validate)
+    return PAIROptions.from_kwargs({**kwargs, "lr_scaling": "none"})

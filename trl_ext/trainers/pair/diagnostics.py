@@ -10,7 +10,33 @@ import numpy as np
 
 from ...estimators.pair import PairAdvantages
 
-__all__ = ["PairBatchStats", "pair_metrics"]
+__all__ = ["PairBatchStats", "pair_description", "pair_expected_token_factor", "pair_metrics"]
+
+
+def pair_expected_token_factor(probe_len: int, max_completion_length: int, budget_ratio: float) -> float:
+    """Expected generated tokens per step relative to TRL's GRPO with the same arguments, for full-length
+    completions: ``p + budget_ratio * (1 - p)`` with ``p = probe_len / max_completion_length`` (every candidate
+    probed to ``tau + pair_snap_window`` tokens, a ``pair_budget_ratio`` share of the remaining tokens continued in
+    expectation; <= 1, and <= ``p + budget_ratio``). Without the anchor pair and with the predicted costs on target."""
+    p = probe_len / float(max_completion_length)
+    return float(min(1.0, p + float(budget_ratio) * (1.0 - p)))
+
+
+def pair_description(name: str, options: Any, args: Any, tau: int, n_probe: int, factor: float) -> str:
+    """The construction line of the PAIR strategy ``name``: probe, design and the compute against TRL's GRPO with the
+    same arguments (``options``: :data:`~trl_ext.trainers.pair.config.PAIROptions`; ``args``: TRL's fields)."""
+    a = options
+    G, L = int(args.num_generations), int(args.max_completion_length)
+    snap = f" (+ up to {a.snap_window} to a delimiter)" if a.snap_window else ""
+    anchor = "; the anchor pair adds up to 2 continuations per prompt" if a.anchor_pair else ""
+    return (f"rollout strategy {name} (PAIR): {G} candidates per prompt probed to "
+            f"tau = {tau} tokens{snap}, then a design-chosen subset continued (expected suffix budget "
+            f"{a.budget_ratio} x predicted, floor pi_min = {a.pi_min}). Compute vs TRL's GRPO with the "
+            f"same arguments ({G} completions of up to L = {L} tokens per prompt): each step generates {G} probes "
+            f"of <= {n_probe} tokens per prompt plus continuations with an expected suffix budget of "
+            f"{a.budget_ratio} x the predicted remaining tokens, i.e. about {n_probe}/{L} + "
+            f"{a.budget_ratio} x (1 - {n_probe}/{L}) = {factor:.3g}x TRL's "
+            f"generated tokens (<= 1x; ~ tau/L + budget_ratio){anchor}")
 
 
 class PairBatchStats:

@@ -25,8 +25,8 @@ class DesignHeads:
     Parameters
     ----------
     heads : PrefixHeads
-    args : PAIRConfig
-        Read at call time: ``pair_lagged_heads``, ``pair_head_fit_steps``, ``pair_head_batch_size``.
+    options : PAIROptions
+        Read at call time: ``lagged_heads``, ``head_fit_steps``, ``head_batch_size``.
     num_processes : int
         Processes of the run; with more than one (and ``torch.distributed`` initialized) every refresh broadcasts
         rank 0's heads so they stay bitwise identical.
@@ -43,9 +43,9 @@ class DesignHeads:
         Fit losses, temperature and diagnostics of the latest refresh (the ``pair/head_*`` metrics).
     """
 
-    def __init__(self, heads: PrefixHeads, args, *, num_processes: int = 1, device=None):
+    def __init__(self, heads: PrefixHeads, options, *, num_processes: int = 1, device=None):
         self.heads = heads
-        self.args = args
+        self.options = options
         self.num_processes = int(num_processes)
         self.device = device
         self.lagged: PrefixHeads | None = None
@@ -59,7 +59,7 @@ class DesignHeads:
 
     def for_design(self) -> PrefixHeads:
         """The heads that drive the design: the lagged copy with ``pair_lagged_heads``, else the current ones."""
-        return self.lagged if (self.args.pair_lagged_heads and self.lagged is not None) else self.heads
+        return self.lagged if (self.options.lagged_heads and self.lagged is not None) else self.heads
 
     def add_labels(self, features, rewards, costs, inclusion) -> None:
         """Delayed labels of completed, scorable candidates (:meth:`PrefixHeads.add_labels`); the next
@@ -74,10 +74,10 @@ class DesignHeads:
         if not self.needs_refresh:
             return
         self.needs_refresh = False
-        if self.args.pair_lagged_heads:
+        if self.options.lagged_heads:
             self.lagged = self.heads.lagged_copy()
-        out = self.heads.refresh(steps=int(self.args.pair_head_fit_steps),
-                                 batch_size=int(self.args.pair_head_batch_size))
+        out = self.heads.refresh(steps=int(self.options.head_fit_steps),
+                                 batch_size=int(self.options.head_batch_size))
         self.sync()
         diag = self.heads.diagnostics()
         self.last_refresh = {"loss_p": out.get("loss_p"), "loss_c": out.get("loss_c"),

@@ -7,7 +7,8 @@ The strategy calls only the pure PAIR functions (:func:`~trl_ext.estimators.pair
 :class:`~trl_ext.trainers.pair.trainer.PAIRTrainer` -- the heads, the prefix feature extractor and the snap delimiters -- is
 built with it (:meth:`PrefixProbeRollouts.build`, from :meth:`PAIRTrainer.create_rollout_strategy` or, selected by
 config on any trainer, :meth:`PrefixProbeRollouts.from_trainer`). PAIR's options are read from the strategy's
-``options`` (the preset's :class:`~trl_ext.trainers.pair.config.PAIRConfig`, or ``pair_config_view``'s) at call time. Section, equation and appendix
+typed ``options`` (:data:`~trl_ext.trainers.pair.config.PAIROptions`, from a ``PAIRConfig`` or
+``rollout_strategy_kwargs``) and TRL's fields from the trainer's ``args``, at call time. Section, equation and appendix
 numbers refer to "Pairwise-Aware Inclusion Reweighting for Adaptive Rollout Allocation in RLVR" (arXiv:2608.11368).
 """
 
@@ -26,13 +27,16 @@ from .. import _trl_compat as compat
 from ..rollouts import RolloutGroups, RolloutStrategy, register_rollout_strategy
 from .config import (
     PAIRConfig,
+    PAIROptions,
     PAIRShortProbeWarning,
     pair_advantage_options,
-    pair_config_view,
     pair_design_options,
+    pair_kwargs_options,
+    pair_tau,
     short_probe_message,
+    validate_pair_options,
 )
-from .diagnostics import PairBatchStats, pair_metrics
+from .diagnostics import PairBatchStats, pair_description, pair_expected_token_factor, pair_metrics
 from .heads import DesignHeads, delimiter_ids, prefix_features
 
 __all__ = ["PrefixProbeRollouts"]
@@ -79,8 +83,9 @@ class PrefixProbeRollouts(RolloutStrategy):
     provides = frozenset({"draws", "w_max", "self_normalize", "standardize"})  # the "pair_draw" estimator's inputs
 
     def __init__(self, delimiter_ids: set[int] | None = None, *, heads: DesignHeads | None = None,
-                 features: Callable[[list[list[int]]], torch.Tensor] | None = None, options=None):
-        self.options = options  # the PAIRConfig the pair_* options are read from
+                 features: Callable[[list[list[int]]], torch.Tensor] | None = None, options=None, args=None):
+        self.options = options  # PAIROptions
+        self.args = args  # the trainer's config: TRL's fields (num_generations, max_completion_length, seed)
         self.delimiter_ids = set(delimiter_ids or ())
         self.heads = heads
         self.features = features
@@ -94,29 +99,29 @@ class PrefixProbeRollouts(RolloutStrategy):
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """The PAIR options in ``rollout_strategy_kwargs`` (names without ``pair_``) checked with the rest of the
-        config as ``PAIRConfig`` checks them (:func:`~trl_ext.trainers.pair.config.pair_config_view`)."""
-        pair_config_view(config, kwargs)
+        config as ``PAIRConfig`` checks its own fields (:func:`~trl_ext.trainers.pair.config.validate_pair_options`)."""
+        validate_pair_options(pair_kwargs_options(kwargs), config)
 
     @classmethod
     def from_trainer(cls, trainer, **kwargs) -> PrefixProbeRollouts:
         """The strategy the config selects on a trainer that builds it from the config (``PAIRTrainer`` builds its
-        own): the options are a :class:`PAIRConfig`'s fields, or ``rollout_strategy_kwargs`` read through
-        :func:`~trl_ext.trainers.pair.config.pair_config_view`; the optimizer keeps ``learning_rate``, so
+        own): the options are a :class:`PAIRConfig`'s fields, or ``rollout_strategy_kwargs``
+        (:func:`~trl_ext.trainers.pair.config.pair_kwargs_options`); the optimizer keeps ``learning_rate``, so
         ``pair_lr_scaling`` must be ``"none"``."""
         args = trainer.args
-        options = args if isinstance(args, PAIRConfig) else pair_config_view(args, kwargs, validate=False)
-        if options.pair_lr_scaling != "none":  # PAIRTrainer builds its strategy itself and rescales the optimizer
-            raise ValueError(f"pair_lr_scaling={options.pair_lr_scaling!r}: {type(trainer).__name__} does not rescale "
+        options = PAIROptions.from_config(args) if isinstance(args, PAIRConfig) else pair_kwargs_options(kwargs)
+        if options.lr_scaling != "none":  # PAIRTrainer builds its strategy itself and rescales the optimizer
+            raise ValueError(f"pair_lr_scaling={options.lr_scaling!r}: {type(trainer).__name__} does not rescale "
                              "its optimizer; use PAIRTrainer, or set pair_lr_scaling='none' and learning_rate to the "
                              "rate you want.")
-        short = short_probe_message(options)
+        short = short_probe_message(options, args.max_completion_length)
         if short is not None:
             warnings.warn(short, PAIRShortProbeWarning, stacklevel=3)
         return cls.build(trainer, options)
 
     @classmethod
     def build(cls, trainer, options) -> PrefixProbeRollouts:
-        """The strategy for ``trainer`` with the ``pair_*`` ``options`` (a :class:`PAIRConfig`): fresh prefix heads
+        """The strategy for ``trainer`` with the PAIR ``options`` (:data:`PAIROptions`): fresh prefix heads
         on the model's hidden size (:class:`DesignHeads`), the prefix features of :func:`prefix_features` and the
         snap delimiters of the tokenizer (``pair_snap_window > 0``)."""
         cfg = getattr(trainer.model, "config", None)
@@ -124,39 +129,27 @@ class PrefixProbeRollouts(RolloutStrategy):
         hidden = getattr(text_cfg, "hidden_size", None)
         if hidden is None:
             raise ValueError("PAIR needs model.config.hidden_size for the prefix heads.")
-        seed = options.seed if options.pair_head_seed is None else options.pair_head_seed
-        heads = PrefixHeads(int(hidden), options.pair_head_hidden, replay_size=options.pair_replay_size,
-                            lr=options.pair_head_lr, min_labels=options.pair_head_min_labels, seed=int(seed))
+        seed = trainer.args.seed if options.head_seed is None else options.head_seed
+        heads = PrefixHeads(int(hidden), options.head_hidden, replay_size=options.replay_size,
+                            lr=options.head_lr, min_labels=options.head_min_labels, seed=int(seed))
         design_heads = DesignHeads(heads, options, num_processes=trainer.accelerator.num_processes,
                                    device=trainer.accelerator.device)
-        delims = delimiter_ids(trainer, options.pair_snap_delimiters) if options.pair_snap_window > 0 else set()
-        features = partial(prefix_features, trainer, last_k=int(options.pair_summary_last_k))
-        return cls(delims, heads=design_heads, features=features, options=options)
+        delims = delimiter_ids(trainer, options.snap_delimiters) if options.snap_window > 0 else set()
+        features = partial(prefix_features, trainer, last_k=int(options.summary_last_k))
+        return cls(delims, heads=design_heads, features=features, options=options, args=trainer.args)
 
     # ------------------------------------------------------------------------------------------------ interface
     def describe(self, api) -> str:
-        """What each step generates, compared with TRL's GRPO on the same arguments (logged at construction)."""
-        a = self.options
-        G, L, n_probe = int(a.num_generations), int(a.max_completion_length), self.probe_len()
-        snap = f" (+ up to {a.pair_snap_window} to a delimiter)" if a.pair_snap_window else ""
-        anchor = "; the anchor pair adds up to 2 continuations per prompt" if a.pair_anchor_pair else ""
-        return (f"rollout strategy {self.name} (PAIR): {G} candidates per prompt probed to "
-                f"tau = {a.pair_tau} tokens{snap}, then a design-chosen subset continued (expected suffix budget "
-                f"{a.pair_budget_ratio} x predicted, floor pi_min = {a.pair_pi_min}). Compute vs TRL's GRPO with the "
-                f"same arguments ({G} completions of up to L = {L} tokens per prompt): each step generates {G} probes "
-                f"of <= {n_probe} tokens per prompt plus continuations with an expected suffix budget of "
-                f"{a.pair_budget_ratio} x the predicted remaining tokens, i.e. about {n_probe}/{L} + "
-                f"{a.pair_budget_ratio} x (1 - {n_probe}/{L}) = {self.expected_token_factor():.3g}x TRL's "
-                f"generated tokens (<= 1x; ~ tau/L + budget_ratio){anchor}")
+        """What each step generates, compared with TRL's GRPO on the same arguments (logged at construction;
+        :func:`~.diagnostics.pair_description`)."""
+        return pair_description(self.name, self.options, self.args, self.tau, self.probe_len(),
+                                self.expected_token_factor())
 
     def expected_token_factor(self) -> float:
-        """Expected generated tokens per step relative to TRL's GRPO with the same arguments, for full-length
-        completions: ``p + pair_budget_ratio * (1 - p)`` with ``p = (tau + pair_snap_window) / max_completion_length``
-        (every candidate probed, a ``pair_budget_ratio`` share of the remaining tokens continued in expectation;
-        <= 1, and <= ``p + pair_budget_ratio``). Without the anchor pair and with the predicted costs on target."""
-        a = self.options
-        p = self.probe_len() / float(a.max_completion_length)
-        return float(min(1.0, p + float(a.pair_budget_ratio) * (1.0 - p)))
+        """Expected generated tokens per step relative to TRL's GRPO with the same arguments
+        (:func:`~.diagnostics.pair_expected_token_factor`)."""
+        return pair_expected_token_factor(self.probe_len(), self.args.max_completion_length,
+                                          self.options.budget_ratio)
 
     def update(self, api, batch, result) -> dict[str, float]:
         """After the estimator: the delayed labels of the completed, scorable vertices go to the heads' replay
@@ -212,9 +205,14 @@ class PrefixProbeRollouts(RolloutStrategy):
             self.heads.load_state_dict(state["heads"])
 
     # ------------------------------------------------------------------------------------------------ helpers
+    @property
+    def tau(self) -> int:
+        """The checkpoint ``tau`` in generated tokens (:func:`~trl_ext.trainers.pair.config.pair_tau`)."""
+        return pair_tau(self.options, self.args.max_completion_length)
+
     def probe_len(self) -> int:
         """Tokens generated by the probe: ``tau + pair_snap_window``."""
-        return int(self.options.pair_tau) + int(self.options.pair_snap_window)
+        return self.tau + int(self.options.snap_window)
 
     @staticmethod
     def is_finished(eos_token_ids, completion: list[int], probe_len: int) -> bool:
@@ -225,7 +223,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         """Checkpoint position inside the probe tokens (snapping, Appendix C)."""
         if finished or not self.delimiter_ids:
             return len(completion)
-        for pos in range(int(self.options.pair_tau) - 1, len(completion)):
+        for pos in range(self.tau - 1, len(completion)):
             if completion[pos] in self.delimiter_ids:
                 return pos + 1
         return len(completion)
@@ -233,7 +231,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     def design_rng(self, row_idx: int) -> np.random.Generator:
         """Fresh design randomness keyed by (seed, generation index, dataset row): never by an outcome, identical
         across process layouts."""
-        return np.random.default_rng([int(self.options.seed) & 0xFFFFFFFF, 0x9A1, self.generation_index,
+        return np.random.default_rng([int(self.args.seed) & 0xFFFFFFFF, 0x9A1, self.generation_index,
                                       int(row_idx) & 0xFFFFFFFF])
 
     def probe(self, api, rows: list[dict]) -> dict:
@@ -277,7 +275,7 @@ class PrefixProbeRollouts(RolloutStrategy):
         p_hat = pred.p_hat.numpy()
         c_hat = pred.cost_hat.numpy()
         # 3. design + draw per prompt, logged before any continuation or reward
-        warm = self.warm_start if self.options.pair_solver_warm_start else None
+        warm = self.warm_start if self.options.solver_warm_start else None
         options = pair_design_options(self.options)
         draws: list[GroupDraw] = []
         self.design_log = []
@@ -296,7 +294,7 @@ class PrefixProbeRollouts(RolloutStrategy):
             })
         # 4. continuation of selected unfinished prefixes from prompt + prefix
         cont_idx = [k * G + i for k, d in enumerate(draws) for i in range(G) if d.selected[i] and not d.finished[i]]
-        max_new = int(self.options.max_completion_length) - n_probe
+        max_new = int(self.args.max_completion_length) - n_probe
         cont_ids, cont_lps = api.generate_ids([list(prompt_ids[j]) + list(probe_ids[j]) for j in cont_idx],
                                               max_new_tokens=max_new)
         full_ids = [list(c) for c in probe_ids]
@@ -348,7 +346,7 @@ class PrefixProbeRollouts(RolloutStrategy):
             estimator_inputs={"draws": draws, **pair_advantage_options(self.options)},
             # K counts every probed prompt, also those that completed no vertex: fixed before the design draw, so the
             # policy loss (1/K) sum ... is design-unbiased (fixed_normalizer)
-            fixed_normalizer=fixed_normalizer(num_prompts) if self.options.pair_fixed_normalizer else None)
+            fixed_normalizer=fixed_normalizer(num_prompts) if self.options.fixed_normalizer else None)
 
 
 def _record_draw(rec: dict) -> GroupDraw:

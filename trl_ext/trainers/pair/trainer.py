@@ -24,7 +24,7 @@ the designed draws the strategy returns with its rollouts (``RolloutGroups.estim
    under the expected suffix budget ``C = pair_budget_ratio * sum_i c_hat_i`` (over unfinished candidates), floor
    ``pair_pi_min``, warm-started from the previous step's solutions (Appendix C,
    :class:`~trl_ext.estimators.DesignWarmStart`). Finished candidates enter the program with a negligible cost and
-   are then fixed at ``pi = 1``. The probabilities are recorded in :attr:`PAIRTrainer.pair_design_log` **before**
+   are then fixed at ``pi = 1``. The probabilities are recorded in :attr:`PrefixProbeRollouts.design_log <trl_ext.trainers.pair.strategy.PrefixProbeRollouts>` **before**
    any continuation is generated or any reward is computed. ``J_i ~ Bernoulli(pi_i)`` with fresh randomness from a
    generator keyed by ``(seed, generation index, dataset row)`` only (never by an outcome). Optional anchor pair
    (Appendix B): two vertices drawn uniformly among the ``M`` pairs and continued with conditional probability one;
@@ -74,18 +74,15 @@ import logging
 import warnings
 from typing import Any, ClassVar
 
-import torch
-
-from ...estimators.pair_heads import PrefixHeads
 from .. import model_card
 from ..base import GRPOTrainer
 from .config import (
     PAIRConfig,
+    PAIROptions,
     PAIRShortProbeWarning,
     pair_lr_factor,
     short_probe_message,
 )
-from .heads import prefix_features
 from .strategy import PrefixProbeRollouts
 
 logger = logging.getLogger(__name__)
@@ -105,7 +102,7 @@ def pair_model_card_details(trainer) -> dict[str, Any]:
     """What a PAIR run depended on, for the model card: the probe, the design and the head settings, and the
     heads' state when the card is written."""
     a = trainer.args
-    heads = trainer.pair_heads
+    heads = trainer.rollout_strategy.heads.heads
     totals = trainer.rollout_strategy.totals
     return {
         "candidate group size G (num_generations)": int(a.num_generations),
@@ -114,7 +111,7 @@ def pair_model_card_details(trainer) -> dict[str, Any]:
         "design": f"pair_budget_ratio = {a.pair_budget_ratio}, pair_pi_min = {a.pair_pi_min}, edge proxy "
                   f"{a.pair_edge_proxy}, anchor pair {a.pair_anchor_pair}, warm start {a.pair_solver_warm_start}, "
                   f"fixed normalizer {a.pair_fixed_normalizer}",
-        "policy learning rate": f"learning_rate {a.learning_rate} x {pair_lr_factor(a):.4g} "
+        "policy learning rate": f"learning_rate {a.learning_rate} x {pair_lr_factor(PAIROptions.from_config(a)):.4g} "
                                 f"(pair_lr_scaling = {a.pair_lr_scaling!r})",
         "biased options (App. B)": f"pair_standardize = {a.pair_standardize}, pair_w_max = {a.pair_w_max}, "
                                    f"pair_self_normalize = {a.pair_self_normalize}",
@@ -140,15 +137,14 @@ class PAIRTrainer(GRPOTrainer):
     Attributes
     ----------
     rollout_strategy : PrefixProbeRollouts
-        Probe, design, draw and continuation (generation index, warm start and token totals are its checkpointed
-        state).
-    pair_heads : PrefixHeads
-        Success/remaining-cost heads, optimizer and replay window (saved in every checkpoint).
-    pair_design_log : list of dict
-        Per prompt of the latest generation batch on this rank: ``generation``, ``row_idx``, ``pi``,
-        ``pi_design``, ``selected``, ``finished``, ``p_hat``, ``cost_hat``, ``anchor``, ``reason``, ``n_iter``,
-        ``warm_started``, ``expected_cost``, ``budget``. Written after the design and draw, before any continuation
-        or reward; ``realized_suffix_tokens`` is added after the continuation.
+        Probe, design, draw and continuation, and what PAIR learns or records: ``heads.heads`` (the success /
+        remaining-cost :class:`~trl_ext.estimators.pair_heads.PrefixHeads`, optimizer and replay window, saved in
+        every checkpoint), ``design_log`` (per prompt of the latest generation batch on this rank: ``generation``,
+        ``row_idx``, ``pi``, ``pi_design``, ``selected``, ``finished``, ``p_hat``, ``cost_hat``, ``anchor``,
+        ``reason``, ``n_iter``, ``warm_started``, ``expected_cost``, ``budget``, written after the design and draw;
+        ``realized_suffix_tokens`` added after the continuation), ``features`` (the prefix summaries) and ``tau``;
+        generation index, warm start and token totals are its checkpointed state. The trainer adds no state of its
+        own beyond the learning-rate scaling.
 
     Warns
     -----
@@ -167,13 +163,13 @@ class PAIRTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
-        args = self.args
-        short = short_probe_message(args)
+        args, options = self.args, PAIROptions.from_config(self.args)
+        short = short_probe_message(options, args.max_completion_length)
         if short is not None:
             warnings.warn(short, PAIRShortProbeWarning, stacklevel=2)
         # an optimizer passed in through `optimizers` is the caller's: never rescaled
         self._pair_scale_optimizer = self.optimizer is None
-        factor = pair_lr_factor(args)
+        factor = pair_lr_factor(options)
         if factor != 1.0 and self._pair_scale_optimizer:
             self.warn_dropin_difference(
                 f"optimizer learning rate = learning_rate x {factor:.3g} = {factor * args.learning_rate:.3g} "
@@ -186,7 +182,7 @@ class PAIRTrainer(GRPOTrainer):
         :func:`pair_lr_factor` (before the scheduler is built, so warm-up and decay follow the scaled rate)."""
         fresh = self.optimizer is None and self._pair_scale_optimizer
         opt = super().create_optimizer(model)
-        factor = pair_lr_factor(self.args)
+        factor = pair_lr_factor(PAIROptions.from_config(self.args))
         if fresh and factor != 1.0:
             for group in opt.param_groups:
                 group["lr"] = group["lr"] * factor
@@ -197,27 +193,5 @@ class PAIRTrainer(GRPOTrainer):
     def create_rollout_strategy(self) -> PrefixProbeRollouts:
         """PAIR's probe-then-continue allocation over this config (:meth:`PrefixProbeRollouts.build`: the snap
         delimiters, the prefix heads and :func:`~trl_ext.trainers.pair.heads.prefix_features`)."""
-        return PrefixProbeRollouts.build(self, self.args)
+        return PrefixProbeRollouts.build(self, PAIROptions.from_config(self.args))
 
-    @property
-    def pair_heads(self) -> PrefixHeads:
-        """Success/remaining-cost heads, optimizer and replay window (the strategy's :attr:`DesignHeads.heads`)."""
-        return self.rollout_strategy.heads.heads
-
-    @pair_heads.setter
-    def pair_heads(self, heads: PrefixHeads) -> None:
-        self.rollout_strategy.heads.heads = heads
-
-    @property
-    def pair_design_log(self) -> list[dict]:
-        """The rollout strategy's design log of the latest generation batch on this rank."""
-        return self.rollout_strategy.design_log
-
-    @property
-    def pair_tau(self) -> int:
-        return self.args.pair_tau
-
-    def pair_features(self, seqs: list[list[int]]) -> torch.Tensor:
-        """Stop-gradient prefix summaries: mean of the last ``pair_summary_last_k`` final-layer hidden states
-        (Appendix C; :func:`~trl_ext.trainers.pair.heads.prefix_features`)."""
-        return prefix_features(self, seqs, last_k=int(self.args.pair_summary_last_k))

@@ -2,8 +2,8 @@
 
 One module per part (the math is :mod:`trl_ext.estimators.v05`, the registered estimator ``"v05"``):
 
-* :mod:`.config` -- :class:`V05GRPOConfig` (every ``v05_*`` option, with help) and :func:`v05_config_view` (the
-  options given as ``rollout_strategy_kwargs`` to ``trl_ext.GRPOTrainer``);
+* :mod:`.config` -- :class:`V05GRPOConfig` (every ``v05_*`` option, with help) and :data:`V05Options` (the same
+  options typed, without the prefix: what the strategy reads, from the config or ``rollout_strategy_kwargs``);
 * :mod:`.strategy` -- :class:`OSLARounds`, the registered rollout strategy ``"v05_osla"`` (prior query, ``k_init``
   rollouts, Sequential OSLA rounds, the support buffer);
 * :mod:`.prior` -- the value prior the config describes (the default embedding prior's frozen backbone);
@@ -14,11 +14,11 @@ from .config import (
     V05_PROMPT_WEIGHTINGS,
     V05_SUPPORTED_LOSS_TYPES,
     V05GRPOConfig,
-    v05_config_view,
-    validate_v05_config,
+    V05Options,
+    validate_v05_options,
 )
 from .strategy import OSLARounds
 from .trainer import V05GRPOTrainer, v05_model_card_details
 
 __all__ = ["V05GRPOConfig", "V05GRPOTrainer", "OSLARounds", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS",
-           "v05_config_view", "v05_model_card_details", "validate_v05_config"]
+           "V05Options", "v05_model_card_details", "validate_v05_options"]

@@ -17,11 +17,10 @@ from ...estimators.v05 import DEFAULT_SIGMA_FLOOR, V05_K_INIT, V05_PAPER_COST, o
 from ..config import (
     ExtGRPOConfig,
     accept_renamed_fields,
-    method_config_view,
-    parse_kwargs_field,
+    method_options_class,
 )
 
-__all__ = ["V05GRPOConfig", "v05_config_view", "validate_v05_config", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
+__all__ = ["V05GRPOConfig", "V05Options", "validate_v05_options", "V05_SUPPORTED_LOSS_TYPES", "V05_PROMPT_WEIGHTINGS"]
 
 V05_SUPPORTED_LOSS_TYPES = ("dapo", "cispo", "vespo")
 """Loss types whose normalizer stays exact with variable group sizes and per-rank pad rows.
@@ -180,9 +179,10 @@ class V05GRPOConfig(ExtGRPOConfig):
         super().__post_init__()
 
     def validate_method(self) -> None:
-        """The V0.5 fields (run once by ``validate_ext_config``); parses ``v05_value_prior_kwargs``."""
-        self.v05_value_prior_kwargs = parse_kwargs_field(self.v05_value_prior_kwargs, "v05_value_prior_kwargs")
-        validate_v05_config(self)
+        """The V0.5 fields (run once by ``validate_ext_config``); ``v05_value_prior_kwargs`` parsed to a dict."""
+        options = V05Options.from_config(self)
+        validate_v05_options(options, self)
+        self.v05_value_prior_kwargs = options.value_prior_kwargs
 
 
 # renamed in the one-naming-convention change (method options prefixed); accepted with a FutureWarning for one release
@@ -192,11 +192,9 @@ accept_renamed_fields(V05GRPOConfig, {name: f"v05_{name}" for name in (
     "allow_unsupported_loss_type", "check_buffer_sync")})
 
 
-def v05_config_view(config: Any, kwargs: dict, validate: bool = True) -> V05GRPOConfig:
-    """The :class:`V05GRPOConfig` that ``config`` plus the V0.5 options ``kwargs`` (field names without ``v05_``,
-    e.g. ``{"k_init": 4, "value_prior": "table"}``) describe: what the ``"v05_osla"`` strategy reads when it is
-    selected by config (:func:`~trl_ext.trainers.config.method_config_view`)."""
-    return method_config_view(config, kwargs, V05GRPOConfig, "v05_", "v05_osla", validate=validate)
+V05Options = method_options_class(V05GRPOConfig, "v05_", "v05_osla", "V05Options")
+"""V0.5's typed options (``V05GRPOConfig``'s ``v05_*`` fields without the prefix): what the ``"v05_osla"`` strategy
+reads, from a :class:`V05GRPOConfig` or from ``rollout_strategy_kwargs`` (``{"k_init": 4, "value_prior": "table"}``)."""
 
 
 def _is_int(v: Any) -> bool:
@@ -210,66 +208,67 @@ def check_eval_group_size(g: Any) -> None:
                          f"prompt are v05_k_init) must be an int >= 2, got {g!r}.")
 
 
-def validate_v05_config(args: Any) -> None:
-    """Check the V0.5 fields of ``args``; raises ``ValueError`` saying what to change."""
+def validate_v05_options(o: Any, args: Any) -> None:
+    """Check V0.5's options ``o`` (a :data:`V05Options`) with the TRL fields of ``args`` they depend on. Raises
+    ``ValueError`` saying what to change."""
     check_eval_group_size(args.num_generations)
-    if not _is_int(args.v05_k_step) or args.v05_k_step < 1:
-        raise ValueError(f"v05_k_step must be an int >= 1, got {args.v05_k_step!r}.")
-    if not _is_int(args.v05_k_init) or args.v05_k_init < 1:
-        raise ValueError(f"v05_k_init must be an int >= 1, got {args.v05_k_init!r}.")
-    if args.v05_k_init < V05_K_INIT and not args.v05_allow_small_k_init:
+    if not _is_int(o.k_step) or o.k_step < 1:
+        raise ValueError(f"v05_k_step must be an int >= 1, got {o.k_step!r}.")
+    if not _is_int(o.k_init) or o.k_init < 1:
+        raise ValueError(f"v05_k_init must be an int >= 1, got {o.k_init!r}.")
+    if o.k_init < V05_K_INIT and not o.allow_small_k_init:
         raise ValueError(
-            f"v05_k_init={args.v05_k_init} < 4: the paper's Appendix A.8 shows the bias test over-rejects below 4 "
+            f"v05_k_init={o.k_init} < 4: the paper's Appendix A.8 shows the bias test over-rejects below 4 "
             "rollouts (1/sqrt(k) >= 2/k needs k >= 4). Use v05_k_init >= 4, or set v05_allow_small_k_init=True for an "
             "ablation."
         )
-    c = args.v05_rollout_cost
+    c = o.rollout_cost
     if not (isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0):
         raise ValueError(f"v05_rollout_cost must be a finite number > 0, got {c!r}.")
     cap = osla_cap(c)
-    if cap < args.v05_k_init:
-        raise ValueError(f"v05_rollout_cost={c} gives cap round(1/sqrt(c))={cap} < v05_k_init={args.v05_k_init}; "
-                         f"lower the cost (cap >= v05_k_init needs c <= {1.0 / (args.v05_k_init - 0.5) ** 2:.6g}) or "
+    if cap < o.k_init:
+        raise ValueError(f"v05_rollout_cost={c} gives cap round(1/sqrt(c))={cap} < v05_k_init={o.k_init}; "
+                         f"lower the cost (cap >= v05_k_init needs c <= {1.0 / (o.k_init - 0.5) ** 2:.6g}) or "
                          "lower v05_k_init.")
     gbs = getattr(args, "generation_batch_size", None)
-    if _is_int(gbs) and gbs % args.v05_k_init:
+    if _is_int(gbs) and gbs % o.k_init:
         raise ValueError(
             f"generation_batch_size={gbs} (per_device_train_batch_size x processes x steps_per_generation) is not "
-            f"divisible by v05_k_init={args.v05_k_init}: V0.5's first round generates exactly TRL's "
+            f"divisible by v05_k_init={o.k_init}: V0.5's first round generates exactly TRL's "
             f"generation_batch_size rollouts as generation_batch_size / v05_k_init prompts x v05_k_init rollouts. "
-            f"Make per_device_train_batch_size (or generation_batch_size) a multiple of {args.v05_k_init}, or choose a "
+            f"Make per_device_train_batch_size (or generation_batch_size) a multiple of {o.k_init}, or choose a "
             "v05_k_init that divides it."
         )
-    b = args.v05_extra_rollout_budget
+    b = o.extra_rollout_budget
     if isinstance(b, bool) or not isinstance(b, int | float) or math.isnan(b) or b < 0:
         raise ValueError(f"v05_extra_rollout_budget must be a number >= 0 (fraction of generation_batch_size; 0 = no "
                          f"OSLA rounds, inf = the paper's unbounded rounds), got {b!r}.")
-    f = args.v05_global_stop_fraction
+    f = o.global_stop_fraction
     if not (isinstance(f, int | float) and not isinstance(f, bool) and 0.0 <= f <= 1.0):
         raise ValueError(f"v05_global_stop_fraction must be in [0, 1] (0 disables the early stop), got {f!r}.")
-    if not _is_int(args.v05_dispatch_multiple) or args.v05_dispatch_multiple < 1:
-        raise ValueError(f"v05_dispatch_multiple must be an int >= 1, got {args.v05_dispatch_multiple!r}.")
+    if not _is_int(o.dispatch_multiple) or o.dispatch_multiple < 1:
+        raise ValueError(f"v05_dispatch_multiple must be an int >= 1, got {o.dispatch_multiple!r}.")
     for name in ("v05_buffer_capacity", "v05_context_size"):
-        v = getattr(args, name)
+        v = getattr(o, name[len("v05_"):])
         if not _is_int(v) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
-    lo, hi = args.v05_reward_low, args.v05_reward_high
+    lo, hi = o.reward_low, o.reward_high
     if not all(isinstance(x, int | float) and math.isfinite(x) for x in (lo, hi)) or hi <= lo:
         raise ValueError(f"need finite v05_reward_low < v05_reward_high, got v05_reward_low={lo!r}, "
                          f"v05_reward_high={hi!r}.")
-    s = args.v05_sigma_floor
+    s = o.sigma_floor
     if not (isinstance(s, int | float) and 0.0 < s <= 1.0):
         raise ValueError(f"v05_sigma_floor must be in (0, 1], got {s!r}.")
-    if args.v05_prompt_weighting not in V05_PROMPT_WEIGHTINGS:
+    if o.prompt_weighting not in V05_PROMPT_WEIGHTINGS:
         raise ValueError(f"v05_prompt_weighting must be one of {V05_PROMPT_WEIGHTINGS} ('equal': the paper's Eq. 10, "
-                         f"every prompt the same weight), got {args.v05_prompt_weighting!r}.")
-    if not isinstance(args.v05_value_prior, str) or not args.v05_value_prior:
-        raise ValueError(f"v05_value_prior must be a prior kind string, got {args.v05_value_prior!r}.")
+                         f"every prompt the same weight), got {o.prompt_weighting!r}.")
+    if not isinstance(o.value_prior, str) or not o.value_prior:
+        raise ValueError(f"v05_value_prior must be a prior kind string, got {o.value_prior!r}.")
     if args.loss_type not in V05_SUPPORTED_LOSS_TYPES:
         msg = (f"loss_type={args.loss_type!r}: V0.5 supports {V05_SUPPORTED_LOSS_TYPES}, whose global token normalizer "
                "stays exact with variable rollout counts and per-rank pad rows; other loss types are not covered by "
                "V0.5's tests (see trl_ext.trainers.v05.V05_SUPPORTED_LOSS_TYPES).")
-        if not args.v05_allow_unsupported_loss_type:
+        if not o.allow_unsupported_loss_type:
             raise ValueError(msg + " Use one of them or set v05_allow_unsupported_loss_type=True.")
         warnings.warn(msg, UserWarning, stacklevel=3)
     if args.tie_break_scorer_index is not None:

@@ -13,26 +13,27 @@ from ...estimators.v05 import osla_cap
 __all__ = ["v05_description", "v05_metrics", "v05_unscorable_warnings"]
 
 
-def v05_description(options: Any, budget: int | None) -> tuple[str, list[str]]:
+def v05_description(options: Any, args: Any, budget: int | None) -> tuple[str, list[str]]:
     """One line saying what each generation batch generates compared with TRL for the same arguments, and the
     drop-in differences: prompts per step when ``v05_k_init != num_generations``; extra OSLA rollouts when the
-    budget (``budget`` rollouts per generation batch, ``None`` = unbounded) allows any."""
+    budget (``budget`` rollouts per generation batch, ``None`` = unbounded) allows any. ``options``: the
+    :data:`~trl_ext.trainers.v05.config.V05Options`; ``args``: the trainer's config (TRL's fields)."""
     a = options
-    gbs, k, g = int(a.generation_batch_size), int(a.v05_k_init), int(a.num_generations)
-    cap = osla_cap(a.v05_rollout_cost)
+    gbs, k, g = int(args.generation_batch_size), int(a.k_init), int(args.num_generations)
+    cap = osla_cap(a.rollout_cost)
     natural = gbs // k * max(cap - k, 0)  # what the paper's unbounded rounds could add at most
     most = natural if budget is None else min(budget, natural)
     binds = budget is not None and budget < natural
-    stop = f"global stop below {a.v05_global_stop_fraction:.0%} of prompts" if a.v05_global_stop_fraction > 0 \
+    stop = f"global stop below {a.global_stop_fraction:.0%} of prompts" if a.global_stop_fraction > 0 \
         else "no global stop"
-    pad = (f"; dispatches padded to a multiple of {a.v05_dispatch_multiple} (charged to the budget)"
-           if a.v05_dispatch_multiple > 1 else "")
+    pad = (f"; dispatches padded to a multiple of {a.dispatch_multiple} (charged to the budget)"
+           if a.dispatch_multiple > 1 else "")
     line = (f"rollout strategy v05_osla (V0.5 Sequential OSLA): round 1: {gbs} rollouts per generation batch "
             f"({gbs // k} prompts x {k}; = TRL's for these arguments: {gbs // g} prompts x {g}); OSLA: at most "
-            f"{most} more (+{a.v05_k_step} per round to prompts whose prior fails the test, cap {cap}, {stop}, "
-            f"v05_extra_rollout_budget={a.v05_extra_rollout_budget:g}"
+            f"{most} more (+{a.k_step} per round to prompts whose prior fails the test, cap {cap}, {stop}, "
+            f"v05_extra_rollout_budget={a.extra_rollout_budget:g}"
             f"{'' if binds else ': does not bind, the paper rounds'}), i.e. <= {(gbs + most) / gbs:.4g}x TRL's"
-            f"{pad}; prompt weighting {a.v05_prompt_weighting!r}")
+            f"{pad}; prompt weighting {a.prompt_weighting!r}")
     differences = []
     if gbs // k != gbs // g:
         differences.append(f"takes {gbs // k} prompts per generation batch ({k} rollouts each, v05_k_init={k}) "

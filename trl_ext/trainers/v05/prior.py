@@ -11,7 +11,6 @@ from typing import Any
 
 from ...priors import ValuePrior, build_prior
 from .. import _trl_compat as compat
-from ..config import parse_kwargs_field
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +40,9 @@ def prior_backbone_choice(trainer) -> tuple[Any, str, Any, bool]:
     return policy, "policy_copy", None, True
 
 
-def build_v05_prior(trainer, args) -> tuple[ValuePrior, dict]:
-    """The prior ``args.v05_value_prior`` / ``args.v05_value_prior_kwargs`` describe, and what the model card
+def build_v05_prior(trainer, options) -> tuple[ValuePrior, dict]:
+    """The prior the V0.5 ``options`` (:data:`~trl_ext.trainers.v05.config.V05Options`: ``value_prior``,
+    ``value_prior_kwargs``) describe, and what the model card
     records of it: ``{"prior_backbone": {"source", "parameters", "bytes"} or None, "prior_model_name": str or None,
     "table_source": {"source", "file_sha256"} or None}``.
 
@@ -51,8 +51,8 @@ def build_v05_prior(trainer, args) -> tuple[ValuePrior, dict]:
     ValueError
         ``v05_value_prior="callable"`` without ``fn`` (a function cannot go through a config: pass ``prior=``).
     """
-    kind = args.v05_value_prior.lower()
-    kw = parse_kwargs_field(args.v05_value_prior_kwargs, "v05_value_prior_kwargs")  # a view keeps the raw field
+    kind = options.value_prior.lower()
+    kw = dict(options.value_prior_kwargs)  # a copy: popped below
     info: dict = {"prior_backbone": None, "prior_model_name": None, "table_source": None}
     if kind == "embedding" and "embed_fn" not in kw:
         from ...priors import hf_mean_pool_embedder

@@ -28,7 +28,7 @@ from ...priors import SupportBuffer, ValuePrior
 from .. import _trl_compat as compat
 from ..batch import RolloutBatch
 from ..rollouts import RolloutGroups, RolloutStrategy, rank_block, register_rollout_strategy, unique_prompt_rows
-from .config import V05GRPOConfig, v05_config_view
+from .config import V05Options, validate_v05_options
 from .diagnostics import v05_description, v05_metrics, v05_unscorable_warnings
 from .prior import build_v05_prior
 
@@ -83,13 +83,20 @@ class OSLARounds(RolloutStrategy):
     generation_index : int
         Train generation batches produced so far (seeds the support-buffer context); saved in every checkpoint
         through :meth:`state_dict`.
-    options : V05GRPOConfig
-        Where the ``v05_*`` options are read (the preset's config, or :func:`~.config.v05_config_view`).
+    options : V05Options
+        The typed V0.5 options (from a :class:`V05GRPOConfig`'s ``v05_*`` fields or ``rollout_strategy_kwargs``);
+        TRL's fields are read from ``args``, the trainer's config.
     prior, support_buffer
         The value prior and the global (prompt, success) FIFO (:meth:`build`); ``prior_info`` what the model card
         records of a prior built from the options.
     last_record : dict or None
-        The global record of the latest train generation batch (:attr:`V05GRPOTrainer.last_v05`).
+        Global record of the latest train generation batch (identical on every rank): ``row_idx``, ``prompts``,
+        ``prior_p``, ``k`` (final rollouts per prompt), ``rejected_at_init``, ``bias2``, ``weight``, ``baseline``,
+        ``vbar``, ``scorable``, ``prompt_weight`` (the Eq. 10 multiplier ``c_j``, NaN for unscorable prompts),
+        ``rounds``, ``early_stop``, ``need_history`` (global need fraction before each round), ``context_size``,
+        ``dispatched``, ``discarded``, ``round1_rollouts``, ``extra_rollouts`` (charged to the budget by the OSLA
+        rounds, all ranks: requested rollouts plus ``v05_dispatch_multiple`` padding), ``extra_budget`` (``None`` =
+        unbounded), ``budget_exhausted``, ``unscorable_rollouts``, ``buffer_fingerprint``.
 
     The fused advantages are the registered ``"v05"`` estimator's (:func:`~trl_ext.estimators.v05.v05_advantages`),
     run by the base trainer's valid-row adapter on the priors this strategy returns (side input ``priors``, one per
@@ -99,8 +106,9 @@ class OSLARounds(RolloutStrategy):
 
     provides = frozenset({"priors", "floor", "reward_range", "prompt_weighting"})
 
-    def __init__(self, options):
-        self.options = options  # the V05GRPOConfig the v05_* options are read from
+    def __init__(self, options, args):
+        self.options = options  # V05Options
+        self.args = args  # the trainer's config: TRL's fields (generation_batch_size, num_generations, seed)
         self.generation_index = 0
         self.prior: ValuePrior | None = None
         self.support_buffer: SupportBuffer | None = None
@@ -110,36 +118,37 @@ class OSLARounds(RolloutStrategy):
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """The V0.5 options in ``rollout_strategy_kwargs`` (names without ``v05_``) checked with the rest of the
-        config as ``V05GRPOConfig`` checks them (:func:`~trl_ext.trainers.v05.config.v05_config_view`)."""
-        v05_config_view(config, kwargs)
+        config as ``V05GRPOConfig`` checks its own fields (:func:`~trl_ext.trainers.v05.config.validate_v05_options`)."""
+        validate_v05_options(V05Options.from_kwargs(kwargs), config)
 
     @classmethod
     def from_trainer(cls, trainer, **kwargs) -> OSLARounds:
         """The strategy the config selects on any trainer: its options are a :class:`V05GRPOConfig`'s own fields,
-        or ``rollout_strategy_kwargs`` read through :func:`~trl_ext.trainers.v05.config.v05_config_view` (already
-        validated with the config)."""
-        args = trainer.args
-        return cls.build(trainer, args if isinstance(args, V05GRPOConfig) else
-                         v05_config_view(args, kwargs, validate=False))
+        or ``rollout_strategy_kwargs`` (:data:`V05Options`, already validated with the config)."""
+        return cls.build(trainer, V05Options.of(trainer.args, kwargs))
 
     @classmethod
     def build(cls, trainer, options, prior: ValuePrior | None = None) -> OSLARounds:
-        """The strategy for ``trainer`` with the ``v05_*`` ``options`` (a :class:`V05GRPOConfig`): the train sampler
+        """The strategy for ``trainer`` with the V0.5 ``options`` (:data:`V05Options`): the train sampler
         yields each prompt ``v05_k_init`` times (round 1 is TRL's ``generation_batch_size`` rollouts), the prior is
         ``prior`` or the one the options describe (:func:`~trl_ext.trainers.v05.prior.build_v05_prior`, what it
         records in :attr:`prior_info`), and the support buffer is the strategy's own (checkpointed with its state)."""
-        strategy = cls(options)
-        compat.set_sampler_num_generations(trainer, options.v05_k_init)
+        strategy = cls(options, trainer.args)
+        compat.set_sampler_num_generations(trainer, options.k_init)
         if prior is None:
             prior, strategy.prior_info = build_v05_prior(trainer, options)
         strategy.prior = prior
-        strategy.support_buffer = SupportBuffer(options.v05_buffer_capacity, options.v05_context_size,
-                                                seed=int(options.seed))
+        strategy.support_buffer = SupportBuffer(options.buffer_capacity, options.context_size,
+                                                seed=int(trainer.args.seed))
         return strategy
 
     def describe(self, api) -> tuple[str, list[str]]:
         """The construction line and drop-in differences (:func:`~.diagnostics.v05_description`)."""
-        return v05_description(self.options, osla_extra_budget(self.options.v05_extra_rollout_budget, self.options.generation_batch_size))
+        return v05_description(self.options, self.args, self.extra_budget())
+
+    def extra_budget(self) -> int | None:
+        """Rollouts the OSLA rounds of one generation batch may add (``None``: unbounded)."""
+        return osla_extra_budget(self.options.extra_rollout_budget, self.args.generation_batch_size)
 
     def state_dict(self) -> dict:
         """The generation index and the support buffer."""
@@ -188,7 +197,7 @@ class OSLARounds(RolloutStrategy):
         if prompts_ok:
             self.support_buffer.add(prompts_ok, np.clip((vbar[scorable] + 1.0) / 2.0, 0.0, 1.0))
         fingerprint = self.support_buffer.fingerprint()
-        if self.options.v05_check_buffer_sync and api.num_processes > 1:
+        if self.options.check_buffer_sync and api.num_processes > 1:
             prints = api.gather_object([fingerprint])
             if len(set(prints)) != 1:
                 raise RuntimeError(f"V0.5 support buffers differ across ranks (fingerprints {prints}); the prior "
@@ -196,7 +205,7 @@ class OSLARounds(RolloutStrategy):
         self.last_record = {**pend, "bias2": bias2, "weight": weight, "baseline": baseline, "scorable": scorable,
                             "vbar": vbar, "prompt_weight": prompt_weight, "unscorable_rollouts": n_bad_rows,
                             "buffer_fingerprint": fingerprint}
-        return v05_metrics(self.last_record, n_unscorable, self.options.v05_k_init)
+        return v05_metrics(self.last_record, n_unscorable, self.options.k_init)
 
     # ------------------------------------------------------------------------------------------------ one round
     def dispatch(self, api, states: list[_PromptState], requests: list[tuple[int, int]],
@@ -209,7 +218,7 @@ class OSLARounds(RolloutStrategy):
         were ``discarded``.
         """
         a = self.options
-        m, cap = a.v05_dispatch_multiple, osla_cap(a.v05_rollout_cost)
+        m, cap = a.dispatch_multiple, osla_cap(a.rollout_cost)
         want = [i for i, n in requests for _ in range(n)]
         # v05_dispatch_multiple padding: the extra slots go round-robin to this dispatch's prompts, never beyond the cap
         extra = math.ceil(len(want) / m) * m - len(want)
@@ -238,8 +247,8 @@ class OSLARounds(RolloutStrategy):
         kept = len(want)
         if kept:
             rpf = api.score(rows[:kept], c_ids[:kept]).detach().float().cpu()
-            signed = v05_signed_rewards(api.reward(rpf).double().numpy(), self.options.v05_reward_low,
-                                        self.options.v05_reward_high)
+            signed = v05_signed_rewards(api.reward(rpf).double().numpy(), self.options.reward_low,
+                                        self.options.reward_high)
             for j, i in enumerate(want):
                 st = states[i]
                 st.completion_ids.append(list(c_ids[j]))
@@ -271,9 +280,9 @@ class OSLARounds(RolloutStrategy):
         k_all = np.array([x for g in gathered for x in g[0]], dtype=np.int64)
         b2_all = np.array([x for g in gathered for x in g[1]], dtype=np.float64)
         # module attribute lookup: the one OSLA rule, shared with osla_allocate and the audit
-        step = v05_estimators.osla_step(k_all, b2_all, a.v05_rollout_cost, step=a.v05_k_step,
-                                        cap=osla_cap(a.v05_rollout_cost),
-                                        min_active_frac=a.v05_global_stop_fraction or None)
+        step = v05_estimators.osla_step(k_all, b2_all, a.rollout_cost, step=a.k_step,
+                                        cap=osla_cap(a.rollout_cost),
+                                        min_active_frac=a.global_stop_fraction or None)
         return step, slice(offset, offset + len(states)), b2_all
 
     # ------------------------------------------------------------------------------------------------ main
@@ -284,7 +293,7 @@ class OSLARounds(RolloutStrategy):
             return RolloutGroups.trl()
         a = self.options
         n_proc, rank = api.num_processes, api.process_index
-        k_init = int(a.v05_k_init)
+        k_init = int(a.k_init)
         # the whole batch's prompts in sampler order (each was yielded v05_k_init times), whole prompts per rank
         batch = unique_prompt_rows(api.gather_object(list(inputs)), k_init)
         n_prompts = len(batch)
@@ -300,10 +309,10 @@ class OSLARounds(RolloutStrategy):
         states = [_PromptState(row=dict(batch[j]), prior_p=float(p_all[j])) for j in range(lo, hi)]
         # Step 2: v05_k_init rollouts per prompt = generation_batch_size rollouts in all (TRL's count)
         counters = self.dispatch(api, states, [(i, k_init) for i in range(len(states))], fallback)
-        round1 = osla_round_cost([k_init * (h - low) for low, h in blocks], a.v05_dispatch_multiple)
-        budget = osla_extra_budget(self.options.v05_extra_rollout_budget, self.options.generation_batch_size)
+        round1 = osla_round_cost([k_init * (h - low) for low, h in blocks], a.dispatch_multiple)
+        budget = self.extra_budget()
         # round-1 padding beyond TRL's count (v05_dispatch_multiple > 1) is paid from the budget
-        remaining = None if budget is None else max(budget - max(round1 - int(a.generation_batch_size), 0), 0)
+        remaining = None if budget is None else max(budget - max(round1 - int(self.args.generation_batch_size), 0), 0)
         # Steps 3-4: OSLA rounds, decided on the gathered batch so every rank runs the same rounds
         rounds, early_stop, need_history, rejected_at_init = 0, False, [], None
         exhausted, extra = False, 0
@@ -315,12 +324,12 @@ class OSLARounds(RolloutStrategy):
             if step.stop:
                 early_stop = bool(step.stopped_globally)
                 break
-            add, short = osla_trim_to_budget(step.add, bias2, owner, n_proc, remaining, a.v05_dispatch_multiple)
+            add, short = osla_trim_to_budget(step.add, bias2, owner, n_proc, remaining, a.dispatch_multiple)
             exhausted |= short
             if not add.any():
                 break
             cost = osla_round_cost(np.bincount(owner, weights=add, minlength=n_proc).astype(int).tolist(),
-                                   a.v05_dispatch_multiple)
+                                   a.dispatch_multiple)
             extra += cost
             if remaining is not None:
                 remaining -= cost
@@ -366,5 +375,5 @@ class OSLARounds(RolloutStrategy):
         return RolloutGroups(
             rows=rows, completion_ids=c_ids, group_ids=gids, logprobs=lps if use_lps else None,
             rewards_per_func=torch.stack(rpf), is_pad=is_pad, side_inputs={"priors": priors}, record=record,
-            estimator_inputs={"floor": a.v05_sigma_floor, "reward_range": (a.v05_reward_low, a.v05_reward_high),
-                              "prompt_weighting": a.v05_prompt_weighting})
+            estimator_inputs={"floor": a.sigma_floor, "reward_range": (a.reward_low, a.reward_high),
+                              "prompt_weighting": a.prompt_weighting})

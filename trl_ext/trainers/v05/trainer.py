@@ -48,11 +48,11 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from ...priors import SupportBuffer, ValuePrior
+from ...priors import ValuePrior
 from .. import model_card
 from ..base import GRPOTrainer
 from ..rollouts import RolloutStrategy
-from .config import V05GRPOConfig
+from .config import V05GRPOConfig, V05Options
 from .prior import prior_backbone_choice
 from .strategy import OSLARounds
 
@@ -82,21 +82,11 @@ class V05GRPOTrainer(GRPOTrainer):
     Attributes
     ----------
     rollout_strategy : OSLARounds
-        The train-mode rollout allocation (:meth:`create_rollout_strategy`).
-    support_buffer : SupportBuffer
-        The global (prompt, success) FIFO; saved in ``trl_ext_state.pt`` of every checkpoint.
-    prior_backbone : dict or None
-        For the default embedding prior: ``{"source": "peft_base_model" | "reference_model" | "policy_copy",
-        "parameters": n, "bytes": b}`` (``parameters`` / ``bytes`` of the copy the prior made, 0 when it shares the
-        trainer's weights); ``None`` for any other prior.
-    last_v05 : dict or None
-        Global record of the latest train generation batch (identical on every rank): ``row_idx``, ``prompts``,
-        ``prior_p``, ``k`` (final rollouts per prompt), ``rejected_at_init``, ``bias2``, ``weight``, ``baseline``,
-        ``vbar``, ``scorable``, ``prompt_weight`` (the Eq. 10 multiplier ``c_j``, NaN for unscorable prompts),
-        ``rounds``, ``early_stop``, ``need_history`` (global need fraction before each round), ``context_size``,
-        ``dispatched``, ``discarded``, ``round1_rollouts``, ``extra_rollouts`` (charged to the budget by the OSLA
-        rounds, all ranks: requested rollouts plus ``v05_dispatch_multiple`` padding), ``extra_budget`` (``None`` =
-        unbounded), ``budget_exhausted``, ``unscorable_rollouts``, ``buffer_fingerprint``.
+        The train-mode rollout allocation (:meth:`create_rollout_strategy`) and everything V0.5 learns or records:
+        ``prior``, ``support_buffer`` (the global (prompt, success) FIFO; saved in ``trl_ext_state.pt`` of every
+        checkpoint), ``prior_info["prior_backbone"]`` (the default embedding prior's weights) and ``last_record`` (the
+        global record of the latest train generation batch); see :class:`OSLARounds`. The trainer adds no state of
+        its own, so ``trl_ext.GRPOTrainer(args=V05GRPOConfig(...))`` exposes the same.
 
     Notes
     -----
@@ -130,7 +120,7 @@ class V05GRPOTrainer(GRPOTrainer):
 
     def create_rollout_strategy(self) -> RolloutStrategy:
         """V0.5's :class:`OSLARounds` over this config, with ``prior=`` or the config's prior (:meth:`OSLARounds.build`)."""
-        return OSLARounds.build(self, self.args, prior=self._v05_given_prior)
+        return OSLARounds.build(self, V05Options.from_config(self.args), prior=self._v05_given_prior)
 
     # ------------------------------------------------------------------------------------------------ setup
     def prior_backbone_choice(self) -> tuple[Any, str, Any, bool]:
@@ -138,20 +128,6 @@ class V05GRPOTrainer(GRPOTrainer):
         (:func:`~trl_ext.trainers.v05.prior.prior_backbone_choice`: the PEFT base model, TRL's reference model, or a
         frozen copy of the starting policy)."""
         return prior_backbone_choice(self)
-
-    @property
-    def prior(self) -> ValuePrior:
-        """The value prior (the strategy's)."""
-        return self.rollout_strategy.prior
-
-    @property
-    def support_buffer(self) -> SupportBuffer:
-        """The global (prompt, success) FIFO (the strategy's; checkpointed with its state)."""
-        return self.rollout_strategy.support_buffer
-
-    @property
-    def prior_backbone(self) -> dict | None:
-        return self.rollout_strategy.prior_info.get("prior_backbone")
 
     def value_table_info(self) -> dict[str, Any] | None:
         """What identifies the value table of a table prior (recorded in the model card); ``None`` for any other prior.
@@ -166,7 +142,7 @@ class V05GRPOTrainer(GRPOTrainer):
         """
         from ...priors import TablePrior
 
-        prior = self.prior
+        prior = self.rollout_strategy.prior
         if not isinstance(prior, TablePrior):
             return None
         table = prior.table
@@ -178,11 +154,6 @@ class V05GRPOTrainer(GRPOTrainer):
         return {"rows_sha256": self._v05_table_rows_sha256, "rows": len(table) if table is not None else
                 len(prior._probs), "reference_model": md.get("model"), "metadata": md, **src}
 
-    @property
-    def last_v05(self) -> dict | None:
-        """The strategy's global record of the latest train generation batch (:attr:`OSLARounds.last_record`)."""
-        return self.rollout_strategy.last_record
-
 
 _EMBEDDING_SOURCES = {
     "policy_copy": "a frozen copy of the starting policy",
@@ -193,20 +164,20 @@ _EMBEDDING_SOURCES = {
 
 def v05_model_card_details(trainer) -> dict[str, Any]:
     """What a V0.5 run's prior depended on, for the model card: the prior class; for the default embedding prior the
-    model it embeds with (:attr:`V05GRPOTrainer.prior_backbone`); for a :class:`~trl_ext.priors.TablePrior` the value
+    model it embeds with (the strategy's ``prior_info["prior_backbone"]``); for a :class:`~trl_ext.priors.TablePrior` the value
     table (content hash, file hash, rows, and the reference model from its header, as BASIS records it)."""
     from ...priors import EmbeddingInContextPrior
     from ..basis.trainer import card_table_source
 
-    out: dict[str, Any] = {"value prior class": type(trainer.prior).__name__}
-    backbone = trainer.prior_backbone
+    out: dict[str, Any] = {"value prior class": type(trainer.rollout_strategy.prior).__name__}
+    backbone = trainer.rollout_strategy.prior_info.get("prior_backbone")
     if backbone is not None:
         what = _EMBEDDING_SOURCES.get(backbone["source"], backbone["source"])
         model_name = trainer.rollout_strategy.prior_info.get("prior_model_name")
         name = f" `{model_name}`" if model_name else ""
         cost = f"{backbone['parameters']} parameters copied" if backbone["parameters"] else "shared, no copy"
         out["embedding model"] = f"{what}{name} ({backbone['source']}; {cost})"
-    elif isinstance(trainer.prior, EmbeddingInContextPrior):
+    elif isinstance(trainer.rollout_strategy.prior, EmbeddingInContextPrior):
         out["embedding model"] = "the prior's own embed_fn (passed by the user)"
     info = trainer.value_table_info()
     if info is not None:
