@@ -1,0 +1,143 @@
+"""What each method decided during training, from the per-step traces of a comparison's runs (the mechanism paragraphs).
+
+Every run of ``benchmarks/compare_trainers.py`` keeps a per-step ``trace.json.gz`` of the metrics in
+``compare_harness.callbacks.TRACE_KEYS``. This script reads them for each method and prints, per metric, the mean over
+a run's steps averaged over its seeds (with the range over seeds) and the first and last step's values averaged over
+seeds (a trend over training: PAIR's head AUC, BASIS's beta):
+
+* every method: the tied-group share (``gate/tied_share``: groups whose rewards are all equal, no GRPO signal; TRL's
+  ``frac_reward_zero_std`` for TRL's own groups), the share of rows that carry signal (``ext/signal_row_frac``), generated tokens and rollouts per step;
+* V0.5: rollouts per prompt (mean, max), OSLA rounds, the prior's rejection rate and Brier score, the mean shrinkage
+  weight on the prior; DAPO: the keep rate and refill rounds; BASIS: ``beta_t`` and the baseline's mean squared error
+  against the realised rewards (``basis/mean_sq_advantage``, the advantage being ``r - b``); James-Stein: the
+  shrinkage weight; PAIR: ESS, inclusion probabilities, the heads' AUC and Brier score, completed candidates per group.
+
+Usage::
+
+    python benchmarks/regime_mechanism.py --output_dir benchmarks/results/compare/smollm2/steps_matched_t07 \\
+        [--tuning]  # the tuning runs at each method's chosen rate (lr_choice.json) instead of the main runs
+
+Writes ``<output_dir>/mechanism.json`` (``mechanism_tuning.json`` with ``--tuning``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+COMMON_KEYS = ("gate/tied_share", "frac_reward_zero_std", "ext/signal_row_frac", "ext/generated_tokens", "ext/rollouts")
+METHOD_KEYS: dict[str, tuple[str, ...]] = {
+    "v05_osla": ("v05/rollouts_per_prompt_mean", "v05/rollouts_per_prompt_max", "v05/rounds", "v05/rejection_rate",
+                 "v05/prior_brier", "v05/mean_weight", "v05/extra_rollouts"),
+    "dapo_dynamic": ("dapo/keep_rate", "dapo/rounds", "dapo/batch_fill"),
+    "basis": ("basis/beta", "basis/mean_sq_advantage", "basis/mean_baseline"),
+    "james_stein": ("adv/js_lambda", "adv/js_v2", "adv/js_s2"),
+    "pair": ("pair/ess_mean", "pair/pi_min", "pair/pi_mean", "pair/max_weight", "pair/head_auc", "pair/head_brier",
+             "pair/completed_per_group", "pair/tokens_saved_vs_full_group"),
+}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def summarize_metric(traces: Sequence[Sequence[dict]], key: str) -> dict | None:
+    """One metric over several runs' traces (one list of per-step dicts per run).
+
+    Returns ``None`` when no run logged ``key``; else ``mean`` (the mean over seeds of each run's mean over its steps
+    with a finite value), ``seed_min`` / ``seed_max`` (the range of those per-run means), ``first`` / ``last`` (the
+    first and last logged step's values, averaged over runs) and ``runs`` (how many runs logged it). Steps without
+    the key, or with a non-finite value, are skipped (not counted as zero).
+    """
+    per_run, firsts, lasts = [], [], []
+    for trace in traces:
+        vals = [float(step[key]) for step in trace if _finite(step.get(key))]
+        if vals:
+            per_run.append(sum(vals) / len(vals))
+            firsts.append(vals[0])
+            lasts.append(vals[-1])
+    if not per_run:
+        return None
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"mean": mean(per_run), "seed_min": min(per_run), "seed_max": max(per_run), "first": mean(firsts),
+            "last": mean(lasts), "runs": len(per_run)}
+
+
+def summarize_method(method: str, traces: Sequence[Sequence[dict]]) -> dict:
+    """:func:`summarize_metric` for the common keys and ``method``'s own (:data:`METHOD_KEYS`); metrics no run
+    logged are left out."""
+    keys = COMMON_KEYS + METHOD_KEYS.get(method, ())
+    out = {k: summarize_metric(traces, k) for k in keys}
+    return {"runs": len(traces), "steps": [len(t) for t in traces], "metrics": {k: v for k, v in out.items() if v}}
+
+
+def _load_trace(out_dir: str, rec: dict) -> list[dict] | None:
+    ref = rec.get("trace")
+    if isinstance(ref, list):
+        return ref
+    if not isinstance(ref, str):
+        return None
+    with gzip.open(os.path.join(out_dir, ref), "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_records(out_dir: str, tuning: bool) -> dict[str, list[dict]]:
+    """The finished (``status == "ok"``) run records per method: the main runs (``runs/<method>/seed*``), or with
+    ``tuning`` the tuning runs at each method's chosen rate in ``lr_choice.json``."""
+    found: dict[str, list[dict]] = {}
+    if tuning:
+        with open(os.path.join(out_dir, "lr_choice.json"), encoding="utf-8") as f:
+            choice = json.load(f)["methods"]
+        paths = {m: glob.glob(os.path.join(out_dir, "runs", "tune", m, f"lr{c['chosen_lr']:g}", "seed*", "result.json"))
+                 for m, c in choice.items() if c.get("status") == "ok"}
+    else:
+        paths = {}
+        for p in glob.glob(os.path.join(out_dir, "runs", "*", "seed*", "result.json")):
+            paths.setdefault(p.split(os.sep)[-3], []).append(p)
+    for method, ps in sorted(paths.items()):
+        recs = []
+        for p in sorted(ps):
+            with open(p, encoding="utf-8") as f:
+                rec = json.load(f)
+            if rec.get("status") == "ok":
+                recs.append(rec)
+        if recs:
+            found[method] = recs
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output_dir", required=True, help="a compare_trainers.py output directory")
+    p.add_argument("--tuning", action="store_true", help="read the tuning runs at the chosen rates")
+    args = p.parse_args(argv)
+    records = run_records(args.output_dir, args.tuning)
+    if not records:
+        print(f"no finished runs under {args.output_dir}", file=sys.stderr)
+        return 1
+    doc = {"source": "tuning runs at the chosen rates" if args.tuning else "main runs", "methods": {}}
+    for method, recs in records.items():
+        traces = [t for t in (_load_trace(args.output_dir, r) for r in recs) if t]
+        doc["methods"][method] = {**summarize_method(method, traces), "seeds": sorted(r["seed"] for r in recs),
+                                  "learning_rate": recs[0].get("learning_rate")}
+    name = "mechanism_tuning.json" if args.tuning else "mechanism.json"
+    with open(os.path.join(args.output_dir, name), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+    for method, m in doc["methods"].items():
+        print(f"{method} ({m['runs']} run(s), steps {m['steps']}, lr {m['learning_rate']:g})")
+        for key, s in m["metrics"].items():
+            print(f"  {key:36s} mean {s['mean']:10.4g} [seeds {s['seed_min']:.4g}, {s['seed_max']:.4g}]  first "
+                  f"{s['first']:.4g} -> last {s['last']:.4g}")
+    print(f"wrote {os.path.join(args.output_dir, name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""``benchmarks/regime_mechanism.py``: per-method summaries of what the runs decided, from their per-step traces."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _mod():
+    path = os.path.join(ROOT, "benchmarks", "regime_mechanism.py")
+    spec = importlib.util.spec_from_file_location("regime_mechanism", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_summarize_metric_means_over_steps_then_seeds_and_skips_missing_values():
+    m = _mod()
+    traces = [[{"basis/beta": 1.0}, {"basis/beta": 3.0}, {"reward": 0.5}],  # run mean 2, first 1, last 3
+              [{"basis/beta": 4.0}, {"basis/beta": float("nan")}]]  # run mean 4 (NaN skipped)
+    s = m.summarize_metric(traces, "basis/beta")
+    assert s == {"mean": 3.0, "seed_min": 2.0, "seed_max": 4.0, "first": 2.5, "last": 3.5, "runs": 2}
+    assert m.summarize_metric(traces, "pair/head_auc") is None
+    out = m.summarize_method("basis", traces)
+    assert out["runs"] == 2 and out["steps"] == [3, 2] and set(out["metrics"]) == {"basis/beta"}
+
+
+def _write_run(base, method, seed, lr, trace, status="ok", tune=False):
+    rel = os.path.join("runs", "tune", method, f"lr{lr:g}", f"seed{seed}") if tune else os.path.join(
+        "runs", method, f"seed{seed}")
+    os.makedirs(os.path.join(base, rel))
+    with gzip.open(os.path.join(base, rel, "trace.json.gz"), "wt", encoding="utf-8") as f:
+        json.dump(trace, f)
+    with open(os.path.join(base, rel, "result.json"), "w", encoding="utf-8") as f:
+        json.dump({"status": status, "seed": seed, "learning_rate": lr, "trace": os.path.join(rel, "trace.json.gz")}, f)
+
+
+def test_cli_reads_main_runs_and_tuning_runs_at_the_chosen_rate(tmp_path, capsys):
+    m = _mod()
+    base = str(tmp_path)
+    step = {"gate/tied_share": 0.5, "ext/signal_row_frac": 0.5, "v05/rollouts_per_prompt_mean": 6.0}
+    _write_run(base, "v05_osla", 0, 3e-4, [step, {**step, "v05/rollouts_per_prompt_mean": 8.0}])
+    _write_run(base, "v05_osla", 1, 3e-4, [step])
+    _write_run(base, "grpo_g8", 0, 3e-4, [{"gate/tied_share": 0.25}], status="failed")  # not summarized
+    assert m.main(["--output_dir", base]) == 0
+    doc = json.load(open(tmp_path / "mechanism.json"))
+    assert set(doc["methods"]) == {"v05_osla"} and doc["methods"]["v05_osla"]["seeds"] == [0, 1]
+    rpp = doc["methods"]["v05_osla"]["metrics"]["v05/rollouts_per_prompt_mean"]
+    assert rpp["mean"] == pytest.approx(6.5) and (rpp["seed_min"], rpp["seed_max"]) == (6.0, 7.0)
+    assert "v05/rollouts_per_prompt_mean" in capsys.readouterr().out
+    _write_run(base, "basis", 0, 1e-3, [{"basis/beta": 0.5}], tune=True)
+    _write_run(base, "basis", 0, 3e-4, [{"basis/beta": 9.0}], tune=True)  # not the chosen rate
+    with open(tmp_path / "lr_choice.json", "w") as f:
+        json.dump({"methods": {"basis": {"status": "ok", "chosen_lr": 1e-3}}}, f)
+    assert m.main(["--output_dir", base, "--tuning"]) == 0
+    tuned = json.load(open(tmp_path / "mechanism_tuning.json"))["methods"]
+    assert tuned["basis"]["metrics"]["basis/beta"]["mean"] == 0.5
+    assert m.main(["--output_dir", str(tmp_path / "empty")]) == 1
