@@ -14,7 +14,7 @@ Trainer classes are imported lazily so that ``import trl_ext.estimators`` stays 
 
 from ._lazy import lazy_exports
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 _LAZY = {
     "GRPOTrainer": "trainers.base",
