@@ -21,7 +21,7 @@ knows about one candidate's prefix against its siblings does. This module measur
   per resample, so the refit's own variability is not in the interval).
 
 The prefix summary is PAIR's (:func:`~trl_ext.estimators.pair_heads.prefix_summary` of the final hidden states of
-prompt + probe, left-padded, explicit position ids, as PAIR's ``prefix_features`` (``trl_ext.trainers.pair.heads``)); a probe of length t is the
+prompt + probe, left-padded, explicit position ids, as PAIR's ``prefix_features``); a probe of length t is the
 first t tokens of a sampled completion (a probe plus its continuation is a sample of the same distribution);
 it is *finished* when it ends with an end token or is shorter than t (``PrefixProbeRollouts.is_finished``). The
 head settings are ``PAIRConfig``'s defaults (:data:`HEAD_DEFAULTS`; no snapping, ``pair_snap_window = 0``).
@@ -92,7 +92,7 @@ def hidden_state_features(model, pad_token_id: int | None, last_k: int = HEAD_DE
     Left-pads the sequences, passes explicit position ids (``mask.cumsum - 1``, so padding does not shift
     positions), runs the model in eval mode without a cache and returns
     :func:`~trl_ext.estimators.pair_heads.prefix_summary` of the final hidden states (the mean of the last
-    ``last_k`` real positions) on the CPU: the computation of PAIR's ``prefix_features`` (``trl_ext.trainers.pair.heads``) without a trainer.
+    ``last_k`` real positions) on the CPU: the computation of PAIR's ``prefix_features`` without a trainer.
     """
     import torch
 
@@ -171,7 +171,7 @@ def probe_features(feature_fn: Callable, prompt_ids, completions, probe_len: int
     Parameters
     ----------
     feature_fn : callable
-        ``list of token lists -> Tensor (B, H)`` (:func:`hidden_state_features`, or PAIR's ``prefix_features`` (``trl_ext.trainers.pair.heads``)).
+        ``list of token lists -> Tensor (B, H)`` (:func:`hidden_state_features`, or PAIR's ``prefix_features``).
     prompt_ids : list of list of int
         One per prompt.
     completions : list of list of list of int
@@ -303,7 +303,7 @@ def measure_prefix_heads(feature_fn: Callable | None, prompt_ids, completions, r
     Parameters
     ----------
     feature_fn : callable or None
-        ``list of token lists -> Tensor (B, H)`` (:func:`hidden_state_features`, PAIR's ``prefix_features`` (``trl_ext.trainers.pair.heads``)):
+        ``list of token lists -> Tensor (B, H)`` (:func:`hidden_state_features`, PAIR's ``prefix_features``):
         one forward pass per probe length. ``None``: give ``model`` (and ``pad_token_id``) instead, for
         :func:`shared_forward_features` (one forward pass for all probe lengths).
     prompt_ids : list of list of int

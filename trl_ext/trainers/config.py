@@ -24,9 +24,8 @@ from ..estimators.baselines import (
 from . import _trl_compat as compat
 from .rollouts import get_rollout_strategy, validate_dynamic_sampling
 
-__all__ = ["ExtGRPOConfig", "MethodOptions", "as_config", "method_options_class", "parse_kwargs_field", "validate_ext_config",
-           "resolved_rollout_strategy",
-           "check_side_inputs"]
+__all__ = ["ExtGRPOConfig", "MethodOptions", "as_config", "check_side_inputs", "method_options_class",
+           "parse_kwargs_field", "resolved_rollout_strategy", "validate_ext_config"]
 
 
 # ---------------------------------------------------------------------------------------------------------- config

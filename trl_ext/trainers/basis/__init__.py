@@ -16,5 +16,6 @@ from .strategy import BASIS_METRICS, ValueTableLookup
 from .table_checks import common_reward_range, resolve_value_table
 from .trainer import BASIS_PAPER, BASISTrainer, basis_model_card_details, card_table_source, file_sha256
 
-__all__ = ["BASISConfig", "BASISOptions", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "ValueTableLookup", "basis_model_card_details",
+__all__ = ["BASISConfig", "BASISOptions", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "ValueTableLookup",
+           "basis_model_card_details",
            "card_table_source", "common_reward_range", "file_sha256", "resolve_value_table"]

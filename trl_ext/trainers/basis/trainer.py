@@ -74,10 +74,10 @@ def basis_model_card_details(trainer) -> dict[str, Any]:
     for key in ("reward_funcs", "n_samples", "seed", "created"):
         if key in info["metadata"]:
             out[f"value table {key}"] = info["metadata"][key]
+    grid = trainer.rollout_strategy.beta_grid
     out["estimator"] = (f"basis_variant = {a.basis_variant}, basis_objective = {a.basis_objective}, basis_fallback = "
-                        f"{a.basis_fallback}, beta grid of {len(trainer.rollout_strategy.beta_grid)} points on "
-                        f"[{float(trainer.rollout_strategy.beta_grid[0]):.4g}, {float(trainer.rollout_strategy.beta_grid[-1]):.4g}], "
-                        f"basis_scale_advantages = {a.basis_scale_advantages}")
+                        f"{a.basis_fallback}, beta grid of {len(grid)} points on [{float(grid[0]):.4g}, "
+                        f"{float(grid[-1]):.4g}], basis_scale_advantages = {a.basis_scale_advantages}")
     if trainer.rollout_strategy.beta_history:
         out["beta_t (last training batch)"] = float(trainer.rollout_strategy.beta_history[-1])
     return out

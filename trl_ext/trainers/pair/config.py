@@ -16,8 +16,9 @@ from typing import ClassVar
 from .. import _trl_compat as compat
 from ..config import ExtGRPOConfig, method_options_class
 
-__all__ = ["PAIROptions", "pair_kwargs_options", "pair_tau", "PAIRConfig", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS", "pair_advantage_options",
-           "pair_design_options", "pair_lr_factor", "short_probe_message", "validate_pair_options"]
+__all__ = ["PAIRConfig", "PAIROptions", "PAIRShortProbeWarning", "PAIR_LR_SCALINGS", "SHORT_PROBE_TOKENS",
+           "pair_advantage_options", "pair_design_options", "pair_kwargs_options", "pair_lr_factor", "pair_tau",
+           "short_probe_message", "validate_pair_options"]
 
 
 def _default_tau(max_completion_length: int) -> int:

@@ -99,7 +99,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """The PAIR options in ``rollout_strategy_kwargs`` (names without ``pair_``) checked with the rest of the
-        config as ``PAIRConfig`` checks its own fields (:func:`~trl_ext.trainers.pair.config.validate_pair_options`)."""
+        config as ``PAIRConfig`` checks its own fields (:func:`~.config.validate_pair_options`)."""
         validate_pair_options(pair_kwargs_options(kwargs), config)
 
     @classmethod
@@ -148,8 +148,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     def expected_token_factor(self) -> float:
         """Expected generated tokens per step relative to TRL's GRPO with the same arguments
         (:func:`~.diagnostics.pair_expected_token_factor`)."""
-        return pair_expected_token_factor(self.probe_len(), self.args.max_completion_length,
-                                          self.options.budget_ratio)
+        return pair_expected_token_factor(self.probe_len(), self.args.max_completion_length, self.options.budget_ratio)
 
     def update(self, api, batch, result) -> dict[str, float]:
         """After the estimator: the delayed labels of the completed, scorable vertices go to the heads' replay

@@ -24,7 +24,7 @@ the designed draws the strategy returns with its rollouts (``RolloutGroups.estim
    under the expected suffix budget ``C = pair_budget_ratio * sum_i c_hat_i`` (over unfinished candidates), floor
    ``pair_pi_min``, warm-started from the previous step's solutions (Appendix C,
    :class:`~trl_ext.estimators.DesignWarmStart`). Finished candidates enter the program with a negligible cost and
-   are then fixed at ``pi = 1``. The probabilities are recorded in :attr:`PrefixProbeRollouts.design_log <trl_ext.trainers.pair.strategy.PrefixProbeRollouts>` **before**
+   are then fixed at ``pi = 1``. The probabilities are recorded in :attr:`PrefixProbeRollouts.design_log` **before**
    any continuation is generated or any reward is computed. ``J_i ~ Bernoulli(pi_i)`` with fresh randomness from a
    generator keyed by ``(seed, generation index, dataset row)`` only (never by an outcome). Optional anchor pair
    (Appendix B): two vertices drawn uniformly among the ``M`` pairs and continued with conditional probability one;

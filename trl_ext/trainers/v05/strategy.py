@@ -118,7 +118,7 @@ class OSLARounds(RolloutStrategy):
     @classmethod
     def validate_kwargs(cls, kwargs: dict, config=None) -> None:
         """The V0.5 options in ``rollout_strategy_kwargs`` (names without ``v05_``) checked with the rest of the
-        config as ``V05GRPOConfig`` checks its own fields (:func:`~trl_ext.trainers.v05.config.validate_v05_options`)."""
+        config as ``V05GRPOConfig`` checks its own fields (:func:`~.config.validate_v05_options`)."""
         validate_v05_options(V05Options.from_kwargs(kwargs), config)
 
     @classmethod

@@ -164,8 +164,9 @@ _EMBEDDING_SOURCES = {
 
 def v05_model_card_details(trainer) -> dict[str, Any]:
     """What a V0.5 run's prior depended on, for the model card: the prior class; for the default embedding prior the
-    model it embeds with (the strategy's ``prior_info["prior_backbone"]``); for a :class:`~trl_ext.priors.TablePrior` the value
-    table (content hash, file hash, rows, and the reference model from its header, as BASIS records it)."""
+    model it embeds with (the strategy's ``prior_info["prior_backbone"]``); for a
+    :class:`~trl_ext.priors.TablePrior` the value table (content hash, file hash, rows, and the reference model from
+    its header, as BASIS records it)."""
     from ...priors import EmbeddingInContextPrior
     from ..basis.trainer import card_table_source
 
