@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import warnings
 
 import pytest
 
@@ -236,13 +237,30 @@ def test_the_base_trainer_runs_a_method_config_as_the_method_trainer(tmp_path, m
     assert adv_a.abs().sum() > 0
 
 
-def test_pair_lr_scaling_is_refused_on_a_trainer_that_does_not_rescale(tmp_path):
-    cfg = _method_config("pair", tmp_path)
-    cfg.pair_lr_scaling = "sqrt_budget"
-    model, tok = tiny_model_and_tokenizer(0)
-    with pytest.raises(ValueError, match="does not rescale its optimizer; use PAIRTrainer"):
-        GRPOTrainer(model=model, reward_funcs=[hash_reward], args=cfg, train_dataset=tiny_dataset(16),
-                    processing_class=tok)
+def test_the_base_trainer_rescales_a_pair_config_as_pair_trainer(tmp_path):
+    """The learning-rate scaling is the config's (``PAIRConfig.optimizer_lr_factor``), applied by the base trainer's
+    ``create_optimizer``: ``trl_ext.GRPOTrainer`` and ``PAIRTrainer`` build the same scaled optimizer from a
+    ``PAIRConfig`` and say so once; an ``ExtGRPOConfig`` keeps TRL's rate."""
+    from trl_ext import DropInDifferenceWarning, PAIRTrainer
+
+    rates, said = [], []
+    for cls in (GRPOTrainer, PAIRTrainer):
+        cfg = _method_config("pair", tmp_path / cls.__name__)
+        cfg.pair_lr_scaling, cfg.lr_scheduler_type = "sqrt_budget", "constant"
+        model, tok = tiny_model_and_tokenizer(0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tr = cls(model=model, reward_funcs=[hash_reward], args=cfg, train_dataset=tiny_dataset(16),
+                     processing_class=tok)
+        said.append([str(w.message) for w in caught if issubclass(w.category, DropInDifferenceWarning)
+                     and "optimizer learning rate" in str(w.message)])
+        tr.create_optimizer()
+        rates.append([g["lr"] for g in tr.optimizer.param_groups])
+    assert rates[0] == rates[1] and all(r == pytest.approx(1e-3 * 0.5 ** 0.5) for r in rates[0])
+    assert [len(s) for s in said] == [1, 1] and "pair_lr_scaling='none'" in said[0][0]
+    tr = make_trainer(tmp_path / "ext")
+    tr.create_optimizer()
+    assert all(g["lr"] == pytest.approx(1e-3) for g in tr.optimizer.param_groups)
 
 
 # ----------------------------------------------------------------------------------------------- self-registration

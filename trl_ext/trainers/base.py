@@ -292,6 +292,11 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
         if self.args.dynamic_sampling and self.rollout_strategy.name != "dynamic_sampling":
             raise ValueError(f"dynamic_sampling=True is not available in {type(self).__name__} (its rollout strategy is "
                              f"{self.rollout_strategy.name!r}); set dynamic_sampling=False.")
+        factor, why = self.args.optimizer_lr_factor()
+        self._ext_lr_factor = factor if self.optimizer is None else 1.0  # a caller's optimizer is never rescaled
+        if self._ext_lr_factor != 1.0:
+            self.warn_dropin_difference(f"optimizer learning rate = learning_rate x {factor:.3g} = "
+                                        f"{factor * self.args.learning_rate:.3g} ({why}).")
         if self.accelerator.is_main_process:
             line, differences = strategy_description(self.rollout_strategy, self.rollout_api)
             name = self.args.advantage_estimator
@@ -299,6 +304,18 @@ class GRPOTrainer(RolloutIO, BatchAccounting, compat.TRLGlue):
             logger.info("%s: %s; advantage estimator %s%s.", type(self).__name__, line, name, eval_note)
             for message in differences:
                 self.warn_dropin_difference(message)
+
+    def create_optimizer(self, model=None):
+        """Transformers' optimizer, every group's learning rate times the config's ``optimizer_lr_factor`` (before
+        the scheduler is built, so warm-up and decay follow the scaled rate)."""
+        fresh = self.optimizer is None
+        opt = super().create_optimizer(model)
+        if fresh and self._ext_lr_factor != 1.0:
+            for group in opt.param_groups:
+                group["lr"] *= self._ext_lr_factor
+                if "initial_lr" in group:
+                    group["initial_lr"] *= self._ext_lr_factor
+        return opt
 
     def warn_dropin_difference(self, message: str) -> None:
         """One :class:`DropInDifferenceWarning` (main process) plus the same line at INFO, for a way this trainer

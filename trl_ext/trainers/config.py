@@ -201,6 +201,12 @@ class ExtGRPOConfig(trl.GRPOConfig):
         compat.validate_config_with_placeholder_group_size(self, super().__post_init__, group_size=group_size)
         validate_ext_config(self)
 
+    def optimizer_lr_factor(self) -> tuple[float, str | None]:
+        """The factor the trainer applies to ``learning_rate`` in the optimizer it builds, and why (``(1.0, None)``:
+        TRL's rate; :class:`~trl_ext.trainers.pair.PAIRConfig` scales it by ``pair_lr_scaling``). An optimizer passed
+        in through ``optimizers`` is never rescaled."""
+        return 1.0, None
+
     def validate_method(self) -> None:
         """The rules of a method config's own fields (V0.5, BASIS and PAIR override it): run once per config object,
         by :func:`validate_ext_config` after the shared rules (a method selected by config has its

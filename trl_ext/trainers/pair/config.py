@@ -169,6 +169,12 @@ class PAIRConfig(ExtGRPOConfig):
         """The PAIR fields (run once by ``validate_ext_config``)."""
         validate_pair_options(PAIROptions.from_config(self), self)
 
+    def optimizer_lr_factor(self) -> tuple[float, str | None]:
+        """``learning_rate x`` :func:`pair_lr_factor` in the optimizer (any trainer that builds it), and why."""
+        return pair_lr_factor(PAIROptions.from_config(self)), (
+            f"pair_lr_scaling={self.pair_lr_scaling!r}: PAIR trains on ~pair_budget_ratio = {self.pair_budget_ratio} of "
+            "the rollouts per step; set pair_lr_scaling='none' to train at learning_rate as TRL does")
+
     @property
     def pair_tau(self) -> int:
         """The effective checkpoint ``tau`` (resolves ``pair_prefix_tokens=None``)."""
@@ -286,11 +292,12 @@ def pair_advantage_options(o) -> dict:
 def pair_kwargs_options(kwargs: dict):
     """The :data:`PAIROptions` that ``rollout_strategy_kwargs`` (names without ``pair_``, e.g.
     ``{"budget_ratio": 0.5, "prefix_tokens": 16}``) describe for the ``"pair_prefix_probe"`` strategy selected by
-    config. The base trainer does not rescale its optimizer, so ``lr_scaling`` is ``"none"`` there (anything else is
-    refused: set ``learning_rate`` to the rate you want, e.g. ``sqrt(budget_ratio)`` times GRPO's as ``PAIRTrainer``
-    does by default)."""
+    config. The optimizer's rate is ``learning_rate`` there, so ``lr_scaling`` is ``"none"`` (anything else is refused:
+    set ``learning_rate`` to the rate you want, e.g. ``sqrt(budget_ratio)`` times GRPO's as a ``PAIRConfig`` does by
+    default)."""
     if kwargs.get("lr_scaling", "none") != "none":
-        raise ValueError(f"rollout_strategy='pair_prefix_probe' on the base trainer cannot rescale the optimizer "
+        raise ValueError(f"rollout_strategy='pair_prefix_probe' selected by config cannot rescale the optimizer "
                          f"(lr_scaling={kwargs['lr_scaling']!r}): drop lr_scaling and set learning_rate to the rate "
-                         "you want, or use PAIRTrainer, which rescales it.")
+                         "you want, or pass args=PAIRConfig(...) (to PAIRTrainer or trl_ext.GRPOTrainer), which "
+                         "rescales it.")
     return PAIROptions.from_kwargs({**kwargs, "lr_scaling": "none"})

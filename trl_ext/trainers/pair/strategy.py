@@ -104,26 +104,21 @@ class PrefixProbeRollouts(RolloutStrategy):
 
     @classmethod
     def from_trainer(cls, trainer, **kwargs) -> PrefixProbeRollouts:
-        """The strategy the config selects on a trainer that builds it from the config (``PAIRTrainer`` builds its
-        own): the options are a :class:`PAIRConfig`'s fields, or ``rollout_strategy_kwargs``
-        (:func:`~trl_ext.trainers.pair.config.pair_kwargs_options`); the optimizer keeps ``learning_rate``, so
-        ``pair_lr_scaling`` must be ``"none"``."""
+        """The strategy the config selects on any trainer: the options are a :class:`PAIRConfig`'s fields, or
+        ``rollout_strategy_kwargs`` (:func:`~trl_ext.trainers.pair.config.pair_kwargs_options`)."""
         args = trainer.args
-        options = PAIROptions.from_config(args) if isinstance(args, PAIRConfig) else pair_kwargs_options(kwargs)
-        if options.lr_scaling != "none":  # PAIRTrainer builds its strategy itself and rescales the optimizer
-            raise ValueError(f"pair_lr_scaling={options.lr_scaling!r}: {type(trainer).__name__} does not rescale "
-                             "its optimizer; use PAIRTrainer, or set pair_lr_scaling='none' and learning_rate to the "
-                             "rate you want.")
-        short = short_probe_message(options, args.max_completion_length)
-        if short is not None:
-            warnings.warn(short, PAIRShortProbeWarning, stacklevel=3)
-        return cls.build(trainer, options)
+        return cls.build(trainer, PAIROptions.from_config(args) if isinstance(args, PAIRConfig) else
+                         pair_kwargs_options(kwargs))
 
     @classmethod
     def build(cls, trainer, options) -> PrefixProbeRollouts:
         """The strategy for ``trainer`` with the PAIR ``options`` (:data:`PAIROptions`): fresh prefix heads
         on the model's hidden size (:class:`DesignHeads`), the prefix features of :func:`prefix_features` and the
-        snap delimiters of the tokenizer (``pair_snap_window > 0``)."""
+        snap delimiters of the tokenizer (``pair_snap_window > 0``). Warns (:class:`PAIRShortProbeWarning`) when the
+        probe is 1-2 tokens."""
+        short = short_probe_message(options, trainer.args.max_completion_length)
+        if short is not None:
+            warnings.warn(short, PAIRShortProbeWarning, stacklevel=4)
         cfg = getattr(trainer.model, "config", None)
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         hidden = getattr(text_cfg, "hidden_size", None)

@@ -71,7 +71,6 @@ module the trainer. The estimator math is imported from :mod:`trl_ext.estimators
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Any, ClassVar
 
 from .. import model_card
@@ -79,9 +78,7 @@ from ..base import GRPOTrainer
 from .config import (
     PAIRConfig,
     PAIROptions,
-    PAIRShortProbeWarning,
     pair_lr_factor,
-    short_probe_message,
 )
 from .strategy import PrefixProbeRollouts
 
@@ -143,8 +140,10 @@ class PAIRTrainer(GRPOTrainer):
         ``row_idx``, ``pi``, ``pi_design``, ``selected``, ``finished``, ``p_hat``, ``cost_hat``, ``anchor``,
         ``reason``, ``n_iter``, ``warm_started``, ``expected_cost``, ``budget``, written after the design and draw;
         ``realized_suffix_tokens`` added after the continuation), ``features`` (the prefix summaries) and ``tau``;
-        generation index, warm start and token totals are its checkpointed state. The trainer adds no state of its
-        own beyond the learning-rate scaling.
+        generation index, warm start and token totals are its checkpointed state. The trainer adds no state or
+        behaviour of its own: ``trl_ext.GRPOTrainer(args=PAIRConfig(...))`` trains the same, learning-rate scaling
+        included (the config's :meth:`~PAIRConfig.optimizer_lr_factor`, applied by the base trainer's
+        ``create_optimizer``).
 
     Warns
     -----
@@ -160,35 +159,6 @@ class PAIRTrainer(GRPOTrainer):
     """
 
     config_class: ClassVar[type] = PAIRConfig
-
-    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
-        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
-        args, options = self.args, PAIROptions.from_config(self.args)
-        short = short_probe_message(options, args.max_completion_length)
-        if short is not None:
-            warnings.warn(short, PAIRShortProbeWarning, stacklevel=2)
-        # an optimizer passed in through `optimizers` is the caller's: never rescaled
-        self._pair_scale_optimizer = self.optimizer is None
-        factor = pair_lr_factor(options)
-        if factor != 1.0 and self._pair_scale_optimizer:
-            self.warn_dropin_difference(
-                f"optimizer learning rate = learning_rate x {factor:.3g} = {factor * args.learning_rate:.3g} "
-                f"(pair_lr_scaling={args.pair_lr_scaling!r}: PAIR trains on ~pair_budget_ratio = "
-                f"{args.pair_budget_ratio} of the rollouts per step); set pair_lr_scaling='none' to train at "
-                "learning_rate as TRL does.")
-
-    def create_optimizer(self, model=None):
-        """Transformers' optimizer, with every parameter group's learning rate multiplied by
-        :func:`pair_lr_factor` (before the scheduler is built, so warm-up and decay follow the scaled rate)."""
-        fresh = self.optimizer is None and self._pair_scale_optimizer
-        opt = super().create_optimizer(model)
-        factor = pair_lr_factor(PAIROptions.from_config(self.args))
-        if fresh and factor != 1.0:
-            for group in opt.param_groups:
-                group["lr"] = group["lr"] * factor
-                if "initial_lr" in group:
-                    group["initial_lr"] = group["initial_lr"] * factor
-        return opt
 
     def create_rollout_strategy(self) -> PrefixProbeRollouts:
         """PAIR's probe-then-continue allocation over this config (:meth:`PrefixProbeRollouts.build`: the snap
