@@ -746,3 +746,32 @@ def test_value_table_strategy_by_config_checks_the_table_against_the_data(tmp_pa
     with pytest.raises(ValueError, match="covers none of the 16 training prompts"):
         GRPOTrainer(model=model, reward_funcs=[binary_reward], args=_by_config(tmp_path, path),
                     train_dataset=tiny_dataset(16), processing_class=tok)
+
+
+@pytest.mark.parametrize("route", ["preset", "by_config"])
+def test_trl_fields_basis_ignores_are_warned_on_either_route(tmp_path, route):
+    """``scale_rewards`` (beyond on/off) and ``multi_objective_aggregation`` do not apply to BASIS (the advantage is
+    ``r - b`` of the weighted reward sum): one ``UserWarning`` each, on the preset and on ``trl_ext.GRPOTrainer``
+    selecting BASIS by config (the strategy's ``check_setup``), none with TRL's defaults."""
+    from trl_ext import GRPOTrainer
+
+    ds = tiny_dataset(16)
+    path = tmp_path / "table.jsonl"
+    save_value_table(str(path), make_table(ds["prompt"]))
+    for ignored in ({}, {"scale_rewards": "batch", "multi_objective_aggregation": "normalize_then_sum"}):
+        model, tok = tiny_model_and_tokenizer(0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if route == "preset":
+                BASISTrainer(model=model, reward_funcs=[binary_reward], processing_class=tok, train_dataset=ds,
+                             args=basis_config(tmp_path, basis_value_table_path=str(path), **ignored))
+            else:
+                args = _by_config(tmp_path, path)
+                for k, v in ignored.items():
+                    setattr(args, k, v)
+                GRPOTrainer(model=model, reward_funcs=[binary_reward], args=args, train_dataset=ds,
+                            processing_class=tok)
+        said = [str(w.message) for w in caught if "BASIS ignores" in str(w.message)]
+        assert len(said) == (2 if ignored else 0), said
+        if ignored:
+            assert "scale_rewards='batch'" in said[0] and "multi_objective_aggregation" in said[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,13 +127,13 @@ class ValueTableLookup(FixedGroups):
         validate_basis_config_options(options)
 
     @classmethod
-    def from_trainer(cls, trainer, **kwargs):
-        """The strategy the config selects on any trainer: the table at ``value_table_path`` (of a
-        :class:`~trl_ext.trainers.basis.BASISConfig`, or of ``rollout_strategy_kwargs``), checked against the
-        trainer's reward functions and model (table header) and its training prompts, as ``BASISTrainer`` checks
-        it."""
+    def from_trainer(cls, trainer, table: ValueTable | None = None, **kwargs):
+        """The strategy the config selects on any trainer: ``table`` (``BASISTrainer``'s, read before TRL's setup),
+        else the table at ``value_table_path`` (of a :class:`~trl_ext.trainers.basis.BASISConfig`, or of
+        ``rollout_strategy_kwargs``), checked against the trainer's setup (:meth:`check_setup`)."""
         o = BASISOptions.of(trainer.args, kwargs)
-        strategy = cls(resolve_value_table(o.value_table_path), beta_grid=o.beta_grid, **basis_options(o))
+        table = resolve_value_table(o.value_table_path) if table is None else table
+        strategy = cls(table, beta_grid=o.beta_grid, **basis_options(o))
         strategy.check_setup(trainer, strict=bool(o.strict_table_check),
                              allow_sampling_mismatch=bool(o.allow_sampling_mismatch))
         return strategy
@@ -141,7 +142,15 @@ class ValueTableLookup(FixedGroups):
                     allow_sampling_mismatch: bool = False) -> None:
         """The table's header against the trainer's reward functions and model, its sampling settings against the
         training config (:func:`~.table_checks.check_table_sampling`), and its coverage of the training prompts
-        (:func:`~.table_checks.check_table_coverage`)."""
+        (:func:`~.table_checks.check_table_coverage`); a ``UserWarning`` for each TRL field BASIS ignores
+        (``scale_rewards``, ``multi_objective_aggregation``)."""
+        args = trainer.args
+        if args.scale_rewards not in ("group", "none", True, False):
+            warnings.warn(f"BASIS ignores scale_rewards={args.scale_rewards!r} (the advantage is r - b); use "
+                          "basis_scale_advantages=True for batch std scaling.", UserWarning, stacklevel=4)
+        if args.multi_objective_aggregation != "sum_then_normalize":
+            warnings.warn("BASIS ignores multi_objective_aggregation: the reward is the weighted sum of the reward "
+                          "functions.", UserWarning, stacklevel=4)
         if model_id is None:
             model_id = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
         self.table.check_compatible(reward_funcs=list(trainer.reward_func_names), model=model_id or None,

@@ -28,14 +28,13 @@ See ``docs/basis.md`` for usage and for the TRL settings that reproduce the pape
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 from ..._io import sha256_file
 from ...priors.table_format import ValueTable
 from .. import model_card
 from ..base import GRPOTrainer, as_config
-from .config import BASISConfig, BASISOptions, basis_options
+from .config import BASISConfig
 from .strategy import ValueTableLookup
 from .table_checks import resolve_value_table
 
@@ -144,27 +143,16 @@ class BASISTrainer(GRPOTrainer):
         args = as_config(args, BASISConfig, "BASISTrainer")
         spec = value_table if value_table is not None else args.basis_value_table_path
         is_path = isinstance(spec, str | os.PathLike)
-        # the strategy is built before TRL's setup so that a bad table fails first
-        self._basis_strategy = ValueTableLookup(resolve_value_table(spec), beta_grid=args.basis_beta_grid,
-                                                **basis_options(BASISOptions.from_config(args)))
+        # read before TRL's setup, so that a bad table fails before the model loads
+        self._basis_table = resolve_value_table(spec)
         self._basis_table_source = {"source": os.fspath(spec) if is_path else "in-memory ValueTable",
                                     "file_sha256": file_sha256(spec) if is_path else None}
         self._basis_table_rows_sha256: str | None = None
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
-        if args.scale_rewards not in ("group", "none", True, False):
-            warnings.warn(f"BASISTrainer ignores scale_rewards={args.scale_rewards!r} (the advantage is r - b); use "
-                          "basis_scale_advantages=True for batch std scaling.", UserWarning, stacklevel=2)
-        if args.multi_objective_aggregation != "sum_then_normalize":
-            warnings.warn("BASISTrainer ignores multi_objective_aggregation: the reward is the weighted sum of the "
-                          "reward functions.", UserWarning, stacklevel=2)
-        # table compatibility (header metadata vs. the training setup) and coverage of the training prompts
-        model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        self.rollout_strategy.check_setup(self, strict=bool(args.basis_strict_table_check), model_id=model_id or "",
-                                          allow_sampling_mismatch=bool(args.basis_allow_sampling_mismatch))
 
     def create_rollout_strategy(self) -> ValueTableLookup:
-        """The ``"value_table"`` strategy over this trainer's value table."""
-        return self._basis_strategy
+        """The ``"value_table"`` strategy over this trainer's value table (:meth:`ValueTableLookup.from_trainer`)."""
+        return ValueTableLookup.from_trainer(self, table=self._basis_table)
 
     def value_table_info(self) -> dict[str, Any]:
         """What identifies the value table this run uses (recorded in the model card).
