@@ -355,6 +355,10 @@ def test_typed_method_options_mirror_the_method_config_and_agree_across_routes(t
     assert options_cls.of(preset, {}) == by_kwargs
     with pytest.raises(ValueError, match=rf"unknown rollout_strategy_kwargs \['{next(iter(bad))}'\]; known: \["):
         options_cls.from_kwargs(bad)
+    if method == "v05":  # dict-valued options given as JSON (the command line) are parsed once, by the options
+        assert V05Options.from_kwargs({"value_prior_kwargs": '{"p": 0.3}'}).value_prior_kwargs == {"p": 0.3}
+        with pytest.raises(ValueError, match="v05_value_prior_kwargs must be a dict"):
+            V05Options.from_kwargs({"value_prior_kwargs": "[1]"})
     if method == "basis":  # its strategy holds the estimator's options (a table is needed to build one)
         return
     model, tok = tiny_model_and_tokenizer(0)
