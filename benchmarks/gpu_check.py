@@ -769,7 +769,7 @@ def run_trainer(name: str, ctx: Context, timer: PhaseTimer, budget_s: float) -> 
                 rec["peak_memory_gib"] = None
             if name == "v05":
                 rec["v05_prior"] = s["v05_prior"]
-                rec["v05_prior_backbone"] = getattr(trainer, "prior_backbone", None)  # what the prior embeds with
+                rec["v05_prior_backbone"] = trainer.rollout_strategy.prior_info.get("prior_backbone")  # its weights
     except Exception as e:  # noqa: BLE001 - every trainer is tried; the failure is recorded and the exit code set
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-6000:])
         if ctx.on_gpu:

@@ -295,7 +295,7 @@ def run_batch(tr, rows, pop_by_key, keys):
     tokens = float(out["num_items_in_batch"])
     return {"grad": g, "adv": adv[real], "lengths": np.array(lengths), "tokens": tokens,
             "rewards": batch.rewards.double().numpy()[real], "gids": batch.group_ids.numpy()[real],
-            "log": [dict(d) for d in getattr(tr, "pair_design_log", [])],
+            "log": [dict(d) for d in tr.rollout_strategy.design_log],
             "stats": dict(tr.rollout_strategy.last_stats)}
 
 

@@ -92,6 +92,7 @@ def test_tiny_check_runs_every_trainer_with_import_shims(tmp_path):
     assert all(1 <= st["trained_rollouts"] <= R for st in t["pair"]["steps"])
     assert all(st["generation_calls"] == 2 for st in t["pair"]["steps"])  # probe + continuation
     assert t["v05"]["v05_prior"] == "embedding"
+    assert t["v05"]["v05_prior_backbone"]["source"] in ("peft_base_model", "reference_model", "policy_copy")
     # the printed table names every trainer
     table = stdout[stdout.index("trainer "):]
     assert all(name in table for name in ALL)

@@ -212,7 +212,7 @@ def run(args) -> dict:
     record["calls"] = rec.calls
     record["log_history"] = tr.state.log_history
     record["global_step"] = tr.state.global_step
-    if hasattr(tr, "last_v05") and tr.rollout_strategy.last_record is not None:
+    if getattr(tr.rollout_strategy, "last_record", None) is not None:  # V0.5's per-prompt record
         record["v05_k"] = [int(k) for k in tr.rollout_strategy.last_record["k"]]
     prompts = [c for call in rec.calls for c in call["prompt_ids"]][:8]
     smol = args.scenario.startswith("smollm2")
