@@ -1,5 +1,5 @@
-"""The comparison harness ``benchmarks/compare_trainers.py`` as a module for the tests that exercise it (a script,
-not part of the package): loaded once per test session under the name ``compare_trainers``."""
+"""Benchmark scripts (``benchmarks/*.py``, not part of the package) as modules for the tests that exercise them,
+each loaded once per test session under its file name (``compare_trainers`` for the comparison harness)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ import sys
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-def compare_trainers():
-    """The loaded ``benchmarks/compare_trainers.py`` (cached in ``sys.modules``)."""
-    if "compare_trainers" in sys.modules:
-        return sys.modules["compare_trainers"]
-    spec = importlib.util.spec_from_file_location("compare_trainers", os.path.join(BENCH, "compare_trainers.py"))
+def bench_script(name: str):
+    """The loaded ``benchmarks/<name>.py`` (cached in ``sys.modules``)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["compare_trainers"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def compare_trainers():
+    """The loaded ``benchmarks/compare_trainers.py``."""
+    return bench_script("compare_trainers")

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
+from bench_module import bench_script  # tests/ is on sys.path (pytest's rootdir insertion)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _mod():
-    path = os.path.join(ROOT, "benchmarks", "advise_vs_measured.py")
-    spec = importlib.util.spec_from_file_location("advise_vs_measured", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script("advise_vs_measured")
 
 
 def _saving(v, lo, hi):

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 
 import pytest
+from bench_module import bench_script  # tests/ is on sys.path (pytest's rootdir insertion)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _mod():
-    path = os.path.join(ROOT, "benchmarks", "regime_mechanism.py")
-    spec = importlib.util.spec_from_file_location("regime_mechanism", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script("regime_mechanism")
 
 
 def test_summarize_metric_means_over_steps_then_seeds_and_skips_missing_values():
