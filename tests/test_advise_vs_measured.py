@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from bench_module import bench_script  # tests/ is on sys.path (pytest's rootdir insertion)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _mod():
