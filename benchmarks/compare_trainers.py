@@ -377,11 +377,13 @@ def split_methods(methods: Sequence[str], jobs: int) -> list[list[str]]:
     return [sorted(g, key=order.__getitem__) for g in groups if g]
 
 
-def run_workers(argv: Sequence[str], methods: Sequence[str], jobs: int, out: str) -> None:
+def run_workers(argv: Sequence[str], methods: Sequence[str], jobs: int, out: str, bind_vllm: bool = False) -> None:
     """``--jobs``: run this script once per method group (:func:`split_methods`) in parallel subprocesses, each
     with ``--jobs 1 --no_plots`` and its ``--methods``, logging to ``<out>/logs/worker<i>.log``. Runs land in the
     shared ``runs/`` tree (disjoint per method) and are reused by the aggregating pass that follows; a failed worker
-    stops the invocation with its log named (its finished runs stay reusable)."""
+    stops the invocation with its log named (its finished runs stay reusable). ``bind_vllm`` (``--test_eval_backend
+    vllm``): worker ``i``'s evaluation engines bind their threads to CPU ``i`` (``VLLM_CPU_OMP_THREADS_BIND``,
+    unless set), so two workers' engines do not share a core."""
     import subprocess
 
     groups = split_methods(methods, jobs)
@@ -392,7 +394,10 @@ def run_workers(argv: Sequence[str], methods: Sequence[str], jobs: int, out: str
         cmd = [sys.executable, os.path.abspath(__file__), *argv, "--methods", *group, "--jobs", "1", "--no_plots"]
         print(f"[jobs] worker {i}: {' '.join(group)} (log {log})", flush=True)
         with open(log, "w", encoding="utf-8") as f:
-            procs.append((i, log, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)))
+            env = dict(os.environ)
+            if bind_vllm and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % (os.cpu_count() or 1))
+            procs.append((i, log, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)))
     failed = [(i, log, p.wait()) for i, log, p in procs]
     failed = [(i, log, rc) for i, log, rc in failed if rc != 0]
     if failed:
@@ -446,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{regime['share_all']:.3f}, mixed {regime['share_mixed']:.3f}; ICC {regime['icc']:.3f}", flush=True)
     if args.jobs > 1 and len(s["methods"]) > 1 and not s["report_only"]:
         # the start checkpoint is pinned above, so every worker trains from the same weights
-        run_workers(argv, s["methods"], args.jobs, out)
+        run_workers(argv, s["methods"], args.jobs, out, bind_vllm=s["test_eval_backend"] == "vllm")
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])

@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from importlib import import_module
 
-from .evaluation import _generic_evaluate
+from .evaluation import _generic_evaluate, eval_engine_dtype
 from .presets import DIFFICULTY_COLUMN, GRADED_REWARDS, REAL_TASK_MAX_NEW, REAL_TASK_NAMES
 
 
@@ -204,7 +204,9 @@ class Context:
 
     def evaluate(self, model, *, greedy: bool = True, num_samples: int = 1, seed: int = 0, split: str = "test"):
         """Held-out accuracy with the task's binary reward (whatever a method trains on); returns
-        ``trl_ext.testbed.EvalResult`` (records in the outcome JSONL schema)."""
+        ``trl_ext.testbed.EvalResult`` (records in the outcome JSONL schema). Test-split evaluations generate on a
+        vLLM engine under ``--test_eval_backend vllm`` (:mod:`.vllm_eval`); validation evaluations (the tuning)
+        always with transformers."""
         from trl_ext.testbed import EvalResult, evaluate_model
 
         bs = self.s["eval_batch_size"]
@@ -212,8 +214,13 @@ class Context:
         if self.task is not None and self.task not in REAL_TASK_NAMES and not self.task.startswith("reasoning_gym:"):
             return evaluate_model(model, self.tokenizer, ds, self.task, greedy=greedy,
                                   num_samples=num_samples, max_new_tokens=self.max_new, seed=seed, batch_size=bs)
+        vllm = None
+        if split == "test" and self.s.get("test_eval_backend", "transformers") == "vllm":
+            vllm = {"dtype": eval_engine_dtype(self.s), "python": self.s.get("eval_vllm_python"),
+                    "work_dir": self.s["output_dir"]}
         return _generic_evaluate(model, self.tokenizer, ds, self.reward_funcs[0], greedy, num_samples,
-                                 self.max_new, seed, bs, EvalResult, temperature=self.s.get("temperature", 1.0))
+                                 self.max_new, seed, bs, EvalResult, temperature=self.s.get("temperature", 1.0),
+                                 vllm=vllm)
 
     @property
     def eval_reward_name(self) -> str:

