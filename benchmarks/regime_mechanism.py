@@ -10,7 +10,8 @@ seeds (a trend over training: PAIR's head AUC, BASIS's beta):
 * V0.5: rollouts per prompt (mean, max), OSLA rounds, the prior's rejection rate and Brier score, the mean shrinkage
   weight on the prior; DAPO: the keep rate and refill rounds; BASIS: ``beta_t`` and the baseline's mean squared error
   against the realised rewards (``basis/mean_sq_advantage``, the advantage being ``r - b``); James-Stein: the
-  shrinkage weight; PAIR: ESS, inclusion probabilities, the heads' AUC and Brier score, completed candidates per group.
+  shrinkage weight; PAIR: ESS, inclusion probabilities, the heads' AUC and Brier score, completed candidates per group,
+  and how long its design stayed in warm-up (uniform inclusion until the heads hold ``pair_head_min_labels`` labels).
 
 Usage::
 
@@ -39,8 +40,10 @@ METHOD_KEYS: dict[str, tuple[str, ...]] = {
     "basis": ("basis/beta", "basis/mean_sq_advantage", "basis/mean_baseline"),
     "james_stein": ("adv/js_lambda", "adv/js_v2", "adv/js_s2"),
     "pair": ("pair/ess_mean", "pair/pi_min", "pair/pi_mean", "pair/max_weight", "pair/head_auc", "pair/head_brier",
-             "pair/completed_per_group", "pair/tokens_saved_vs_full_group"),
+             "pair/completed_per_group", "pair/tokens_saved_vs_full_group", "pair/head_labels"),
 }
+#: PAIR's default warm-up (``PAIRConfig.pair_head_min_labels``): labels in the heads' window before they drive the design
+PAIR_MIN_LABELS = 64
 
 
 def _finite(x) -> bool:
@@ -75,6 +78,31 @@ def summarize_method(method: str, traces: Sequence[Sequence[dict]]) -> dict:
     keys = COMMON_KEYS + METHOD_KEYS.get(method, ())
     out = {k: summarize_metric(traces, k) for k in keys}
     return {"runs": len(traces), "steps": [len(t) for t in traces], "metrics": {k: v for k, v in out.items() if v}}
+
+
+def pair_warmup(traces: Sequence[Sequence[dict]], min_labels: int = PAIR_MIN_LABELS) -> dict | None:
+    """How long PAIR's design stayed in warm-up (uniform inclusion) per run, from ``pair/head_labels``.
+
+    ``pair/head_labels`` is logged after a step's labels are added, so step ``t`` designs with the heads only if step
+    ``t - 1`` ended with at least ``min_labels`` labels (step 1 always designs in warm-up). Returns ``None`` when no
+    run logged the key; else ``warmup_share`` (mean over runs of the share of steps designed in warm-up),
+    ``first_headed_step`` (per run, the first 1-based step designed with the heads, ``None`` if none) and
+    ``final_labels`` (per run).
+    """
+    shares, firsts, finals = [], [], []
+    for trace in traces:
+        labels = [float(step["pair/head_labels"]) for step in trace if _finite(step.get("pair/head_labels"))]
+        if not labels:
+            continue
+        before = [0.0, *labels[:-1]]  # labels in the window when each step designed
+        warm = [b < min_labels for b in before]
+        shares.append(sum(warm) / len(warm))
+        firsts.append(next((i + 1 for i, w in enumerate(warm) if not w), None))
+        finals.append(labels[-1])
+    if not shares:
+        return None
+    return {"warmup_share": sum(shares) / len(shares), "first_headed_step": firsts, "final_labels": finals,
+            "min_labels": int(min_labels)}
 
 
 def _load_trace(out_dir: str, rec: dict) -> list[dict] | None:
@@ -126,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces = [t for t in (_load_trace(args.output_dir, r) for r in recs) if t]
         doc["methods"][method] = {**summarize_method(method, traces), "seeds": sorted(r["seed"] for r in recs),
                                   "learning_rate": recs[0].get("learning_rate")}
+        if method == "pair":
+            min_labels = (recs[0].get("config") or {}).get("pair_head_min_labels", PAIR_MIN_LABELS)
+            doc["methods"][method]["design_warmup"] = pair_warmup(traces, int(min_labels))
     name = "mechanism_tuning.json" if args.tuning else "mechanism.json"
     with open(os.path.join(args.output_dir, name), "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
@@ -135,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, s in m["metrics"].items():
             print(f"  {key:36s} mean {s['mean']:10.4g} [seeds {s['seed_min']:.4g}, {s['seed_max']:.4g}]  first "
                   f"{s['first']:.4g} -> last {s['last']:.4g}")
+        if m.get("design_warmup"):
+            w = m["design_warmup"]
+            print(f"  design in warm-up on {w['warmup_share']:.0%} of steps (heads drive it from step "
+                  f"{w['first_headed_step']}; labels at the end {w['final_labels']}, warm-up ends at {w['min_labels']})")
     print(f"wrote {os.path.join(args.output_dir, name)}")
     return 0
 

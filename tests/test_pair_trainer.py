@@ -758,7 +758,11 @@ def test_generated_tokens_with_trls_own_arguments_within_the_documented_factor(t
     factor = pair.rollout_strategy.expected_token_factor()
     assert n_probe == 3 and factor == pytest.approx(n_probe / L + ratio * (1 - n_probe / L))
     assert factor <= n_probe / L + ratio and factor <= 1.0
-    assert f"= {factor:.3g}x TRL's generated tokens (<= 1x" in pair.rollout_strategy.describe(pair.rollout_api)
+    line = pair.rollout_strategy.describe(pair.rollout_api)
+    assert f"= {factor:.3g}x TRL's generated tokens (<= 1x" in line
+    per_batch = pair.args.generation_batch_size * ratio
+    warm = math.ceil(pair.args.pair_head_min_labels / per_batch)
+    assert f"pair_head_min_labels = {pair.args.pair_head_min_labels} labels: about {warm} generation batch" in line
     trl_tokens = metric(grpo, "ext/generated_tokens")
     assert trl_tokens == [float(K * G * L)] * steps  # fixed-length completions: TRL's count is exact
     pair_tokens = metric(pair, "ext/generated_tokens")

@@ -56,3 +56,15 @@ def test_cli_reads_main_runs_and_tuning_runs_at_the_chosen_rate(tmp_path, capsys
     tuned = json.load(open(tmp_path / "mechanism_tuning.json"))["methods"]
     assert tuned["basis"]["metrics"]["basis/beta"]["mean"] == 0.5
     assert m.main(["--output_dir", str(tmp_path / "empty")]) == 1
+
+
+def test_pair_design_warmup_counts_steps_designed_before_the_heads_were_ready():
+    m = _mod()
+    # labels after each step: the design of step t sees step t-1's count (step 1 sees 0)
+    run_a = [{"pair/head_labels": v} for v in (30.0, 60.0, 64.0, 90.0)]  # steps 1-3 in warm-up, step 4 headed
+    run_b = [{"pair/head_labels": v} for v in (4.0, 13.0, 59.0)]  # never leaves warm-up
+    w = m.pair_warmup([run_a, run_b], min_labels=64)
+    assert w["first_headed_step"] == [4, None] and w["final_labels"] == [90.0, 59.0]
+    assert w["warmup_share"] == pytest.approx((3 / 4 + 1.0) / 2)
+    assert m.pair_warmup([[{"reward": 1.0}]]) is None
+    assert m.pair_warmup([run_a], min_labels=30)["first_headed_step"] == [2]

@@ -127,7 +127,7 @@ TRACE_KEYS = ("reward", "grad_norm", "adv/abs_mean", "adv/abs_max", "ext/generat
               "v05/extra_rollouts", "v05/rounds", "v05/prior_brier", "v05/rejection_rate", "v05/mean_weight",
               "dapo/keep_rate", "dapo/rounds", "dapo/batch_fill", "basis/beta", "basis/mean_sq_advantage",
               "basis/mean_baseline", "adv/js_lambda", "adv/js_v2", "adv/js_s2", "pair/head_auc", "pair/head_labels",
-              "pair/tokens_saved_vs_full_group")
+              "pair/warmup", "pair/tokens_saved_vs_full_group")
 
 
 class UpdateNormCallback(_trainer_callback_base()):

@@ -216,8 +216,7 @@ class Context:
                                   num_samples=num_samples, max_new_tokens=self.max_new, seed=seed, batch_size=bs)
         vllm = None
         if split == "test" and self.s.get("test_eval_backend", "transformers") == "vllm":
-            vllm = {"dtype": eval_engine_dtype(self.s), "python": self.s.get("eval_vllm_python"),
-                    "work_dir": self.s["output_dir"]}
+            vllm = {"dtype": eval_engine_dtype(self.s), "python": self.s.get("eval_vllm_python")}
         return _generic_evaluate(model, self.tokenizer, ds, self.reward_funcs[0], greedy, num_samples,
                                  self.max_new, seed, bs, EvalResult, temperature=self.s.get("temperature", 1.0),
                                  vllm=vllm)

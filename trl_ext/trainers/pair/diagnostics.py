@@ -4,6 +4,7 @@ PrefixProbeRollouts` through the trainer's ``log_ext_metric``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -22,21 +23,23 @@ def pair_expected_token_factor(probe_len: int, max_completion_length: int, budge
     return float(min(1.0, p + float(budget_ratio) * (1.0 - p)))
 
 
-def pair_description(name: str, options: Any, args: Any, tau: int, n_probe: int, factor: float) -> str:
+def pair_description(name: str, options: Any, args: Any, tau: int, n_probe: int) -> str:
     """The construction line of the PAIR strategy ``name``: probe, design and the compute against TRL's GRPO with the
     same arguments (``options``: :data:`~trl_ext.trainers.pair.config.PAIROptions`; ``args``: TRL's fields)."""
     a = options
     G, L = int(args.num_generations), int(args.max_completion_length)
     snap = f" (+ up to {a.snap_window} to a delimiter)" if a.snap_window else ""
     anchor = "; the anchor pair adds up to 2 continuations per prompt" if a.anchor_pair else ""
-    return (f"rollout strategy {name} (PAIR): {G} candidates per prompt probed to "
-            f"tau = {tau} tokens{snap}, then a design-chosen subset continued (expected suffix budget "
-            f"{a.budget_ratio} x predicted, floor pi_min = {a.pi_min}). Compute vs TRL's GRPO with the "
-            f"same arguments ({G} completions of up to L = {L} tokens per prompt): each step generates {G} probes "
-            f"of <= {n_probe} tokens per prompt plus continuations with an expected suffix budget of "
-            f"{a.budget_ratio} x the predicted remaining tokens, i.e. about {n_probe}/{L} + "
-            f"{a.budget_ratio} x (1 - {n_probe}/{L}) = {factor:.3g}x TRL's "
-            f"generated tokens (<= 1x; ~ tau/L + budget_ratio){anchor}")
+    factor = pair_expected_token_factor(n_probe, L, a.budget_ratio)
+    # warm-up length: a batch completes ~budget_ratio of its generation_batch_size candidates (one label each)
+    per_batch = max(1e-9, float(args.generation_batch_size) * float(a.budget_ratio))
+    return (f"rollout strategy {name} (PAIR): {G} candidates per prompt probed to tau = {tau} tokens{snap}, then a "
+            f"design-chosen subset continued (expected suffix budget {a.budget_ratio} x predicted, floor pi_min = "
+            f"{a.pi_min}){anchor}. Compute vs TRL's GRPO with the same arguments ({G} completions of up to L = {L} "
+            f"tokens per prompt): about {n_probe}/{L} + {a.budget_ratio} x (1 - {n_probe}/{L}) = {factor:.3g}x TRL's "
+            f"generated tokens (<= 1x; ~ tau/L + budget_ratio). The design is uniform (warm-up) until the heads hold "
+            f"pair_head_min_labels = {a.head_min_labels} labels: about {math.ceil(a.head_min_labels / per_batch)} "
+            f"generation batch(es) at ~{per_batch:.3g} completed candidates a batch (lower it for short runs)")
 
 
 class PairBatchStats:

@@ -137,8 +137,7 @@ class PrefixProbeRollouts(RolloutStrategy):
     def describe(self, api) -> str:
         """What each step generates, compared with TRL's GRPO on the same arguments (logged at construction;
         :func:`~.diagnostics.pair_description`)."""
-        return pair_description(self.name, self.options, self.args, self.tau, self.probe_len(),
-                                self.expected_token_factor())
+        return pair_description(self.name, self.options, self.args, self.tau, self.probe_len())
 
     def expected_token_factor(self) -> float:
         """Expected generated tokens per step relative to TRL's GRPO with the same arguments

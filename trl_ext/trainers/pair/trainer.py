@@ -75,11 +75,7 @@ from typing import Any, ClassVar
 
 from .. import model_card
 from ..base import GRPOTrainer
-from .config import (
-    PAIRConfig,
-    PAIROptions,
-    pair_lr_factor,
-)
+from .config import PAIRConfig, PAIROptions, pair_lr_factor
 from .strategy import PrefixProbeRollouts
 
 logger = logging.getLogger(__name__)
