@@ -733,7 +733,12 @@ def test_start_regime_shares_and_icc():
     assert r["icc"] == pytest.approx(between / (p.mean() * (1 - p.mean())))
     assert start_regime(recs, 1) is None  # one sample per question: no within-question information
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    doc = json.load(open(os.path.join(root, "benchmarks/results/compare/smollm2/steps_matched_t07/start_eval.json")))
-    committed = start_regime(doc["records"], 4)
-    assert committed["n_questions"] == 48 and round(committed["share_none"], 2) == 0.42
-    assert round(committed["share_all"], 2) == 0.10 and round(committed["icc"], 2) == 0.41
+    d = os.path.join(root, "benchmarks/results/compare/smollm2/steps_matched_t07")
+    # the documented regime of the start checkpoint (docs/results.md): on the vLLM engine the main runs evaluate
+    # with, and on the transformers sampler the first run used
+    for name, (none, always, icc) in {"start_eval.json": (0.396, 0.125, 0.415),
+                                      "start_eval_transformers.json": (0.417, 0.104, 0.415)}.items():
+        committed = start_regime(json.load(open(os.path.join(d, name)))["records"], 4)
+        assert committed["n_questions"] == 48
+        assert (committed["share_none"], committed["share_all"], committed["icc"]) == pytest.approx(
+            (none, always, icc), abs=5e-4)
