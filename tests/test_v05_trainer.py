@@ -173,6 +173,23 @@ def test_budget_caps_the_rounds_of_a_corrupted_prior(tmp_path, rows):
     assert rec["v05/budget_exhausted"] == 1 and rec["v05/extra_rollouts"] == 32 and rec["ext/rollouts"] == 64
 
 
+def test_loss_micro_batches_hold_the_extra_rollouts(tmp_path, rows):
+    """Memory (docs/v05.md "Activation memory"): OSLA's extra rollouts go through TRL's fixed steps_per_generation
+    split, so a loss micro-batch holds up to (1 + v05_extra_rollout_budget) x per_device_train_batch_size rows."""
+    bad, ds, seen = set(rows[:4]), _dataset(), {}
+    for budget in (1.0, 0.0):
+        tr = make(tmp_path / str(budget), prior=flipped_prior(ds, bad), ds=ds, v05_extra_rollout_budget=budget)
+        seen[budget], loss = [], tr.compute_loss
+
+        def spy(model, inputs, *args, _seen=seen[budget], _loss=loss, **kwargs):
+            _seen.append(int(inputs["completion_ids"].shape[0]))
+            return _loss(model, inputs, *args, **kwargs)
+
+        tr.compute_loss = spy
+        tr.train()
+    assert seen == {1.0: [64], 0.0: [32]}  # per_device_train_batch_size = 32, one micro-batch per generation
+
+
 @pytest.mark.parametrize("n_bad,frac,stops", [(2, 0.25, False), (1, 0.25, True), (1, 0.0, False), (2, 0.3, True)])
 def test_global_stop_at_threshold(tmp_path, rows, n_bad, frac, stops):
     bad = set(rows[:n_bad])
