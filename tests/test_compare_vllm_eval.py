@@ -211,3 +211,28 @@ def test_wait_for_memory_polls_until_enough_is_free(monkeypatch):
         next(free)
     monkeypatch.setattr(vllm_eval, "available_gib", lambda: None)  # no /proc/meminfo: no wait
     assert vllm_eval.wait_for_memory(4.0) < 1.0
+
+
+def test_engines_run_one_at_a_time(monkeypatch, tmp_path):
+    """Two workers' evaluations never hold an engine at the same moment (the lock is machine-wide)."""
+    import threading
+    import time
+
+    from compare_harness import vllm_eval
+
+    monkeypatch.setattr(vllm_eval.tempfile, "gettempdir", lambda: str(tmp_path))
+    inside, overlap = [], []
+
+    def hold():
+        with vllm_eval.one_engine_at_a_time():
+            overlap.append(len(inside))
+            inside.append(1)
+            time.sleep(0.2)
+            inside.pop()
+
+    threads = [threading.Thread(target=hold) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlap == [0, 0, 0] and (tmp_path / "trl_ext_vllm_eval.lock").exists()

@@ -20,6 +20,7 @@ default, bfloat16, is ~1.4x faster on SmolLM2 here but samples a slightly differ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -64,6 +65,23 @@ def wait_for_memory(gib: float, *, poll_s: float = 30.0, max_s: float = MEMORY_W
         if free is None or free >= gib or waited >= max_s:
             return waited
         time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def one_engine_at_a_time():
+    """Hold a machine-wide lock (``fcntl.flock`` on ``<tmp>/trl_ext_vllm_eval.lock``) while an evaluation engine
+    runs: ``--jobs`` workers evaluate in turn, so two engines' KV caches never share the memory (on Windows, no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "trl_ext_vllm_eval.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def export_policy(model, tokenizer, out_dir: str) -> str:
@@ -139,7 +157,8 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
     RuntimeError
         The child failed (its last output lines are in the message). A child the engine refused for lack of free
         memory (another process's peak) is retried up to ``MEMORY_RETRIES`` times, ``RETRY_WAIT_S`` apart; every
-        start first waits (up to ``MEMORY_WAIT_MAX_S``) until the KV cache plus ``ENGINE_OVERHEAD_GIB`` are free.
+        start first waits (up to ``MEMORY_WAIT_MAX_S``) until the KV cache plus ``ENGINE_OVERHEAD_GIB`` are free,
+        and engines of this machine run one at a time (:func:`one_engine_at_a_time`).
     """
     if len(prompts) != len(question_ids):
         raise ValueError(f"{len(prompts)} prompts but {len(question_ids)} question ids")
@@ -157,13 +176,14 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
             json.dump(request, f)
         cmd = [python or sys.executable, os.path.abspath(__file__), "--request", req_path, "--response", resp_path]
         env = child_env()
-        for attempt in range(MEMORY_RETRIES + 1):
-            wait_for_memory(float(env["VLLM_CPU_KVCACHE_SPACE"]) + ENGINE_OVERHEAD_GIB)
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            out = proc.stdout + proc.stderr
-            if proc.returncode == 0 or KV_MEMORY_ERROR not in out or attempt == MEMORY_RETRIES:
-                break
-            time.sleep(RETRY_WAIT_S)  # another process's transient peak left too little memory for the KV cache
+        with one_engine_at_a_time():
+            for attempt in range(MEMORY_RETRIES + 1):
+                wait_for_memory(float(env["VLLM_CPU_KVCACHE_SPACE"]) + ENGINE_OVERHEAD_GIB)
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                out = proc.stdout + proc.stderr
+                if proc.returncode == 0 or KV_MEMORY_ERROR not in out or attempt == MEMORY_RETRIES:
+                    break
+                time.sleep(RETRY_WAIT_S)  # another process's transient peak left too little memory for the KV cache
         if proc.returncode != 0 or not os.path.exists(resp_path):
             tail = "\n".join(out.strip().splitlines()[-15:])
             raise RuntimeError(f"the vLLM evaluation child failed (exit {proc.returncode}):\n{tail}")
