@@ -386,6 +386,21 @@ def split_methods(methods: Sequence[str], jobs: int) -> list[list[str]]:
     return [sorted(g, key=order.__getitem__) for g in groups if g]
 
 
+#: what a machine-specific path of the command line is recorded as
+MACHINE_PATH = "<python with vLLM>"
+
+
+def recorded_command(argv: Sequence[str]) -> str:
+    """The command line as recorded in ``runs.json``: ``--eval_vllm_python``'s interpreter path (this machine's)
+    replaced by :data:`MACHINE_PATH`."""
+    out, hide = [], False
+    for a in argv:
+        out.append(MACHINE_PATH if hide else (f"--eval_vllm_python={MACHINE_PATH}" if a.startswith(
+            "--eval_vllm_python=") else a))
+        hide = a == "--eval_vllm_python"
+    return " ".join(out)
+
+
 def run_workers(argv: Sequence[str], methods: Sequence[str], jobs: int, out: str, bind_vllm: bool = False) -> None:
     """``--jobs``: run this script once per method group (:func:`split_methods`) in parallel subprocesses, each
     with ``--jobs 1 --no_plots`` and its ``--methods``, logging to ``<out>/logs/worker<i>.log``. Runs land in the
@@ -497,13 +512,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdicts = compute_verdicts(runs, rows, s)
     plots = [] if args.no_plots else make_plots(runs, start.accuracy, out, s.get("eval_mode", "greedy"))
     settings = {k: v for k, v in s.items()}
+    if settings.get("eval_vllm_python"):  # a machine path: recorded as set, not where
+        settings["eval_vllm_python"] = MACHINE_PATH
     doc = {"settings": settings, "start_checkpoint": ctx.model_path, "start_accuracy": start.accuracy,
            "start_regime": regime, "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,
            "threshold": threshold, "threshold_rule": threshold_rule, "n_eval": len(ctx.eval_ds),
            "n_train": len(ctx.train_ds), "n_val": len(ctx.val_ds) if s["tune_lr"] else None,
            "max_completion_length": ctx.max_new, "runs": runs, "tuning_runs": tune_runs,
            "lr_choice": lr_choice, "plots": [os.path.basename(p) for p in plots],
-           "total_wall_s": time.time() - t_all, "command": " ".join(sys.argv),
+           "total_wall_s": time.time() - t_all, "command": recorded_command(sys.argv),
            "sum_run_wall_s": sum(r.get("run_wall_s", 0.0) for r in [*runs, *tune_runs])}
     _write_json(os.path.join(out, "runs.json"), doc)
     _write_json(os.path.join(out, "table.json"), {

@@ -96,6 +96,9 @@ def test_settings_and_run_keys():
     # test keys change with the engine and its dtype, not with where the engine's Python lives
     assert len({key(s, "test"), key(v, "test"), key(bf, "test")}) == 3
     assert key(py, "test") == key(v, "test")
+    assert ct.recorded_command(["x.py", "--eval_vllm_python", "/m/bin/python", "--seeds", "0"]) == (
+        f"x.py --eval_vllm_python {ct.MACHINE_PATH} --seeds 0")
+    assert ct.recorded_command(["x.py", "--eval_vllm_python=/m/python"]) == f"x.py --eval_vllm_python={ct.MACHINE_PATH}"
     with pytest.raises(SystemExit, match="configure --test_eval_backend vllm"):
         ct.resolve_settings(ct.build_parser().parse_args([*base, "--eval_vllm_dtype", "bfloat16"]))
     with pytest.raises(SystemExit, match="real-model tasks and --dataset_fn"):

@@ -177,7 +177,7 @@ def start_evaluation(ctx: Context):
 
 
 def eval_engine_dtype(s: dict) -> str | None:
-    """The vLLM evaluation engine's dtype (``--eval_vllm_dtype``, default bfloat16); ``None`` for transformers."""
+    """The vLLM evaluation engine's dtype (``--eval_vllm_dtype``, default float32); ``None`` for transformers."""
     if s.get("test_eval_backend", "transformers") != "vllm":
         return None
     from .vllm_eval import DEFAULT_DTYPE

