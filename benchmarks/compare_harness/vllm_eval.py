@@ -95,19 +95,6 @@ def export_policy(model, tokenizer, out_dir: str) -> str:
     return out_dir
 
 
-def prompt_ids(tokenizer, prompts: list) -> list[list[int]]:
-    """Token ids of each prompt as the transformers path renders it (conversations through the chat template
-    with the generation prompt, plain text as is), unpadded."""
-    out = []
-    for p in prompts:
-        if isinstance(p, list):
-            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-        else:
-            ids = tokenizer(p)["input_ids"]
-        out.append([int(t) for t in ids])
-    return out
-
-
 def request_keys(question_ids, eval_seed: int) -> list[int]:
     """One request key per question: ``request_key(eval_seed, 0, str(question_id), mode="eval")``."""
     from trl_ext.measurement.keyed_noise import request_key
@@ -159,12 +146,14 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
         start first waits (up to ``MEMORY_WAIT_MAX_S``) until the KV cache plus ``ENGINE_OVERHEAD_GIB`` are free,
         and engines of this machine run one at a time (:func:`one_engine_at_a_time`).
     """
+    from trl_ext.measurement.offline_sampling import prompt_token_ids
+
     if len(prompts) != len(question_ids):
         raise ValueError(f"{len(prompts)} prompts but {len(question_ids)} question ids")
     tmp = tempfile.mkdtemp(prefix="vllm_eval_", dir=work_dir)
     try:
         export_policy(model, tokenizer, os.path.join(tmp, "model"))
-        ids = prompt_ids(tokenizer, prompts)
+        ids = prompt_token_ids(prompts, tokenizer)  # as TRL renders them, unpadded
         eos = [int(tokenizer.eos_token_id)]
         request = {"model": os.path.join(tmp, "model"), "prompt_ids": ids,
                    "keys": request_keys(question_ids, eval_seed), "num_samples": int(num_samples),
