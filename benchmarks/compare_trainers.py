@@ -207,6 +207,7 @@ from compare_harness.evaluation import (  # noqa: E402
     start_evaluation,
     start_regime,
 )
+from compare_harness.jobs import ENGINE_PEAK_GB, machine_memory_gb, plan_jobs, run_jobs  # noqa: E402
 from compare_harness.presets import (  # noqa: E402
     AMORTIZE_OVER,
     DIFFICULTY_COLUMN,
@@ -372,20 +373,6 @@ __all__ = [
 
 
 
-def split_methods(methods: Sequence[str], jobs: int) -> list[list[str]]:
-    """Partition ``methods`` into at most ``jobs`` non-empty groups of balanced :data:`METHOD_COST` (longest
-    processing time first: each method, costliest first, goes to the group with the least cost so far); each group
-    keeps the order of ``methods``."""
-    groups: list[list[str]] = [[] for _ in range(min(jobs, len(methods)))]
-    load = [0.0] * len(groups)
-    for m in sorted(methods, key=lambda m: -METHOD_COST.get(m, 1.0)):
-        i = load.index(min(load))
-        groups[i].append(m)
-        load[i] += METHOD_COST.get(m, 1.0)
-    order = {m: k for k, m in enumerate(methods)}
-    return [sorted(g, key=order.__getitem__) for g in groups if g]
-
-
 #: what a machine-specific path of the command line is recorded as
 MACHINE_PATH = "<python with vLLM>"
 
@@ -399,34 +386,6 @@ def recorded_command(argv: Sequence[str]) -> str:
             "--eval_vllm_python=") else a))
         hide = a == "--eval_vllm_python"
     return " ".join(out)
-
-
-def run_workers(argv: Sequence[str], methods: Sequence[str], jobs: int, out: str, bind_vllm: bool = False) -> None:
-    """``--jobs``: run this script once per method group (:func:`split_methods`) in parallel subprocesses, each
-    with ``--jobs 1 --no_plots`` and its ``--methods``, logging to ``<out>/logs/worker<i>.log``. Runs land in the
-    shared ``runs/`` tree (disjoint per method) and are reused by the aggregating pass that follows; a failed worker
-    stops the invocation with its log named (its finished runs stay reusable). ``bind_vllm`` (``--test_eval_backend
-    vllm``): worker ``i``'s evaluation engines bind their threads to CPU ``i`` (``VLLM_CPU_OMP_THREADS_BIND``,
-    unless set), so two workers' engines do not share a core."""
-    import subprocess
-
-    groups = split_methods(methods, jobs)
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    procs = []
-    for i, group in enumerate(groups):
-        log = os.path.join(out, "logs", f"worker{i}.log")
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--methods", *group, "--jobs", "1", "--no_plots"]
-        print(f"[jobs] worker {i}: {' '.join(group)} (log {log})", flush=True)
-        with open(log, "w", encoding="utf-8") as f:
-            env = dict(os.environ)
-            if bind_vllm and "VLLM_CPU_OMP_THREADS_BIND" not in env:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % (os.cpu_count() or 1))
-            procs.append((i, log, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)))
-    failed = [(i, log, p.wait()) for i, log, p in procs]
-    failed = [(i, log, rc) for i, log, rc in failed if rc != 0]
-    if failed:
-        raise SystemExit("; ".join(f"worker {i} exited with {rc} (see {log})" for i, log, rc in failed)
-                         + ": finished runs are reused when the command is run again")
 
 
 def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[float | None, str]]:
@@ -473,9 +432,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if regime is not None:
         print(f"start regime ({regime['k']} samples per question): solved in none {regime['share_none']:.3f}, in all "
               f"{regime['share_all']:.3f}, mixed {regime['share_mixed']:.3f}; ICC {regime['icc']:.3f}", flush=True)
-    if args.jobs > 1 and len(s["methods"]) > 1 and not s["report_only"]:
-        # the start checkpoint is pinned above, so every worker trains from the same weights
-        run_workers(argv, s["methods"], args.jobs, out, bind_vllm=s["test_eval_backend"] == "vllm")
+    if args.jobs > 1 and not s["report_only"]:
+        # the start checkpoint is pinned above, so every job trains from the same weights; --tune_only: one job
+        # per method (its tuning), else one per (method, seed)
+        engines = s["test_eval_backend"] == "vllm"
+        budget = machine_memory_gb() if args.memory_gb is None else (args.memory_gb or None)
+        queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST)
+        run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=ENGINE_PEAK_GB if engines else 0.0,
+                 out=out, script=os.path.abspath(__file__), bind_vllm=engines)
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -37,6 +38,7 @@ torch.set_num_threads(1)
 
 
 ct = compare_trainers()
+jobs_mod = sys.modules["compare_harness.jobs"]  # loaded by the script above (benchmarks/ on sys.path)
 
 
 def _settings(*argv):
@@ -583,16 +585,76 @@ def test_trace_lives_in_its_own_file_and_old_inline_traces_still_read(tiny_model
     assert ct.load_trace({"status": "failed"}, str(out)) is None
 
 
-def test_split_methods_balances_cost_and_keeps_order():
-    methods = list(ct.METHODS)
-    groups = ct.split_methods(methods, 2)
-    assert len(groups) == 2 and sorted(m for g in groups for m in g) == sorted(methods)
-    for g in groups:  # each group keeps the command's order
-        assert g == [m for m in methods if m in g]
-    load = [sum(ct.METHOD_COST[m] for m in g) for g in groups]
-    assert abs(load[0] - load[1]) <= max(ct.METHOD_COST.values())  # LPT: within one job of balance
-    assert ct.split_methods(["grpo_g8"], 4) == [["grpo_g8"]]  # never an empty worker
+def _job(m, s, gb=8.0):
+    return jobs_mod.Job(m, s, gb)
+
+
+def test_jobs_queue_is_seed_major_costliest_first():
+    q = jobs_mod.plan_jobs(["grpo_g8", "pair", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST)
+    assert [(j.method, j.seed) for j in q] == [("pair", 0), ("grpo_g8", 0), ("v05_osla", 0),
+                                              ("pair", 1), ("grpo_g8", 1), ("v05_osla", 1)]
+    assert {j.method: j.peak_gb for j in q} == {"pair": 8.0, "grpo_g8": 8.0, "v05_osla": 20.0}
+    assert jobs_mod.peak_memory_gb("cpu", "v05_osla") == jobs_mod.FALLBACK_PEAK_GB
     assert set(ct.METHOD_COST) == set(ct.METHODS)  # a new method must get a cost estimate
+
+
+def test_jobs_memory_budget_runs_the_big_job_alone():
+    big, a, b = _job("v05_osla", 0, 20.0), _job("grpo_g8", 0), _job("grpo_g4", 0)
+    kw = dict(slots=2, budget_gb=22.5, engine_gb=4.5)
+    assert jobs_mod.startable([a, b, big], [], set(), **kw) == [a, b]  # 8 + 8 + 4.5 fits
+    # the big job waits for an empty machine and blocks the jobs behind it (first in, first out: no starvation)
+    c = _job("reinforce_pp", 0)
+    assert jobs_mod.startable([big, c], [a], {("grpo_g4", 0)}, **kw) == []
+    assert jobs_mod.startable([big, c], [], {("grpo_g4", 0), ("grpo_g8", 0)}, **kw) == [big]  # nothing beside it
+    assert jobs_mod.startable([c], [big], set(), **kw) == []
+    # without a budget (or with room) the slots are the only limit
+    assert jobs_mod.startable([big, c, a], [], set(), slots=2, budget_gb=None) == [big, c]
+    assert jobs_mod.startable([big, c], [], set(), slots=2, budget_gb=64.0, engine_gb=4.5) == [big, c]
+    assert jobs_mod.startable([a], [b, c], set(), slots=2, budget_gb=None) == []  # slots full
+
+
+def test_jobs_later_seeds_wait_for_the_methods_first_job():
+    """The first job of a method tunes its learning rate when that is still to do: its other seeds wait for it."""
+    a0, a1, b0 = _job("grpo_g8", 0), _job("grpo_g8", 1), _job("grpo_g4", 0)
+    kw = dict(slots=3, budget_gb=None)
+    assert jobs_mod.startable([a1, b0], [a0], set(), **kw) == []  # a1 blocks b0 too (first in, first out)
+    assert jobs_mod.startable([a0, a1], [], set(), **kw) == [a0]
+    assert jobs_mod.startable([a1, b0], [], {("grpo_g8", 0)}, **kw) == [a1, b0]
+    # once the first seed is done, later seeds of a method run side by side
+    a2 = _job("grpo_g8", 2)
+    assert jobs_mod.startable([a2], [a1], {("grpo_g8", 0)}, **kw) == [a2]
+
+
+def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypatch):
+    """The runner with stand-in processes: each job's command, slot binding and log; a failed job stops new
+    starts, lets the running ones finish and names its log."""
+    started = []
+
+    class Proc:
+        def __init__(self, cmd, stdout, stderr, env):
+            self.cmd, self.env, self.polls = cmd, env, 0
+            started.append(self)
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 2:
+                return None
+            return 3 if "reinforce_pp" in self.cmd else 0
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    q = jobs_mod.plan_jobs(["grpo_g8", "reinforce_pp", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST)
+    with pytest.raises(SystemExit, match=r"reinforce_pp seed 0 exited with 3 .*reinforce_pp_seed0\.log"):
+        jobs_mod.run_jobs(["--scale", "smollm2"], q, slots=2, budget_gb=22.5, engine_gb=4.5, out=str(tmp_path),
+                          script="x.py", bind_vllm=True, poll_s=0.0, popen=Proc)
+    # queue g8, v05, rpp (costliest first): V0.5 waits for G = 8 and runs alone; then REINFORCE++ beside G = 8's
+    # seed 1; its failure stops the rest (V0.5 seed 1 never starts)
+    assert [(p.cmd[p.cmd.index("--methods") + 1], p.cmd[p.cmd.index("--seeds") + 1]) for p in started] == [
+        ("grpo_g8", "0"), ("v05_osla", "0"), ("reinforce_pp", "0"), ("grpo_g8", "1")]
+    assert [p.env["VLLM_CPU_OMP_THREADS_BIND"] for p in started] == ["0", "0", "0", "1"]
+    assert sorted(os.listdir(tmp_path / "logs" / "jobs")) == [
+        "grpo_g8_seed0.log", "grpo_g8_seed1.log", "reinforce_pp_seed0.log", "v05_osla_seed0.log"]
+    assert started[0].cmd[:4] == [sys.executable, "x.py", "--scale", "smollm2"]
+    assert started[0].cmd[-3:] == ["--jobs", "1", "--no_plots"]
 
 
 def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
@@ -601,9 +663,9 @@ def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
                   "--model_name_or_path", tiny_model, "--n_train", "32", "--methods", "grpo_g8", "reinforce_pp",
                   "--tune_lr", "1e-4", "--tune_extend", "0", "--seeds", "0", "--jobs", "2", "--no_plots"])
     assert rc == 0
-    logs = sorted(os.listdir(out / "logs"))
-    assert logs == ["worker0.log", "worker1.log"]
-    assert all("[lr]" in (out / "logs" / f).read_text() for f in logs)  # each worker tuned its own method
+    logs = sorted(os.listdir(out / "logs" / "jobs"))
+    assert logs == ["grpo_g8_seed0.log", "reinforce_pp_seed0.log"]
+    assert all("[lr]" in (out / "logs" / "jobs" / f).read_text() for f in logs)  # each job tuned its own method
     doc = json.loads((out / "runs.json").read_text())
     assert {(r["method"], r["status"]) for r in doc["runs"]} == {("grpo_g8", "ok"), ("reinforce_pp", "ok")}
     assert set(json.loads((out / "lr_choice.json").read_text())["methods"]) == {"grpo_g8", "reinforce_pp"}

@@ -188,7 +188,7 @@ REAL_TASK_NAMES = tuple(REAL_TASK_MAX_NEW)
 
 
 #: Relative cost of one run of each method (train wall time of the scratchpad v1 runs at lr 1e-4, GRPO G=8 = 1;
-#: BASIS includes a share of its value table), used only to balance ``--jobs`` workers.
+#: BASIS includes a share of its value table), used only to order each seed's ``--jobs`` queue (costliest first).
 METHOD_COST: dict[str, float] = {"pair": 2.0, "rloo": 1.25, "basis": 1.5, "grpo_g4": 1.0, "grpo_g8": 1.0,
                                  "grpo_g16": 0.95, "dr_grpo": 0.95, "signal_only": 1.0, "tiebreak": 1.0,
                                  "v05_osla": 0.8, "v05_fixed4": 0.8, "dapo_dynamic": 0.7, "reinforce_pp": 0.65,

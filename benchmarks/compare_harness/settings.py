@@ -107,9 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON object of extra config fields applied to every method (same for all)")
     p.add_argument("--num_threads", type=_pos_int, default=1, help="torch threads (default 1)")
     p.add_argument("--jobs", type=_pos_int, default=1,
-                   help="run the methods in this many worker processes side by side (each with --num_threads "
-                        "threads; methods are split by their estimated cost), then aggregate every run into one "
-                        "set of tables, verdicts and plots (default 1: one process)")
+                   help="run up to this many (method, seed) runs side by side, one worker process each (each with "
+                        "--num_threads threads; seed-major, within --memory_gb: compare_harness/jobs.py), then "
+                        "aggregate every run into one set of tables, verdicts and plots (default 1: one process)")
+    p.add_argument("--memory_gb", type=float, default=None,
+                   help="with --jobs: the memory the side-by-side runs may use together, by their estimated peaks "
+                        "(default: this machine's total less 1 GiB; 0: no limit)")
     p.add_argument("--n_sim", type=_pos_int, default=None, help="Monte Carlo reruns for the smallest gap")
     p.add_argument("--n_boot", type=_pos_int, default=None, help="paired bootstrap replicates")
     p.add_argument("--cache_dir", default=None,

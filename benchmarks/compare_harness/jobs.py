@@ -1,0 +1,153 @@
+"""``--jobs``: the invocation's (method, seed) runs as a queue of worker processes that fits the machine's memory.
+
+Each job is one ``compare_trainers.py --methods <m> --seeds <s> --jobs 1 --no_plots`` subprocess; its runs land in the
+shared ``runs/`` tree and the aggregating pass that follows reuses them. Three rules decide when a job starts:
+
+* **seed-major order**: every method's seed ``s`` comes before any method's seed ``s + 1``, so an interrupted
+  invocation leaves every method equally far (within a seed, the costliest methods first, :data:`METHOD_COST`);
+* **memory**: a job starts only while the estimated peaks of the running jobs plus its own fit the budget
+  (``--memory_gb``, default this machine's total memory less 1 GiB), with one evaluation engine counted once
+  (the engines run one at a time, ``compare_harness.vllm_eval``); a job whose estimate alone exceeds the budget
+  runs with nothing beside it. V0.5 + OSLA on SmolLM2 is such a job: its training peaked at 19.3 GB resident
+  (killed by the kernel beside a GRPO worker on a 24 GB machine) where a GRPO run peaks at about 8 GB;
+* **first in, first out**: a job that does not fit yet blocks the jobs behind it (no job is starved), and a
+  method's later seeds wait for its first job, which tunes its learning rate when that is still to do.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+#: Estimated peak resident memory (GB) of one run's worker process by scale and method (training and its
+#: evaluations, without the evaluation engine); measured with ``benchmarks/rss_monitor.sh`` on the SmolLM2 runs
+#: (``steps_matched_t07/logs/rss*.log``: V0.5 + OSLA 15.7-19.3, GRPO and the other methods 4.5-7.8). Methods
+#: and scales not listed: :data:`DEFAULT_PEAK_GB`.
+PEAK_MEMORY_GB: dict[str, dict[str, float]] = {
+    "smollm2": {"v05_osla": 20.0, "v05_fixed4": 20.0, "grpo_g16": 10.0},
+}
+DEFAULT_PEAK_GB = {"smollm2": 8.0}
+#: Any scale not in :data:`DEFAULT_PEAK_GB` (the testbed's ~1M-parameter models).
+FALLBACK_PEAK_GB = 2.0
+#: The evaluation engine's child process (``--test_eval_backend vllm``; measured 3.9-4.1 GB on SmolLM2).
+ENGINE_PEAK_GB = 4.5
+
+
+@dataclass(frozen=True)
+class Job:
+    method: str
+    seed: int
+    peak_gb: float
+
+
+def peak_memory_gb(scale: str, method: str) -> float:
+    """Estimated peak resident memory of one run of ``method`` at ``scale`` (:data:`PEAK_MEMORY_GB`)."""
+    return PEAK_MEMORY_GB.get(scale, {}).get(method, DEFAULT_PEAK_GB.get(scale, FALLBACK_PEAK_GB))
+
+
+def machine_memory_gb() -> float | None:
+    """Total memory of this machine less 1 GiB (``/proc/meminfo``), or ``None`` where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1024 ** 2 - 1.0
+    except OSError:
+        return None
+    return None
+
+
+def plan_jobs(methods: Sequence[str], seeds: Sequence[int], scale: str,
+              cost: dict[str, float] | None = None) -> list[Job]:
+    """The queue: seed-major; within a seed, the costliest methods first (ties keep the command's order)."""
+    cost = cost or {}
+    order = sorted(range(len(methods)), key=lambda i: (-cost.get(methods[i], 1.0), i))
+    return [Job(methods[i], int(s), peak_memory_gb(scale, methods[i])) for s in seeds for i in order]
+
+
+def startable(pending: Sequence[Job], running: Sequence[Job], finished: set, *, slots: int,
+              budget_gb: float | None, engine_gb: float = 0.0) -> list[Job]:
+    """Jobs to start now, in queue order (a pure function of the queue's state).
+
+    Parameters
+    ----------
+    pending : the jobs not started yet, in queue order.
+    running : the jobs running now.
+    finished : ``(method, seed)`` of the jobs that have ended.
+    slots : the number of jobs that may run at once (``--jobs``).
+    budget_gb : the memory the running jobs may use together; ``None``: no limit.
+    engine_gb : memory of the one evaluation engine that may run beside them (0 without engines).
+
+    Returns
+    -------
+    The longest prefix of ``pending`` that can start: a job that cannot start blocks every job behind it.
+    A job's later seeds cannot start while its method's first job (the one that tunes) has not finished.
+    A job whose estimate alone exceeds the budget starts only on an empty machine.
+    """
+    out: list[Job] = []
+    for j in pending:
+        now = [*running, *out]
+        if len(now) >= slots:
+            break
+        first = min([r.seed for r in [*running, *pending] if r.method == j.method]
+                    + [s for m, s in finished if m == j.method])
+        if j.seed != first and (j.method, first) not in finished:
+            break
+        if budget_gb is not None and now:
+            if sum(r.peak_gb for r in now) + j.peak_gb + engine_gb > budget_gb:
+                break
+        out.append(j)
+        if budget_gb is not None and j.peak_gb + engine_gb > budget_gb:
+            break  # runs alone
+    return out
+
+
+def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb: float | None, engine_gb: float,
+             out: str, script: str, bind_vllm: bool = False, poll_s: float = 5.0,
+             popen: Callable = subprocess.Popen) -> None:
+    """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus
+    ``--methods <m> --seeds <s> --jobs 1 --no_plots``, logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
+    ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot
+    (``VLLM_CPU_OMP_THREADS_BIND``, unless set). A failed job stops new starts; the others finish, then the
+    invocation stops with the failed logs named (finished runs are reused when the command is run again)."""
+    log_dir = os.path.join(out, "logs", "jobs")
+    os.makedirs(log_dir, exist_ok=True)
+    pending, running, finished, failed = list(jobs), {}, set(), []
+    alone = [j for j in jobs if budget_gb is not None and j.peak_gb + engine_gb > budget_gb]
+    if alone:
+        print(f"[jobs] {', '.join(sorted({j.method for j in alone}))}: estimated peak over the {budget_gb:.1f} GB "
+              "budget: run with nothing beside them", flush=True)
+    while pending or running:
+        for job, (_slot, log, proc) in list(running.items()):
+            rc = proc.poll()
+            if rc is not None:
+                del running[job]
+                finished.add((job.method, job.seed))
+                if rc != 0:
+                    failed.append((job, log, rc))
+        if not failed:
+            for job in startable(pending, list(running), finished, slots=slots, budget_gb=budget_gb,
+                                 engine_gb=engine_gb):
+                pending.remove(job)
+                slot = min(set(range(slots)) - {s for s, _, _ in running.values()})
+                log = os.path.join(log_dir, f"{job.method}_seed{job.seed}.log")
+                env = dict(os.environ)
+                if bind_vllm and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = str(slot % (os.cpu_count() or 1))
+                cmd = [sys.executable, script, *argv, "--methods", job.method, "--seeds", str(job.seed), "--jobs",
+                       "1", "--no_plots"]
+                print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{job.peak_gb:g} GB; log {log})",
+                      flush=True)
+                with open(log, "a", encoding="utf-8") as f:
+                    running[job] = (slot, log, popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env))
+        elif not running:
+            break
+        if running:
+            time.sleep(poll_s)
+    if failed:
+        raise SystemExit("; ".join(f"{j.method} seed {j.seed} exited with {rc} (see {log})" for j, log, rc in failed)
+                         + ": finished runs are reused when the command is run again")
