@@ -25,12 +25,16 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from bench_module import compare_trainers  # tests/ is on sys.path (pytest's rootdir insertion)
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from trl_ext.testbed import read_outcomes_jsonl
 
@@ -590,7 +594,7 @@ def _job(m, s, gb=8.0):
 
 
 def test_jobs_queue_is_seed_major_costliest_first():
-    q = jobs_mod.plan_jobs(["grpo_g8", "pair", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST)
+    q = jobs_mod.plan_jobs(["grpo_g8", "pair", "v05_osla"], [1, 0, 1], "smollm2", ct.METHOD_COST)
     assert [(j.method, j.seed) for j in q] == [("pair", 0), ("grpo_g8", 0), ("v05_osla", 0),
                                               ("pair", 1), ("grpo_g8", 1), ("v05_osla", 1)]
     assert {j.method: j.peak_gb for j in q} == {"pair": 8.0, "grpo_g8": 8.0, "v05_osla": 20.0}
@@ -623,6 +627,48 @@ def test_jobs_later_seeds_wait_for_the_methods_first_job():
     # once the first seed is done, later seeds of a method run side by side
     a2 = _job("grpo_g8", 2)
     assert jobs_mod.startable([a2], [a1], {("grpo_g8", 0)}, **kw) == [a2]
+
+
+@hyp_settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["grpo_g8", "grpo_g4", "pair", "v05_osla", "basis"]), min_size=1, max_size=5,
+                unique=True),
+       st.lists(st.integers(0, 4), min_size=1, max_size=4), st.integers(1, 3), st.sampled_from([None, 9.0, 22.5, 40.0]),
+       st.lists(st.integers(1, 4), min_size=40, max_size=40))
+def test_run_jobs_invariants(methods, seeds, slots, budget, durations):
+    """Any queue completes (no deadlock), never runs more than ``slots`` jobs, keeps the estimated peaks within the
+    budget unless one job runs alone, and starts a method's seeds only after its first job has finished."""
+    live, starts, log, events = [], [], [], []
+
+    class Proc:
+        def __init__(self, cmd, stdout, stderr, env):
+            self.job = (cmd[cmd.index("--methods") + 1], int(cmd[cmd.index("--seeds") + 1]))
+            self.left = durations[len(starts) % len(durations)]
+            starts.append(self.job)
+            events.append(("start", self.job))
+            live.append(self)
+            peaks = [jobs_mod.peak_memory_gb("smollm2", p.job[0]) for p in live]
+            log.append((len(live), sum(peaks)))
+
+        def poll(self):
+            self.left -= 1
+            if self.left > 0:
+                return None
+            live.remove(self)
+            events.append(("end", self.job))
+            return 0
+
+    q = jobs_mod.plan_jobs(methods, seeds, "smollm2", ct.METHOD_COST)
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs_mod.run_jobs([], q, slots=slots, budget_gb=budget, engine_gb=4.5, out=tmp, script="x.py", poll_s=0.0,
+                          popen=Proc)
+    assert sorted(starts) == sorted((j.method, j.seed) for j in q) and not live  # every job ran once
+    for n, total in log:
+        assert n <= slots
+        assert budget is None or n == 1 or total + 4.5 <= budget
+    for m in methods:  # a method's other seeds start only after its first seed's job (which tunes) has ended
+        first_end = events.index(("end", (m, min(seeds))))
+        assert all(k > first_end for k, (e, (mm, sd)) in enumerate(events) if e == "start" and mm == m
+                   and sd != min(seeds))
 
 
 def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypatch):

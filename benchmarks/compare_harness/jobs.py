@@ -63,10 +63,12 @@ def machine_memory_gb() -> float | None:
 
 def plan_jobs(methods: Sequence[str], seeds: Sequence[int], scale: str,
               cost: dict[str, float] | None = None) -> list[Job]:
-    """The queue: seed-major; within a seed, the costliest methods first (ties keep the command's order)."""
+    """The queue: seed-major in increasing seed (so a method's first job has its smallest seed, :func:`startable`);
+    within a seed, the costliest methods first (ties keep the command's order)."""
     cost = cost or {}
     order = sorted(range(len(methods)), key=lambda i: (-cost.get(methods[i], 1.0), i))
-    return [Job(methods[i], int(s), peak_memory_gb(scale, methods[i])) for s in seeds for i in order]
+    return [Job(methods[i], s, peak_memory_gb(scale, methods[i])) for s in sorted({int(x) for x in seeds})
+            for i in order]
 
 
 def startable(pending: Sequence[Job], running: Sequence[Job], finished: set, *, slots: int,
