@@ -750,6 +750,20 @@ def test_check_compatible():
         t.check_compatible(reward_funcs=["format"], strict=True)
 
 
+def test_check_compatible_placeholder_model_root():
+    """A committed table names the model under a placeholder root (no machine paths in the repository): it matches
+    the same model directory under any root, and only that one."""
+    t = _table()
+    t.metadata["model"] = "<TRL_EXT_CACHE>/smollm2-135m-instruct-v1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert t.check_compatible(model="/home/u/.cache/trl_ext/smollm2-135m-instruct-v1/") == []
+        assert t.check_compatible(model="<TRL_EXT_CACHE>/smollm2-135m-instruct-v1") == []
+    for other in ("/home/u/.cache/trl_ext/smollm2-135m-instruct-v2", "/x/not-smollm2-135m-instruct-v1", "tiny"):
+        with pytest.warns(UserWarning, match="value table was built with model="):
+            assert len(t.check_compatible(model=other)) == 1
+
+
 # ----------------------------------------------------------------------------------------------- table prior
 
 

@@ -301,7 +301,9 @@ class ValueTable:
         Parameters
         ----------
         model, reward_funcs, seed
-            Expected values; None skips the check. A key missing from the header counts as a mismatch.
+            Expected values; None skips the check. A key missing from the header counts as a mismatch. A header
+            model written with a placeholder root, ``<NAME>/rest`` (how committed tables name a machine's cache,
+            e.g. ``<TRL_EXT_CACHE>/smollm2-135m-instruct-v1``), matches any model path ending in ``/rest``.
         strict : bool
             Raise instead of warning.
 
@@ -321,13 +323,21 @@ class ValueTable:
             if want is None:
                 continue
             have = self.metadata.get(name)
-            if have != want:
+            if have != want and not (name == "model" and _same_model_path(have, want)):
                 problems.append(f"value table was built with {name}={have!r}, training uses {name}={want!r}")
         if problems and strict:
             raise ValueError("; ".join(problems))
         for p in problems:
             warnings.warn(p, UserWarning, stacklevel=2)
         return problems
+
+
+def _same_model_path(have, want) -> bool:
+    """``have`` is ``<ROOT>/rest`` (a placeholder for a machine-specific root) and ``want`` ends with ``/rest``."""
+    if not (isinstance(have, str) and isinstance(want, str) and have.startswith("<") and ">/" in have):
+        return False
+    rest = have.split(">/", 1)[1]
+    return bool(rest) and want.replace("\\", "/").rstrip("/").endswith("/" + rest.rstrip("/"))
 
 
 def canonical_line(row: ValueTableRow) -> str:
