@@ -25,11 +25,10 @@ from dataclasses import dataclass
 
 #: Estimated peak resident memory (GB) of one run's worker process by scale and method (training and its
 #: evaluations, without the evaluation engine); measured with ``benchmarks/rss_monitor.sh`` on the SmolLM2 runs
-#: (``steps_matched_t07/logs/rss*.log``: V0.5 + OSLA 15.7-19.3, GRPO and the other methods 4.5-7.8). Methods
-#: and scales not listed: :data:`DEFAULT_PEAK_GB`.
-PEAK_MEMORY_GB: dict[str, dict[str, float]] = {
-    "smollm2": {"v05_osla": 20.0, "v05_fixed4": 20.0, "grpo_g16": 10.0},
-}
+#: (``steps_matched_t07/logs/rss*.log``: V0.5 + OSLA 15.7-19.3; GRPO G = 4 / 8, REINFORCE++, DAPO, James-Stein,
+#: BASIS and PAIR 4.5-7.8). Methods and scales not listed: :data:`DEFAULT_PEAK_GB` (for a SmolLM2 method not run
+#: there yet, e.g. G = 16, an assumption).
+PEAK_MEMORY_GB: dict[str, dict[str, float]] = {"smollm2": {"v05_osla": 20.0}}
 DEFAULT_PEAK_GB = {"smollm2": 8.0}
 #: Any scale not in :data:`DEFAULT_PEAK_GB` (the testbed's ~1M-parameter models).
 FALLBACK_PEAK_GB = 2.0
