@@ -617,6 +617,14 @@ def test_jobs_memory_budget_runs_the_big_job_alone():
     assert jobs_mod.startable([a], [b, c], set(), slots=2, budget_gb=None) == []  # slots full
 
 
+def test_memory_gb_must_be_a_nonnegative_number(capsys):
+    assert ct.build_parser().parse_args(["--output_dir", "o", "--memory_gb", "0"]).memory_gb == 0.0
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            ct.build_parser().parse_args(["--output_dir", "o", "--memory_gb", bad])
+        assert "must be a number of GB >= 0" in capsys.readouterr().err
+
+
 def test_jobs_later_seeds_wait_for_the_methods_first_job():
     """The first job of a method tunes its learning rate when that is still to do: its other seeds wait for it."""
     a0, a1, b0 = _job("grpo_g8", 0), _job("grpo_g8", 1), _job("grpo_g4", 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 from trl_ext._argtypes import nonneg_int as _nonneg_int
@@ -12,6 +13,15 @@ from trl_ext._argtypes import positive_float as _pos_float
 from trl_ext._argtypes import positive_int as _pos_int
 
 from .presets import METHODS, PROTOCOLS, REAL_TASK_NAMES, SCALE_PROTOCOL, SCALES, SMOKE, TASK_PRESETS
+
+
+def _memory_gb(text: str) -> float:
+    """``--memory_gb``: a finite number >= 0 (0: no limit)."""
+    v = float(text)
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of GB >= 0 (0: no limit), got {text}")
+    return v
+
 
 #: ``--help`` description (the script's module docstring has the full protocol).
 DESCRIPTION = ("Compute-matched comparison of every trl_ext trainer against plain GRPO and the published "
@@ -110,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run up to this many (method, seed) runs side by side, one worker process each (each with "
                         "--num_threads threads; seed-major, within --memory_gb: compare_harness/jobs.py), then "
                         "aggregate every run into one set of tables, verdicts and plots (default 1: one process)")
-    p.add_argument("--memory_gb", type=float, default=None,
+    p.add_argument("--memory_gb", type=_memory_gb, default=None,
                    help="with --jobs: the memory the side-by-side runs may use together, by their estimated peaks "
                         "(default: this machine's total less 1 GiB; 0: no limit)")
     p.add_argument("--n_sim", type=_pos_int, default=None, help="Monte Carlo reruns for the smallest gap")
