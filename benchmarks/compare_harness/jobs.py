@@ -98,13 +98,18 @@ def startable(pending: Sequence[Job], running: Sequence[Job], finished: set, *, 
                     + [s for m, s in finished if m == j.method])
         if j.seed != first and (j.method, first) not in finished:
             break
-        if budget_gb is not None and now:
-            if sum(r.peak_gb for r in now) + j.peak_gb + engine_gb > budget_gb:
-                break
+        fits = _fits(now, j, budget_gb, engine_gb)
+        if not fits and now:
+            break
         out.append(j)
-        if budget_gb is not None and j.peak_gb + engine_gb > budget_gb:
-            break  # runs alone
+        if not fits:
+            break  # over the budget on its own: runs alone
     return out
+
+
+def _fits(running: Sequence[Job], job: Job, budget_gb: float | None, engine_gb: float) -> bool:
+    """Whether ``job`` fits the budget beside ``running`` (one evaluation engine counted once)."""
+    return budget_gb is None or sum(r.peak_gb for r in running) + job.peak_gb + engine_gb <= budget_gb
 
 
 def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb: float | None, engine_gb: float,
@@ -118,7 +123,7 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
     log_dir = os.path.join(out, "logs", "jobs")
     os.makedirs(log_dir, exist_ok=True)
     pending, running, finished, failed = list(jobs), {}, set(), []
-    alone = [j for j in jobs if budget_gb is not None and j.peak_gb + engine_gb > budget_gb]
+    alone = [j for j in jobs if not _fits([], j, budget_gb, engine_gb)]
     if alone:
         print(f"[jobs] {', '.join(sorted({j.method for j in alone}))}: estimated peak over the {budget_gb:.1f} GB "
               "budget: run with nothing beside them", flush=True)
