@@ -33,10 +33,10 @@ from trl_ext.estimators.basis import (  # noqa: E402
     v_beta,
     v_beta_from_samples,
 )
+from trl_ext.priors.table_checks import check_table_coverage  # noqa: E402
 from trl_ext.priors.table_format import ValueTable, ValueTableRow, save_value_table  # noqa: E402
 from trl_ext.trainers.base import EXT_STATE_FILE  # noqa: E402
 from trl_ext.trainers.basis import BASIS_METRICS, BASISConfig, BASISTrainer  # noqa: E402
-from trl_ext.trainers.basis.table_checks import check_table_coverage  # noqa: E402
 from trl_ext.trainers.batch import RolloutBatch  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "basis_two_rank.py")

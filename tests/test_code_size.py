@@ -17,7 +17,7 @@ _spec = importlib.util.spec_from_file_location("code_size", ROOT / "benchmarks" 
 code_size = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(code_size)
 
-TRAINER_LAYER_CEILING = 4397
+TRAINER_LAYER_CEILING = 3869
 """Trainer-layer **code lines** today (``benchmarks/code_size.py``: lines holding a Python token outside a docstring;
 target 3,500); lower it as the layer shrinks. The ratchet counted raw lines until the trainer-layer refactor (last
 raw ceiling 7,166; the raw total is still printed by the report)."""

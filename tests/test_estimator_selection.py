@@ -196,7 +196,7 @@ def test_binary_reward_default_grpo_unchanged_by_strategy_layer(tmp_path):
 
 
 def test_keyed_sampling_installed_only_when_enabled(tmp_path):
-    from trl_ext.trainers.keyed_generation import KeyedSampler
+    from trl_ext.generation.keyed_sampler import KeyedSampler
 
     off = make_trainer(tmp_path / "off", max_steps=1)
     assert off.keyed_sampler is None

@@ -340,7 +340,7 @@ def _standin(**args):
     """A ``KeyedSampler`` over a stand-in trainer (the attributes TRL's __init__ would set)."""
     from transformers import GenerationConfig
 
-    from trl_ext.trainers.keyed_generation import KeyedSampler
+    from trl_ext.generation.keyed_sampler import KeyedSampler
 
     base = dict(seed=0, generation_kwargs=None, keyed_sampling=True, keyed_sampling_seed=None,
                 keyed_sampling_key_column=None, keyed_sampling_log=True, shared_prefix_rollouts=False)

@@ -20,9 +20,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trl_ext.generation.keyed_sampler import KeyedRequest, KeyedSampler
+from trl_ext.generation.keyed_vllm import VLLM_SEED_SCHEME, PerRequestSeedLLM, check_vllm_keyed_config
 from trl_ext.measurement.keyed_sampling import per_request_seed, prompt_key_of, request_key
-from trl_ext.trainers.keyed_generation import KeyedRequest, KeyedSampler
-from trl_ext.trainers.keyed_vllm import VLLM_SEED_SCHEME, PerRequestSeedLLM, check_vllm_keyed_config
 
 torch.set_num_threads(1)
 

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "trl_ext"
 
 CORE = ("trl_ext.estimators", "trl_ext.priors", "trl_ext.stats", "trl_ext.measurement", "trl_ext.advise",
-        "trl_ext.trainers")
+        "trl_ext.generation", "trl_ext.trainers")
 DEV = ("trl_ext.testbed", "trl_ext.realmodel", "trl_ext.scripts_support")
 
 

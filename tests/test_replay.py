@@ -358,8 +358,8 @@ def test_generate_token_ids_keys_the_dummy_rows_of_a_collective_call(tmp_path, m
     """Under ZeRO-3 / FSDP / vLLM TP generation is a collective: ``generate_token_ids`` pads this rank's call with
     dummy rows. With keyed sampling those rows get (marked) requests too, instead of the call refusing to run; the
     real rows keep their tokens and the dummies are discarded."""
+    from trl_ext.generation.keyed_sampler import KeyedRequest
     from trl_ext.trainers import _trl_compat as compat
-    from trl_ext.trainers.keyed_generation import KeyedRequest
 
     trainer, tok = _train(tmp_path, steps=1, save=False)
     prompts = [tok("1+2=")["input_ids"], tok("12+34=")["input_ids"]]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trl_ext import vllm_setup
-from trl_ext.trainers import _vllm_compat
+from trl_ext.generation import vllm_colocate
 
 
 def _report(**versions):
@@ -85,11 +85,11 @@ def test_reprocess_tied_modules_touches_shared_weights_only():
         m.quant_method = _Method()
     root = torch.nn.Module()
     root.emb, root.head, root.other = emb, head, other
-    assert _vllm_compat.reprocess_tied_modules(root) == 2
+    assert vllm_colocate.reprocess_tied_modules(root) == 2
     assert (emb.quant_method.calls, head.quant_method.calls, other.quant_method.calls) == (1, 1, 0)
     untied = torch.nn.Module()
     untied.other = other
-    assert _vllm_compat.reprocess_tied_modules(untied) == 0
+    assert vllm_colocate.reprocess_tied_modules(untied) == 0
 
 
 def test_weight_sync_choice(monkeypatch):
@@ -97,19 +97,19 @@ def test_weight_sync_choice(monkeypatch):
     acc = types.SimpleNamespace(is_main_process=True)
     vg = types.SimpleNamespace(sync_weights=None)
     tr = types.SimpleNamespace(use_vllm=False, args=args, accelerator=acc, vllm_generation=vg)
-    assert _vllm_compat.install_colocate_weight_sync(tr) == "none"
+    assert vllm_colocate.install_colocate_weight_sync(tr) == "none"
     tr.use_vllm = True
     tr.args = types.SimpleNamespace(vllm_mode="server")
-    assert _vllm_compat.install_colocate_weight_sync(tr) == "none"
+    assert vllm_colocate.install_colocate_weight_sync(tr) == "none"
     tr.args = args
-    monkeypatch.setattr(_vllm_compat, "vllm_platform", lambda: "cuda")
-    assert _vllm_compat.install_colocate_weight_sync(tr) == "trl" and vg.sync_weights is None  # TRL's path kept
-    monkeypatch.setattr(_vllm_compat, "vllm_platform", lambda: "cpu")
-    monkeypatch.setattr(_vllm_compat, "_is_real_engine", lambda llm: False)
-    assert _vllm_compat.install_colocate_weight_sync(tr) == "trl" and vg.sync_weights is None  # a stand-in engine
-    monkeypatch.setattr(_vllm_compat, "_is_real_engine", lambda llm: True)
-    assert _vllm_compat.install_colocate_weight_sync(tr) == "cpu_layerwise_reload"
-    assert vg.sync_weights.__func__ is _vllm_compat._cpu_reload_sync
+    monkeypatch.setattr(vllm_colocate, "vllm_platform", lambda: "cuda")
+    assert vllm_colocate.install_colocate_weight_sync(tr) == "trl" and vg.sync_weights is None  # TRL's path kept
+    monkeypatch.setattr(vllm_colocate, "vllm_platform", lambda: "cpu")
+    monkeypatch.setattr(vllm_colocate, "_is_real_engine", lambda llm: False)
+    assert vllm_colocate.install_colocate_weight_sync(tr) == "trl" and vg.sync_weights is None  # a stand-in engine
+    monkeypatch.setattr(vllm_colocate, "_is_real_engine", lambda llm: True)
+    assert vllm_colocate.install_colocate_weight_sync(tr) == "cpu_layerwise_reload"
+    assert vg.sync_weights.__func__ is vllm_colocate._cpu_reload_sync
 
 
 def test_base_trainer_without_vllm_reports_no_engine(tmp_path):

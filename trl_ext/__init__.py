@@ -6,6 +6,7 @@ Layout (see ``docs/architecture.md``):
 - :mod:`trl_ext.stats` -- comparison statistics (detection floors, two-part rule); no TRL import.
 - :mod:`trl_ext.priors` -- value priors (table, callable, in-context) and the support buffer.
 - :mod:`trl_ext.measurement` -- shut-gate, noise floor, keyed replayable sampling.
+- :mod:`trl_ext.generation` -- generation back-ends: keyed replayable sampling, vLLM colocate weight sync.
 - :mod:`trl_ext.trainers` -- thin subclasses of TRL's ``GRPOTrainer`` (the only place that imports TRL internals).
 - :mod:`trl_ext.testbed` -- the offline tiny-model RLVR testbed.
 

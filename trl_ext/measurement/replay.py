@@ -5,7 +5,7 @@ is replayed from three logged numbers (key, sample index, checkpoint), and two m
 noise emit identical tokens until the models themselves disagree; the first differing token says where, and
 the logit margins there say by how much.
 
-Records are the JSON lines :class:`~trl_ext.trainers.keyed_generation.KeyedSampler` writes to
+Records are the JSON lines :class:`~trl_ext.generation.keyed_sampler.KeyedSampler` writes to
 ``<output_dir>/rollouts/rank<r>.jsonl`` (fields: ``key``, ``sample_index``, ``position_offset``, ``prompt_ids``,
 ``completion_ids``, ``sampler``, ``step``, ``checkpoint``, ``call``...).
 

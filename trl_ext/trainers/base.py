@@ -67,9 +67,10 @@ from ..estimators.baselines import (
     get_advantage_estimator,
     trl_grpo_advantages,
 )
+from ..generation.keyed_sampler import KeyedSampler, check_before_trl_init
+from ..generation.vllm_colocate import install_colocate_weight_sync
 from . import _trl_compat as compat
 from . import model_card  # noqa: F401  (sets the trl-ext tag of every trainer's card)
-from ._vllm_compat import install_colocate_weight_sync
 from .accounting import BatchAccounting
 from .batch import RolloutBatch
 from .config import (  # noqa: F401  (validate_ext_config re-exported)
@@ -80,7 +81,6 @@ from .config import (  # noqa: F401  (validate_ext_config re-exported)
     resolved_rollout_strategy,
     validate_ext_config,
 )
-from .keyed_generation import KeyedSampler, check_before_trl_init
 from .rollout_io import RolloutAPI, RolloutIO
 from .rollouts import (
     RolloutStrategy,

@@ -191,7 +191,7 @@ class RolloutIO:
                 # keyed sampling: the dummy rows need requests too (copies of the first one, marked; their
                 # completions are discarded like the rows themselves), else the call would see fewer requests
                 # than prompts
-                from .keyed_generation import KeyedRequest
+                from ..generation.keyed_sampler import KeyedRequest
 
                 filler = (replace(pending[0], meta={**pending[0].meta, "dummy": True}) if pending
                           else KeyedRequest(key=0, sample_index=0, meta={"dummy": True}))

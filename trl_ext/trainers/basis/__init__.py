@@ -7,13 +7,14 @@ One module per part (the math is :mod:`trl_ext.estimators.basis`, the registered
   :data:`BASISOptions` (the same options typed, without the prefix: what the strategy reads);
 * :mod:`.strategy` -- :class:`ValueTableLookup`, the registered rollout strategy ``"value_table"`` (each row's
   offline value ``p_hat``, the beta history, the ``basis/*`` metrics);
-* :mod:`.table_checks` -- the value table's loading and its checks against the training setup;
 * :mod:`.trainer` -- :class:`BASISTrainer`, the drop-in preset, and its model card.
+
+The table's loading and its checks against the training setup are :mod:`trl_ext.priors.table_checks`.
 """
 
+from ...priors.table_checks import common_reward_range, resolve_value_table
 from .config import BASISConfig, BASISOptions
 from .strategy import BASIS_METRICS, ValueTableLookup
-from .table_checks import common_reward_range, resolve_value_table
 from .trainer import BASIS_PAPER, BASISTrainer, basis_model_card_details, card_table_source, file_sha256
 
 __all__ = ["BASISConfig", "BASISOptions", "BASISTrainer", "BASIS_METRICS", "BASIS_PAPER", "ValueTableLookup",

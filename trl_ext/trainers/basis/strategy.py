@@ -26,10 +26,10 @@ from ...estimators.basis import (
     v_beta_from_samples,
     validate_basis_options,
 )
+from ...priors.table_checks import check_table_coverage, check_table_sampling, common_reward_range, resolve_value_table
 from ...priors.table_format import ValueTable, prompt_key
 from ..rollouts import FixedGroups, RolloutGroups, register_rollout_strategy
 from .config import BASISOptions, basis_options, validate_basis_config_options
-from .table_checks import check_table_coverage, check_table_sampling, common_reward_range, resolve_value_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..batch import RolloutBatch
@@ -141,9 +141,9 @@ class ValueTableLookup(FixedGroups):
     def check_setup(self, trainer, strict: bool = False, model_id: str | None = None,
                     allow_sampling_mismatch: bool = False) -> None:
         """The table's header against the trainer's reward functions and model, its sampling settings against the
-        training config (:func:`~.table_checks.check_table_sampling`), and its coverage of the training prompts
-        (:func:`~.table_checks.check_table_coverage`); a ``UserWarning`` for each TRL field BASIS ignores
-        (``scale_rewards``, ``multi_objective_aggregation``)."""
+        training config (:func:`~trl_ext.priors.table_checks.check_table_sampling`), and its coverage of the
+        training prompts (:func:`~trl_ext.priors.table_checks.check_table_coverage`); a ``UserWarning`` for each TRL
+        field BASIS ignores (``scale_rewards``, ``multi_objective_aggregation``)."""
         args = trainer.args
         if args.scale_rewards not in ("group", "none", True, False):
             warnings.warn(f"BASIS ignores scale_rewards={args.scale_rewards!r} (the advantage is r - b); use "

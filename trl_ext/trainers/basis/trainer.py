@@ -31,12 +31,12 @@ import os
 from typing import Any
 
 from ..._io import sha256_file
+from ...priors.table_checks import resolve_value_table
 from ...priors.table_format import ValueTable
 from .. import model_card
 from ..base import GRPOTrainer, as_config
 from .config import BASISConfig
 from .strategy import ValueTableLookup
-from .table_checks import resolve_value_table
 
 __all__ = ["BASISTrainer", "BASIS_PAPER", "basis_model_card_details", "card_table_source", "file_sha256"]
 

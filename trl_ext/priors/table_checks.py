@@ -1,4 +1,4 @@
-"""BASIS's value table before training: loaded from a path or taken as given (:func:`resolve_value_table`), one
+"""A value table checked against the training setup before BASIS trains on it: loaded from a path or taken as given (:func:`resolve_value_table`), one
 reward range (:func:`common_reward_range`), sampled under the training settings (:func:`check_table_sampling`) and
 covering the training prompts (:func:`check_table_coverage`). Gong et al., "BASIS: Batchwise Advantage Estimation
 from Single-Rollout Information Sharing for LLM Reasoning" (May 2026), Appendix 10 (offline value estimation)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from ...priors.table_format import ValueTable, load_value_table
+from .table_format import ValueTable, load_value_table
 
 __all__ = ["check_table_coverage", "check_table_sampling", "common_reward_range", "resolve_value_table"]
 
@@ -27,7 +27,7 @@ def check_table_sampling(table, args, allow: bool = False, tokenizer=None) -> No
     bad = [f"{key}={md[key]!r} in the table vs {name}={value!r} in training" for key, (name, value) in want.items()
            if md.get(key) is not None and value is not None and md[key] != value]
     if md.get("chat_template_sha256") is not None and tokenizer is not None:
-        from ...priors.value_table import chat_template_sha256
+        from .value_table import chat_template_sha256
 
         have = chat_template_sha256(tokenizer)
         if have != md["chat_template_sha256"]:

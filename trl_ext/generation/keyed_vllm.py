@@ -1,6 +1,6 @@
 """vLLM side of keyed sampling: per-request seeds through TRL 1.16's colocated engine.
 
-The keyed Gumbel processor cannot run inside vLLM, so :class:`~trl_ext.trainers.keyed_generation.KeyedSampler` gives
+The keyed Gumbel processor cannot run inside vLLM, so :class:`~trl_ext.generation.keyed_sampler.KeyedSampler` gives
 every row its own ``SamplingParams`` whose ``seed`` is :func:`~trl_ext.measurement.keyed_sampling.per_request_seed`
 ``(key, sample_index)``: for the duration of one generation call ``trainer.vllm_generation.llm`` is replaced by
 :class:`PerRequestSeedLLM`, which expands the single ``SamplingParams`` TRL builds into one clone per row. A vLLM seed

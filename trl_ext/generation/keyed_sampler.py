@@ -17,7 +17,7 @@ sample index ``j``; with TRL's ``RepeatSampler`` the ``G`` copies of a prompt ar
 appears twice in one batch gets ``G..2G-1`` for its second group rather than a copy of the first group's noise.
 
 vLLM (``use_vllm=True``): colocate mode with ``vllm_tensor_parallel_size == 1`` only, through per-request seeds
-(:mod:`trl_ext.trainers.keyed_vllm`). Not supported (clear ``NotImplementedError``): vLLM server mode and TP > 1,
+(:mod:`trl_ext.generation.keyed_vllm`). Not supported (clear ``NotImplementedError``): vLLM server mode and TP > 1,
 transformers continuous batching, images/multimodal prompts, tool-calling loops.
 
 Strategies that generate rollouts themselves use the base trainer's public API:
@@ -50,7 +50,7 @@ from trl_ext.measurement.keyed_sampling import (
     truncate_at_eos,
 )
 
-from . import _trl_compat as compat
+from ..trainers import _trl_compat as compat
 from .keyed_vllm import VLLM_SEED_SCHEME, PerRequestSeedLLM, check_vllm_keyed_config, vllm_sampling_params_record
 
 __all__ = ["ROLLOUT_FORMAT", "KeyedRequest", "KeyedSampler"]
@@ -362,7 +362,7 @@ class KeyedSampler:
         """TRL's own vLLM generation (colocate, TP = 1) with one seeded ``SamplingParams`` per row.
 
         Row ``i`` is sampled with ``seed = per_request_seed(requests[i].key, requests[i].sample_index)``.
-        ``trainer.vllm_generation.llm`` is a :class:`~trl_ext.trainers.keyed_vllm.PerRequestSeedLLM` for the duration
+        ``trainer.vllm_generation.llm`` is a :class:`~trl_ext.generation.keyed_vllm.PerRequestSeedLLM` for the duration
         of the call and is restored afterwards, also when generation raises.
 
         Raises

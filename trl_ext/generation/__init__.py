@@ -1,0 +1,24 @@
+"""Generation back-ends the trainers own, kept apart from the trainer layer as TRL 1.16 keeps ``trl/generation``
+apart from ``trl/trainer``.
+
+- :mod:`.keyed_sampler` -- :class:`KeyedSampler`, keyed replayable rollouts (``keyed_sampling=True``) and the rollout
+  log ``trl-ext replay`` reads; :class:`KeyedRequest` keys rows a strategy generates from token ids.
+- :mod:`.keyed_vllm` -- its vLLM side: per-request seeds through TRL's colocated engine.
+- :mod:`.vllm_colocate` -- every contact with vLLM engine internals: the weight sync that works on CPU engines.
+
+The TRL glue they need (the unwrapped generation model, the engine swap) stays in
+:mod:`trl_ext.trainers._trl_compat`, the one place that touches TRL's private names. Names are imported lazily.
+"""
+
+from .._lazy import lazy_exports
+
+_LAZY = {
+    "KeyedSampler": "keyed_sampler",
+    "KeyedRequest": "keyed_sampler",
+    "PerRequestSeedLLM": "keyed_vllm",
+    "check_vllm_keyed_config": "keyed_vllm",
+    "install_colocate_weight_sync": "vllm_colocate",
+}
+
+__all__ = list(_LAZY)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
