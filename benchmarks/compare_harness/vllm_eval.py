@@ -3,7 +3,7 @@ samples it with a fresh ``vllm.LLM``, and the parent scores the completions as t
 
 Why a child process per evaluation: the trained policy reaches the engine as a checkpoint on disk (PEFT adapters
 merged into a copy first), so nothing depends on pushing weights into a live CPU engine (which needs vLLM's
-layerwise reload and a tied-embedding fix, ``trl_ext.trainers._vllm_compat``); the engine's memory (KV cache,
+layerwise reload and a tied-embedding fix, ``trl_ext.generation.vllm_colocate``); the engine's memory (KV cache,
 ~2 GiB by default) is returned when the evaluation ends, so a training process never holds it; and the engine may
 live in another Python environment than the trainer (``--eval_vllm_python``: vLLM's CPU build pins an older
 transformers than the one the benchmark trains with).
