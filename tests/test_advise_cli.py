@@ -127,6 +127,10 @@ def test_bad_inputs_are_clear_errors(tiny):
         advise(model, tok, rows, [lambda prompts, completions, **k: [2.0] * len(completions)], **kw)
     with pytest.raises(ValueError, match="at least 2 prompts"):
         advise(model, tok, rows[:1], [planted_reward], **kw)
+    with pytest.raises(ValueError, match="no reward functions"):
+        advise(model, tok, rows, [], **kw)
+    with pytest.raises(ValueError, match="2 reward weights for 1 reward functions"):
+        advise(model, tok, rows, [planted_reward], reward_weights=[1.0, 0.5], **kw)
 
 
 def test_too_few_prompts_warns(tiny):

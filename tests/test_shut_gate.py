@@ -406,3 +406,7 @@ def test_measure_gate_conversational_prompts_and_trl_call(tiny_dir):
     assert stats.num_rollouts == 6
     with pytest.raises(ValueError, match="no 'prompt' column"):
         measure_gate(model, tok, rows, [reward], num_generations=2)
+    with pytest.raises(ValueError, match="no reward functions"):
+        measure_gate(model, tok, rows, [], num_generations=2, prompt_column="q")
+    with pytest.raises(ValueError, match="2 reward weights for 1 reward functions"):
+        measure_gate(model, tok, rows, [reward], num_generations=2, prompt_column="q", reward_weights=[1, 2])

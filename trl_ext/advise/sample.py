@@ -99,7 +99,7 @@ def _check_chat_template(rows, prompt_column, tokenizer) -> None:
 def _prepare(tokenizer, rows, reward_funcs, *, num_samples, seed, prompt_column, reward_weights, reward_range):
     """Validate the inputs; returns ``(rows, funcs, weights, prompts, prompt_ids, keys)``."""
     from trl_ext.measurement.keyed_sampling import prompt_key_of, request_key
-    from trl_ext.measurement.offline_sampling import check_prompt_rows, prompt_token_ids
+    from trl_ext.measurement.offline_sampling import check_prompt_rows, prompt_token_ids, reward_funcs_and_weights
 
     rows = [dict(r) for r in rows]
     check_prompt_rows(rows, prompt_column, empty="advise needs prompts to sample",
@@ -107,12 +107,7 @@ def _prepare(tokenizer, rows, reward_funcs, *, num_samples, seed, prompt_column,
     if num_samples < 2:
         raise ValueError(f"num_samples must be >= 2 (a pass rate and a zero-variance share need two samples), got "
                          f"{num_samples}.")
-    funcs = list(reward_funcs)
-    if not funcs:
-        raise ValueError("no reward functions given.")
-    weights = [1.0] * len(funcs) if reward_weights is None else [float(w) for w in reward_weights]
-    if len(weights) != len(funcs):
-        raise ValueError(f"{len(weights)} reward weights for {len(funcs)} reward functions.")
+    funcs, weights = reward_funcs_and_weights(reward_funcs, reward_weights)
     if reward_range is not None and not float(reward_range[1]) > float(reward_range[0]):
         raise ValueError(f"reward_range must be (low, high) with high > low, got {reward_range!r}.")
     _check_chat_template(rows, prompt_column, tokenizer)

@@ -146,7 +146,7 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
     """
     import numpy as np
 
-    from .offline_sampling import check_prompt_rows, score_completions
+    from .offline_sampling import check_prompt_rows, reward_funcs_and_weights, score_completions
     from .shut_gate import shut_gate_stats
 
     rows = [dict(r) for r in dataset]
@@ -156,12 +156,7 @@ def measure_gate(model, tokenizer, dataset, reward_funcs, *, num_generations: in
         raise ValueError(f"row_indices has {len(row_indices)} entries for {len(rows)} rows.")
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before measuring.")
-    funcs = list(reward_funcs)
-    if not funcs:
-        raise ValueError("no reward functions given.")
-    weights = [1.0] * len(funcs) if reward_weights is None else [float(w) for w in reward_weights]
-    if len(weights) != len(funcs):
-        raise ValueError(f"{len(weights)} reward weights for {len(funcs)} reward functions.")
+    funcs, weights = reward_funcs_and_weights(reward_funcs, reward_weights)
     completions, completion_ids = _sample_gate_completions(
         model, tokenizer, rows, prompt_column, num_generations=num_generations, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, batch_prompts=batch_prompts, seed=seed)

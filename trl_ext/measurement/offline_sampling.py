@@ -125,6 +125,19 @@ def reward_func_name(func: Any) -> str:
     return type(func).__name__
 
 
+def reward_funcs_and_weights(reward_funcs: Sequence[Callable], reward_weights: Sequence[float] | None
+                             ) -> tuple[list, list[float]]:
+    """``(funcs, weights)``: the reward functions as a list and one float weight each (``None``: 1.0 each, TRL's
+    default). Raises ``ValueError`` for no functions or a weight count that does not match."""
+    funcs = list(reward_funcs)
+    if not funcs:
+        raise ValueError("no reward functions given.")
+    weights = [1.0] * len(funcs) if reward_weights is None else [float(w) for w in reward_weights]
+    if len(weights) != len(funcs):
+        raise ValueError(f"{len(weights)} reward weights for {len(funcs)} reward functions.")
+    return funcs, weights
+
+
 def discard_log(*args, **kwargs) -> None:
     """The ``log_extra`` / ``log_metric`` callbacks TRL hands a reward function; outside training nothing is logged."""
     return None
