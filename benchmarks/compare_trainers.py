@@ -491,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threshold": threshold, "threshold_rule": threshold_rule, "start_accuracy": start.accuracy,
         "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,
         "amortize_over": list(AMORTIZE_OVER), "token_metric": TOKEN_METRIC, "rows": rows})
-    md = table_markdown(rows, threshold, s, threshold_rule)
+    md = table_markdown(rows, threshold, s, threshold_rule, n_eval=len(ctx.eval_ds))
     dmd = difficulty_markdown(rows, start_by_level)
     with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as f:
         f.write(md + ("\n" + dmd if dmd else ""))

@@ -173,7 +173,7 @@ def test_tokens_to_threshold_and_summary():
     assert g["tokens_to_threshold_reached"] == 1 and g["tokens_to_threshold_mean"] == 101.0
     assert g["train_wall_s_mean"] == pytest.approx(3.0)
     assert rows[1]["status"] == "skipped" and rows[1]["reason"] == "no module" and rows[1]["n_seeds"] == 0
-    md = ct.table_markdown(rows, 0.6, {"token_budget": 100, "n_eval": 10})
+    md = ct.table_markdown(rows, 0.6, {"token_budget": 100, "n_eval": 10}, n_eval=10)
     assert "skipped: no module" in md and "0.600 +- 0.141" in md
 
 

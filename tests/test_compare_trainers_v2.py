@@ -215,8 +215,10 @@ def test_basis_cost_amortization_and_table_columns():
     assert row["online_tokens"] == 40_000.0 and row["table_tokens"] == 128_000.0
     assert row["total_tokens"] == 168_000.0 and row["total_tokens_table_over_10"] == 52_800.0
     assert row["tuning_tokens"] == 120_000.0 and row["table_build_wall_s"] == 12.0
-    md = ct.table_markdown([row], 0.6, {"token_budget": 40_000, "n_eval": 10})
+    md = ct.table_markdown([row], 0.6, {"token_budget": 40_000, "n_eval": 64, "test_eval_samples": 4}, n_eval=48)
     assert "| 40000 | 128000 | 168000 | 52800 |" in md and "table / 10" in md
+    # the questions actually evaluated (a test split smaller than --n_eval), not the setting
+    assert "48 held-out questions (greedy, 4 samples each)" in md and "64 held-out" not in md
 
 
 def test_table_cost_record_counted_and_extrapolated():

@@ -152,10 +152,14 @@ def _fmt(x, spec=".3f", none="--"):
     return none if x is None else format(x, spec)
 
 
-def table_markdown(rows: Sequence[dict], threshold: float, s: dict, rule: str = "") -> str:
+def table_markdown(rows: Sequence[dict], threshold: float, s: dict, rule: str = "", *, n_eval: int) -> str:
+    """The comparison table. ``n_eval``: the held-out questions actually evaluated (the test split can hold fewer
+    than ``--n_eval`` asks for); ``s["test_eval_samples"]`` samples of each when above 1."""
     over = [n for n in AMORTIZE_OVER if n != 1]
-    head = (f"Token budget {s['token_budget']:.0f} generated training tokens per run; {s['n_eval']} held-out "
-            f"questions ({s.get('eval_mode', 'greedy')}); threshold {threshold:.3f}{f' ({rule})' if rule else ''}. "
+    k = int(s.get("test_eval_samples") or 1)
+    per_q = f", {k} samples each" if k > 1 else ""
+    head = (f"Token budget {s['token_budget']:.0f} generated training tokens per run; {n_eval} held-out "
+            f"questions ({s.get('eval_mode', 'greedy')}{per_q}); threshold {threshold:.3f}{f' ({rule})' if rule else ''}. "
             "Online tokens: "
             f"`{TOKEN_METRIC}`; table: tokens generated to build a value table (BASIS), once per warm model; total: "
             f"online + table (one run), and with the table shared by {', '.join(map(str, over))} runs.\n\n"
