@@ -4,8 +4,10 @@ Predicted side (the advice JSON recorded before any main run): per method, the t
 group size (``methods[m].saving_vs_user_grpo``: the share of generated tokens saved for the same informative signal,
 with its interval; negative = more tokens) and whether the method "pays here" (``alternatives``), and the
 recommendation. Measured side (the comparison's ``table.json``): each method's mean tokens to the threshold
-accuracy (``tokens_to_threshold_mean``, over the seeds that reached it; BASIS's table tokens counted as the table
-reports them) and its final accuracy. The measured saving is ``1 - tokens_to_threshold(method) /
+accuracy (``tokens_to_threshold_mean``, over the seeds that reached it) and its final accuracy. A method with a
+value table (BASIS) is charged its table tokens the way advise charges them: ``table_tokens / table_uses``
+(``methods[m].info.table_uses`` of the advice; 1 when absent), added to its online tokens to the threshold; the
+online-only saving is reported beside it. The measured saving is ``1 - tokens_to_threshold(method) /
 tokens_to_threshold(baseline)``; a prediction is **right in sign** when both savings have the same sign (or the
 measured saving lies in the predicted interval), **wrong** otherwise, and **untested** when a side is missing.
 
@@ -44,7 +46,8 @@ def compare(advice: dict, table: dict, baseline: str = "grpo_g8") -> dict:
 
     Returns ``{"baseline", "recommendation", "rows": [...], "sign_right", "sign_wrong", "untested"}``; a row holds
     ``method``, ``predicted_saving`` (``[value, low, high]`` or ``None``), ``pays_here`` (bool or ``None``),
-    ``tokens_to_threshold``, ``reached`` (seeds), ``measured_saving``, ``final_accuracy``, ``predicted_rank`` /
+    ``tokens_to_threshold`` (table charge included), ``table_tokens_charged``, ``online_saving`` (without the table),
+    ``reached`` (seeds), ``measured_saving``, ``final_accuracy``, ``predicted_rank`` /
     ``measured_rank`` (by saving, among methods with both) and ``verdict`` (``right`` / ``wrong`` / ``untested``).
     """
     rows_by_method = {r["method"]: r for r in table["rows"] if r.get("status", "ok") == "ok"}
@@ -55,7 +58,10 @@ def compare(advice: dict, table: dict, baseline: str = "grpo_g8") -> dict:
         pred = advice.get("methods", {}).get(name, {}).get("saving_vs_user_grpo") if name else None
         predicted = [pred["value"], pred["low"], pred["high"]] if pred else None
         pays = advice.get("alternatives", {}).get(alt, {}).get("pays_here") if alt else None
-        ttt = r.get("tokens_to_threshold_mean")
+        online = r.get("tokens_to_threshold_mean")
+        info = advice.get("methods", {}).get(name, {}).get("info", {}) if name else {}
+        table_charge = float(r.get("table_tokens") or 0.0) / float(info.get("table_uses") or 1.0)
+        ttt = online + table_charge if online else online
         measured = (1.0 - ttt / base) if (ttt and base) else None
         if method == baseline:
             verdict = "baseline"
@@ -66,6 +72,8 @@ def compare(advice: dict, table: dict, baseline: str = "grpo_g8") -> dict:
             same_sign = (value > 0) == (measured > 0) or low <= measured <= high
             verdict = "right" if same_sign else "wrong"
         rows.append({"method": method, "predicted_saving": predicted, "pays_here": pays, "tokens_to_threshold": ttt,
+                     "table_tokens_charged": table_charge,
+                     "online_saving": (1.0 - online / base) if (online and base) else None,
                      "reached": r.get("tokens_to_threshold_reached"), "measured_saving": measured,
                      "final_accuracy": r.get("final_accuracy_mean"), "verdict": verdict})
     both = {row["method"]: row for row in rows if row["predicted_saving"] and row["measured_saving"] is not None}
@@ -94,7 +102,9 @@ def markdown(result: dict) -> str:
         pays = "n/a" if row["pays_here"] is None else ("yes" if row["pays_here"] else "no")
         acc = "n/a" if row["final_accuracy"] is None else f"{row['final_accuracy']:.3f}"
         ranks = f"{row['predicted_rank'] or '-'} / {row['measured_rank'] or '-'}"
-        lines.append(f"| {row['method']} | {pred} | {pays} | {pct(row['measured_saving'])} ({row['reached']}) | "
+        table = (f"; online only {pct(row['online_saving'])}, table {row['table_tokens_charged']:,.0f} tokens charged"
+                 if row["table_tokens_charged"] else "")
+        lines.append(f"| {row['method']} | {pred} | {pays} | {pct(row['measured_saving'])} ({row['reached']}{table}) | "
                      f"{acc} | {ranks} | {row['verdict']} |")
     lines.append(f"\nSign right {result['sign_right']}, wrong {result['sign_wrong']}, untested {result['untested']}.")
     return "\n".join(lines)

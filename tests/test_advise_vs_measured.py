@@ -49,6 +49,19 @@ def test_compare_signs_ranks_and_untested_rows():
     assert "| v05_osla | -7 % [-10 %, -2 %] | yes | +10 % (3) |" in md and "wrong" in md
 
 
+def test_a_value_table_is_charged_as_advise_charges_it():
+    m = _mod()
+    advice = {**ADVICE, "methods": {**ADVICE["methods"], "basis": {**_saving(-28.0, -29.0, -26.0),
+                                                                  "info": {"table_uses": 2.0}}}}
+    table = {"rows": [TABLE["rows"][0], {"method": "basis", "tokens_to_threshold_mean": 2000.0,
+                                         "tokens_to_threshold_reached": 1, "table_tokens": 40000.0}]}
+    row = {r["method"]: r for r in m.compare(advice, table, "grpo_g8")["rows"]}["basis"]
+    assert row["table_tokens_charged"] == 20000.0 and row["tokens_to_threshold"] == 22000.0
+    assert row["measured_saving"] == pytest.approx(1 - 22000 / 4000) and row["verdict"] == "right"
+    assert row["online_saving"] == pytest.approx(0.5)  # online tokens alone would have read a saving
+    assert "online only +50 %, table 20,000 tokens charged" in m.markdown(m.compare(advice, table, "grpo_g8"))
+
+
 def test_cli_writes_json_and_refuses_a_table_without_the_baseline(tmp_path, capsys):
     m = _mod()
     (tmp_path / "a.json").write_text(json.dumps(ADVICE))
