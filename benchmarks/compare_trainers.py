@@ -471,6 +471,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs.extend({**rec, "seed": other} for other in s["seeds"][i + 1:])
                 break
 
+    if args.queue_job:  # one run of a --jobs queue: the queue's own invocation writes the report
+        for r in runs:
+            print(f"[{r['method']} seed {r['seed']}] {r['status']}: final accuracy "
+                  f"{r.get('final_accuracy', float('nan')):.3f} at {r.get('tokens', 0):.0f} tokens", flush=True)
+        return 0
     threshold, threshold_rule = choose_threshold(runs, s["threshold"], start.accuracy, s["threshold_reference"])
     rows = summarize(runs, threshold, start.accuracy, tune_runs)
     verdicts = compute_verdicts(runs, rows, s)

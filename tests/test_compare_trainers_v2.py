@@ -710,7 +710,7 @@ def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path / "logs" / "jobs")) == [
         "grpo_g8_seed0.log", "grpo_g8_seed1.log", "reinforce_pp_seed0.log", "v05_osla_seed0.log"]
     assert started[0].cmd[:4] == [sys.executable, "x.py", "--scale", "smollm2"]
-    assert started[0].cmd[-3:] == ["--jobs", "1", "--no_plots"]
+    assert started[0].cmd[-4:] == ["--jobs", "1", "--no_plots", "--queue_job"]
 
 
 def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
@@ -722,6 +722,9 @@ def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
     logs = sorted(os.listdir(out / "logs" / "jobs"))
     assert logs == ["grpo_g8_seed0.log", "reinforce_pp_seed0.log"]
     assert all("[lr]" in (out / "logs" / "jobs" / f).read_text() for f in logs)  # each job tuned its own method
+    # a job writes no report (concurrent jobs would race on runs.json / table.json); the queue's invocation does
+    assert not any("| method | lr |" in (out / "logs" / "jobs" / f).read_text() for f in logs)
+    assert all("] ok: final accuracy" in (out / "logs" / "jobs" / f).read_text() for f in logs)
     doc = json.loads((out / "runs.json").read_text())
     assert {(r["method"], r["status"]) for r in doc["runs"]} == {("grpo_g8", "ok"), ("reinforce_pp", "ok")}
     assert set(json.loads((out / "lr_choice.json").read_text())["methods"]) == {"grpo_g8", "reinforce_pp"}

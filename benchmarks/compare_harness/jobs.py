@@ -116,7 +116,7 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
              out: str, script: str, bind_vllm: bool = False, poll_s: float = 5.0,
              popen: Callable = subprocess.Popen) -> None:
     """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus
-    ``--methods <m> --seeds <s> --jobs 1 --no_plots``, logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
+    ``--methods <m> --seeds <s> --jobs 1 --no_plots --queue_job`` (no report: this invocation writes it), logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
     ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot
     (``VLLM_CPU_OMP_THREADS_BIND``, unless set). A failed job stops new starts; the others finish, then the
     invocation stops with the failed logs named (finished runs are reused when the command is run again)."""
@@ -145,7 +145,7 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
                 if bind_vllm and "VLLM_CPU_OMP_THREADS_BIND" not in env:
                     env["VLLM_CPU_OMP_THREADS_BIND"] = str(slot % (os.cpu_count() or 1))
                 cmd = [sys.executable, script, *argv, "--methods", job.method, "--seeds", str(job.seed), "--jobs",
-                       "1", "--no_plots"]
+                       "1", "--no_plots", "--queue_job"]
                 print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{job.peak_gb:g} GB; log {log})",
                       flush=True)
                 with open(log, "a", encoding="utf-8") as f:

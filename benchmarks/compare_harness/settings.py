@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after the learning-rate tuning (lr_choice.json written): the main runs wait for a "
                         "later invocation (tuning first, while the evaluation design of the main runs is settled)")
     p.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
+    # set by --jobs on the invocations it starts (one run each): train or reuse the run, write no report (the
+    # parent writes one report from every run once its queue is done; concurrent jobs would race on its files)
+    p.add_argument("--queue_job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--update_norms", action="store_true",
                    help="record the parameter update norm ||theta_t - theta_{t-1}|| of every optimizer step in the "
                         "run's trace (copies the trainable parameters once per step: fine for the testbed)")
