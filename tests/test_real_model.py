@@ -277,6 +277,26 @@ def _losses(trainer) -> list[float]:
 
 @pytest.mark.real_model
 @pytest.mark.timeout(900)
+def test_v05_gradient_checkpointing_trains_bitwise_the_same_on_the_real_model(real_model_dir, two_rank_module,
+                                                                               tmp_path):
+    """docs/v05.md "Activation memory": gradient checkpointing, the results-preserving way to shrink V0.5's
+    oversized loss micro-batches, leaves a V0.5 step on SmolLM2 + LoRA bitwise unchanged (CPU)."""
+    import torch
+
+    states = []
+    for gc_on in (False, True):
+        tr = two_rank_module.build_trainer("v05", real_model_dir, str(tmp_path / str(gc_on)), max_steps=1,
+                                           overrides={"gradient_checkpointing": gc_on, "save_strategy": "no"})
+        tr.train()
+        assert tr.args.gradient_checkpointing is gc_on and tr.state.log_history[0]["v05/extra_rollouts"] > 0
+        states.append(two_rank_module.lora_state(tr.model))
+    assert states[0].keys() == states[1].keys() and len(states[0]) > 0
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    assert any(v.abs().sum() > 0 for k, v in states[0].items() if "lora_B" in k)  # LoRA B starts at 0: it trained
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["grpo", "dapo", "v05", "basis", "pair"])
 def test_trainer_two_steps_adapter_and_resume(kind, real_model_dir, two_rank_module, tmp_path, request):
     import torch

@@ -190,6 +190,23 @@ def test_loss_micro_batches_hold_the_extra_rollouts(tmp_path, rows):
     assert seen == {1.0: [64], 0.0: [32]}  # per_device_train_batch_size = 32, one micro-batch per generation
 
 
+def test_gradient_checkpointing_trains_bitwise_the_same(tmp_path, rows):
+    """The results-preserving memory workaround (docs/v05.md "Activation memory"): with gradient checkpointing the
+    oversized micro-batches of OSLA's extra rollouts train to bitwise the same weights (CPU, two steps, two loss
+    micro-batches per generation); only the activation memory (and recomputation time) changes."""
+    bad, ds, weights = set(rows[:4]), _dataset(), {}
+    for gc in (False, True):
+        tr = make(tmp_path / str(gc), prior=flipped_prior(ds, bad), ds=ds, max_steps=2, per_device_train_batch_size=16,
+                  gradient_accumulation_steps=2, steps_per_generation=2, gradient_checkpointing=gc)
+        tr.train()
+        assert tr.args.gradient_checkpointing is gc and tr.state.log_history[0]["v05/extra_rollouts"] > 0
+        weights[gc] = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
+    assert weights[False].keys() == weights[True].keys()
+    assert all(torch.equal(weights[False][k], weights[True][k]) for k in weights[False])
+    assert any(not torch.equal(weights[False][k], make(tmp_path / "init", prior=ConstantPrior(0.5)).model.get_parameter(k))
+               for k in weights[False])  # training moved the weights: the comparison is not vacuous
+
+
 @pytest.mark.parametrize("n_bad,frac,stops", [(2, 0.25, False), (1, 0.25, True), (1, 0.0, False), (2, 0.3, True)])
 def test_global_stop_at_threshold(tmp_path, rows, n_bad, frac, stops):
     bad = set(rows[:n_bad])

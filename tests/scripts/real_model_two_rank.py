@@ -49,8 +49,9 @@ def train_dataset(n: int = 4):
 
 
 def build_trainer(kind: str, model_dir: str, out_dir: str, *, max_steps: int, world: int = 1, dataset=None,
-                  value_table: str | None = None, rewards=None):
-    """A trainer of ``kind`` on the real model with LoRA (r 8, q_proj/v_proj), 2 prompts per step (BASIS: 4 x 1)."""
+                  value_table: str | None = None, rewards=None, overrides: dict | None = None):
+    """A trainer of ``kind`` on the real model with LoRA (r 8, q_proj/v_proj), 2 prompts per step (BASIS: 4 x 1);
+    ``overrides``: config fields set on top of the shared ones."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -63,6 +64,7 @@ def build_trainer(kind: str, model_dir: str, out_dir: str, *, max_steps: int, wo
                   logging_steps=1, save_strategy="steps", save_steps=1, report_to="none", disable_tqdm=True, seed=0,
                   dataloader_num_workers=0, gradient_checkpointing=False,
                   reward_weights=REWARD_WEIGHTS)
+    common.update(overrides or {})
     kw = dict(model=model, reward_funcs=rewards or reward_funcs(), train_dataset=ds, processing_class=tok,
               peft_config=lora_config())
     if kind in ("grpo", "dapo"):
