@@ -7,18 +7,6 @@ apart from ``trl/trainer``.
 - :mod:`.vllm_colocate` -- every contact with vLLM engine internals: the weight sync that works on CPU engines.
 
 The TRL glue they need (the unwrapped generation model, the engine swap) stays in
-:mod:`trl_ext.trainers._trl_compat`, the one place that touches TRL's private names. Names are imported lazily.
+:mod:`trl_ext.trainers._trl_compat`, the one place that touches TRL's private names. Import from the modules
+(``from trl_ext.generation.keyed_sampler import KeyedSampler``): the package exports nothing itself.
 """
-
-from .._lazy import lazy_exports
-
-_LAZY = {
-    "KeyedSampler": "keyed_sampler",
-    "KeyedRequest": "keyed_sampler",
-    "PerRequestSeedLLM": "keyed_vllm",
-    "check_vllm_keyed_config": "keyed_vllm",
-    "install_colocate_weight_sync": "vllm_colocate",
-}
-
-__all__ = list(_LAZY)
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
