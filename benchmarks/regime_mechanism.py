@@ -9,7 +9,9 @@ seeds (a trend over training: PAIR's head AUC, BASIS's beta):
   ``frac_reward_zero_std`` for TRL's own groups), the share of rows that carry signal (``ext/signal_row_frac``), generated tokens and rollouts per step;
 * V0.5: rollouts per prompt (mean, max), OSLA rounds, the prior's rejection rate and Brier score, the mean shrinkage
   weight on the prior; DAPO: the keep rate and refill rounds; BASIS: ``beta_t`` and the baseline's mean squared error
-  against the realised rewards (``basis/mean_sq_advantage``, the advantage being ``r - b``); James-Stein: the
+  against the realised rewards (``basis/mean_sq_advantage``, the advantage being ``r - b``) and its ratio to the
+  batch mean's (``basis/mse_vs_batch_mean``, :func:`add_baseline_mse_ratio`: below 1, the table's baseline predicts
+  the rewards better than the step's own mean would); James-Stein: the
   shrinkage weight; PAIR: ESS, inclusion probabilities, the heads' AUC and Brier score, completed candidates per group,
   and how long its design stayed in warm-up (uniform inclusion until the heads hold ``pair_head_min_labels`` labels).
 
@@ -37,7 +39,8 @@ METHOD_KEYS: dict[str, tuple[str, ...]] = {
     "v05_osla": ("v05/rollouts_per_prompt_mean", "v05/rollouts_per_prompt_max", "v05/rounds", "v05/rejection_rate",
                  "v05/prior_brier", "v05/mean_weight", "v05/extra_rollouts"),
     "dapo_dynamic": ("dapo/keep_rate", "dapo/rounds", "dapo/batch_fill"),
-    "basis": ("basis/beta", "basis/mean_sq_advantage", "basis/mean_baseline"),
+    "basis": ("basis/beta", "basis/mean_sq_advantage", "basis/mean_baseline", "basis/mse_vs_batch_mean",
+              "basis/mse_vs_loo_mean"),
     "james_stein": ("adv/js_lambda", "adv/js_v2", "adv/js_s2"),
     "pair": ("pair/ess_mean", "pair/pi_min", "pair/pi_mean", "pair/max_weight", "pair/head_auc", "pair/head_brier",
              "pair/completed_per_group", "pair/tokens_saved_vs_full_group", "pair/head_labels"),
@@ -48,6 +51,31 @@ PAIR_MIN_LABELS = 64
 
 def _finite(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def add_baseline_mse_ratio(trace: Sequence[dict]) -> list[dict]:
+    """``trace`` with ``basis/mse_vs_batch_mean`` added to each BASIS step: ``basis/mean_sq_advantage`` (the mean of
+    ``(r_i - b_i)^2`` over the step's rows) divided by ``rbar (1 - rbar)``, the mean squared error of the step's own
+    batch mean as the baseline when every reward is 0 or 1 (``rbar``: the step's mean ``reward``). A ratio below 1:
+    the value table's baseline is closer to the realised rewards than the batch mean; above 1: farther. Also
+    ``basis/mse_vs_loo_mean``, the ratio to the leave-one-out batch mean's error, ``(n / (n - 1))^2 rbar (1 - rbar)``
+    with ``n`` the step's rows (``ext/rollouts``; ``r_i - mean_{j != i} r_j = n / (n - 1) (r_i - rbar)``): the
+    baseline a leave-one-out estimator with no table would use.
+
+    Valid only for a 0/1 reward (``steps_matched``'s accuracy reward); steps with ``rbar`` in {0, 1} (no variance
+    to explain) or without the two keys get no ratio (skipped by :func:`summarize_metric`, not counted as zero).
+    """
+    out = []
+    for step in trace:
+        msa, rbar = step.get("basis/mean_sq_advantage"), step.get("reward")
+        if _finite(msa) and _finite(rbar) and 0.0 < rbar < 1.0:
+            ratio = float(msa) / (float(rbar) * (1.0 - float(rbar)))
+            step = {**step, "basis/mse_vs_batch_mean": ratio}
+            n = step.get("ext/rollouts")
+            if _finite(n) and n > 1:
+                step["basis/mse_vs_loo_mean"] = ratio * ((n - 1.0) / n) ** 2
+        out.append(step)
+    return out
 
 
 def summarize_metric(traces: Sequence[Sequence[dict]], key: str) -> dict | None:
@@ -152,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {"source": "tuning runs at the chosen rates" if args.tuning else "main runs", "methods": {}}
     for method, recs in records.items():
         traces = [t for t in (_load_trace(args.output_dir, r) for r in recs) if t]
+        if method == "basis":
+            traces = [add_baseline_mse_ratio(t) for t in traces]
         doc["methods"][method] = {**summarize_method(method, traces), "seeds": sorted(r["seed"] for r in recs),
                                   "learning_rate": recs[0].get("learning_rate")}
         if method == "pair":

@@ -68,3 +68,27 @@ def test_pair_design_warmup_counts_steps_designed_before_the_heads_were_ready():
     assert w["warmup_share"] == pytest.approx((3 / 4 + 1.0) / 2)
     assert m.pair_warmup([[{"reward": 1.0}]]) is None
     assert m.pair_warmup([run_a], min_labels=30)["first_headed_step"] == [2]
+
+
+def test_basis_baseline_mse_ratio_against_the_batch_mean_of_a_binary_reward(tmp_path):
+    m = _mod()
+    # 4 rows with rewards 1, 0, 0, 0: the batch mean 0.25 has MSE 0.25 * 0.75 = 0.1875 (exact enumeration)
+    rewards = [1.0, 0.0, 0.0, 0.0]
+    rbar = sum(rewards) / 4
+    assert sum((r - rbar) ** 2 for r in rewards) / 4 == pytest.approx(rbar * (1 - rbar))
+    baselines = [0.9, 0.1, 0.0, 0.2]  # a table that predicts the rewards better than the batch mean
+    msa = sum((r - b) ** 2 for r, b in zip(rewards, baselines)) / 4
+    loo = [rewards[i] - (sum(rewards) - rewards[i]) / 3 for i in range(4)]
+    loo_mse = sum(a * a for a in loo) / 4  # the leave-one-out batch mean's error, enumerated
+    trace = [{"reward": rbar, "basis/mean_sq_advantage": msa, "ext/rollouts": 4.0},
+             {"reward": 0.0, "basis/mean_sq_advantage": 0.0},  # no variance to explain: no ratio
+             {"reward": 0.5}]  # no baseline error logged: no ratio
+    out = m.add_baseline_mse_ratio(trace)
+    assert out[0]["basis/mse_vs_batch_mean"] == pytest.approx(msa / 0.1875) and out[0]["basis/mse_vs_batch_mean"] < 1
+    assert out[0]["basis/mse_vs_loo_mean"] == pytest.approx(msa / loo_mse)
+    assert "basis/mse_vs_batch_mean" not in out[1] and "basis/mse_vs_batch_mean" not in out[2]
+    assert "basis/mse_vs_batch_mean" not in trace[0]  # the input trace is not modified
+    _write_run(str(tmp_path), "basis", 0, 1e-3, trace)
+    assert m.main(["--output_dir", str(tmp_path)]) == 0
+    got = json.load(open(tmp_path / "mechanism.json"))["methods"]["basis"]["metrics"]["basis/mse_vs_batch_mean"]
+    assert got["mean"] == pytest.approx(msa / 0.1875) and got["runs"] == 1
