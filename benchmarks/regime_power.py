@@ -122,6 +122,27 @@ def seeds_needed(cal: dict, target: float, questions: int | None, samples: int) 
     return int(math.ceil((Z / target) ** 2 * (cal["var_train"] + ve)))
 
 
+def method_half_widths(curves: dict, baseline: str, target: float) -> dict:
+    """Each method's realised two-level half-width of its AUC difference against ``baseline`` (``curves``: the JSON
+    of ``trl-ext curves --questions``), and the seeds that would bring it to ``target`` at the same spread.
+
+    With ``S`` seeds and half-width ``hw``, the interval shrinks as ``1 / sqrt(S)`` (P4 with the method's own
+    variance): ``seeds_for_target = ceil(S (hw / target)^2)`` (``S`` itself when already met). Methods without a
+    finite two-level interval (one seed, or no question-level outcomes) are left out.
+    """
+    out = {}
+    for m, rec in curves["methods"].items():
+        ci = rec.get("auc_diff_ci_two_level")
+        if m == baseline or not ci or not all(map(math.isfinite, ci)):
+            continue
+        seeds = len(rec.get("seeds") or [])
+        hw = (ci[1] - ci[0]) / 2
+        out[m] = {"seeds": seeds, "auc_diff": rec.get("auc_diff"), "ci_two_level": list(ci), "half_width": hw,
+                  "meets_target": hw <= target,
+                  "seeds_for_target": seeds if hw <= target else int(math.ceil(seeds * (hw / target) ** 2 - 1e-9))}
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs_json", required=True)
@@ -146,6 +167,10 @@ def main(argv=None) -> int:
             ci = rec.get("auc_diff_ci_two_level")
             if m != args.baseline and ci and all(map(math.isfinite, ci)):
                 check[m] = {"committed_half_width": (ci[1] - ci[0]) / 2, "predicted_half_width": pred}
+        per_method = method_half_widths(cur, args.baseline, args.target)
+        for m, r in per_method.items():
+            check[m].update(seeds=r["seeds"], seeds_for_target=r["seeds_for_target"],
+                            meets_target=r["meets_target"])
     # the other bound: evaluation noise common to both methods of a seed (the harness samples every method's
     # evaluation with the same seed) cancels in d_s, all of var(d) is training and more evaluation does not help
     pessimistic = {f"hw_S{s}": Z * math.sqrt(cal["var_d_pooled"] / s) for s in (3, 5, 6, 8, 10)}
@@ -162,8 +187,9 @@ def main(argv=None) -> int:
     print("  if evaluation noise cancelled in the paired difference (any Q, M): " +
           "  ".join(f"S={k[4:]} {v:.3f}" for k, v in pessimistic.items()))
     for m, c in check.items():
-        print(f"  check {m}: committed two-level half-width {c['committed_half_width']:.3f}, "
-              f"predicted {c['predicted_half_width']:.3f}")
+        print(f"  check {m}: committed two-level half-width {c['committed_half_width']:.3f} at {c['seeds']} seeds "
+              f"(predicted {c['predicted_half_width']:.3f}); seeds for +-{args.target:.2f} at its own spread: "
+              f"{c['seeds_for_target']}{' (met)' if c['meets_target'] else ''}")
     if args.output:
         from trl_ext._io import write_json
 

@@ -56,3 +56,21 @@ def test_calibration_on_the_committed_benchmark_matches_its_intervals():
     committed = json.load(open(os.path.join(ROOT, "benchmarks", "results", "compare", "smollm2", "steps_matched_t07",
                                             "power_design.json")))
     assert committed["calibration"]["var_train"] == pytest.approx(cal["var_train"])
+
+
+def test_method_half_widths_scale_seeds_by_the_squared_ratio():
+    rp = _mod()
+    curves = {"methods": {
+        "grpo_g8": {"seeds": [0, 1, 2], "auc_diff_ci_two_level": [0.0, 0.0]},  # the baseline: left out
+        "a": {"seeds": [0, 1, 2], "auc_diff": 0.01, "auc_diff_ci_two_level": [-0.07, 0.09]},  # hw 0.08
+        "b": {"seeds": [0, 1, 2, 3, 4], "auc_diff_ci_two_level": [-0.04, 0.05]},  # hw 0.045: met
+        "c": {"seeds": [0], "auc_diff_ci_two_level": [float("nan"), float("nan")]},  # no interval: left out
+    }}
+    out = rp.method_half_widths(curves, "grpo_g8", 0.05)
+    assert set(out) == {"a", "b"}
+    assert out["a"]["half_width"] == pytest.approx(0.08) and not out["a"]["meets_target"]
+    assert out["a"]["seeds_for_target"] == 8  # ceil(3 * (0.08 / 0.05)^2) = ceil(7.68)
+    # the count it returns reaches the target under 1/sqrt(S) scaling and one seed fewer does not
+    s = out["a"]["seeds_for_target"]
+    assert 0.08 * np.sqrt(3 / s) <= 0.05 < 0.08 * np.sqrt(3 / (s - 1))
+    assert out["b"]["meets_target"] and out["b"]["seeds_for_target"] == 5
