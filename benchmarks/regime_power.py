@@ -14,7 +14,8 @@ M):
   read from the benchmark's value table, several samples per prompt; ``h = 1`` is the upper bound);
 * (P3) the per-seed paired difference ``d_s = AUC_A,s - AUC_B,s`` has variance ``var_T + var_E,A + var_E,B``;
   ``var_T`` (training randomness, which more evaluation cannot remove) is the pooled across-seed variance of
-  ``d_s`` over every method paired with the baseline, minus the evaluation part;
+  ``d_s`` over every method paired with the baseline, minus the evaluation part at the runs' own ``M0`` samples per
+  question (``settings.test_eval_samples`` in ``runs.json``, 1 when absent);
 * (P4) ``half-width(S, Q, M) = z_0.975 sqrt((var_T + var_E(Q0, 1) (Q0 / Q) / M) / S)``.
 
 The calibration's own check: P4 at the benchmark's design against its committed two-level intervals
@@ -70,12 +71,20 @@ def heterogeneity(value_table: str | None) -> tuple[float, int]:
     return float(np.mean(per) / (pbar * (1 - pbar))), len(per)
 
 
+def training_variance(var_d: float, var_eval_per_sample: float, eval_samples: int) -> float:
+    """P3 solved for ``var_T``: the pooled variance of the paired differences less their evaluation part, which the
+    runs' own evaluations averaged over ``eval_samples`` samples per question (clipped at 0)."""
+    return max(var_d - var_eval_per_sample / eval_samples, 0.0)
+
+
 def calibrate(runs_json: str, baseline: str, value_table: str | None) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from trl_ext.stats.curves_cli import question_level_arrays
 
     arrays, _, qids = question_level_arrays(runs_json, None)
     q0 = len(qids)
+    with open(runs_json, encoding="utf-8") as f:  # samples per question of the runs' evaluations (M0)
+        m0 = int((json.load(f).get("settings") or {}).get("test_eval_samples") or 1)
     budget = min(float(t[:, -1].min()) for _, t, _ in arrays.values())
     h, n_prompts = heterogeneity(value_table)
     b_o, b_t, b_seeds = arrays[baseline]
@@ -103,12 +112,12 @@ def calibrate(runs_json: str, baseline: str, value_table: str | None) -> dict:
         dof += d.size - 1
         var_e_pairs.append(float(np.mean(ve)))
     var_d = dev2 / dof
-    var_e = float(np.mean(var_e_pairs))
-    var_t = max(var_d - var_e, 0.0)
+    var_e = float(np.mean(var_e_pairs))  # per single evaluation sample (P2 with M = 1)
+    var_t = training_variance(var_d, var_e, m0)
     return {"runs_json": os.path.relpath(runs_json), "baseline": baseline, "budget": budget, "n_questions": q0,
             "n_seeds": len(b_seeds), "heterogeneity_h": h, "heterogeneity_prompts": n_prompts,
-            "var_d_pooled": var_d, "var_d_dof": dof, "var_eval": var_e, "var_train": var_t,
-            "eval_share": var_e / var_d if var_d > 0 else math.nan, "pairs": pairs}
+            "eval_samples": m0, "var_d_pooled": var_d, "var_d_dof": dof, "var_eval": var_e, "var_train": var_t,
+            "eval_share": var_e / m0 / var_d if var_d > 0 else math.nan, "pairs": pairs}
 
 
 def half_width(cal: dict, seeds: int, questions: int | None, samples: int) -> float:
@@ -154,7 +163,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cal = calibrate(args.runs_json, args.baseline, args.value_table)
     designs = []
-    for q, m in ((cal["n_questions"], 1), (48, 1), (48, 4), (48, 8), (192, 1), (None, 1)):
+    for q, m in ((cal["n_questions"], cal["eval_samples"]), (48, 1), (48, 4), (48, 8), (192, 1), (None, 1)):
         row = {"questions": q, "samples": m, "seeds_needed": seeds_needed(cal, args.target, q, m)}
         row.update({f"hw_S{s}": half_width(cal, s, q, m) for s in (3, 5, 8, 10)})
         designs.append(row)
@@ -162,7 +171,7 @@ def main(argv=None) -> int:
     if args.curves_json:
         with open(args.curves_json, encoding="utf-8") as f:
             cur = json.load(f)
-        pred = half_width(cal, cal["n_seeds"], cal["n_questions"], 1)
+        pred = half_width(cal, cal["n_seeds"], cal["n_questions"], cal["eval_samples"])
         for m, rec in cur["methods"].items():
             ci = rec.get("auc_diff_ci_two_level")
             if m != args.baseline and ci and all(map(math.isfinite, ci)):
@@ -177,9 +186,10 @@ def main(argv=None) -> int:
     out = {"calibration": cal, "target_half_width": args.target, "designs": designs, "check": check,
            "if_evaluation_noise_cancels": pessimistic,
            "command": "python " + " ".join([os.path.relpath(__file__), *(argv if argv is not None else sys.argv[1:])])}
-    print(f"calibration on {cal['runs_json']} ({cal['n_seeds']} seeds, {cal['n_questions']} questions, 1 sample): "
-          f"var(d) {cal['var_d_pooled']:.5f} ({cal['var_d_dof']} dof) = train {cal['var_train']:.5f} + eval "
-          f"{cal['var_eval']:.5f} (eval share {cal['eval_share']:.2f}; h = {cal['heterogeneity_h']:.2f})")
+    print(f"calibration on {cal['runs_json']} ({cal['n_seeds']} seeds, {cal['n_questions']} questions, "
+          f"{cal['eval_samples']} sample(s) each): var(d) {cal['var_d_pooled']:.5f} ({cal['var_d_dof']} dof) = train "
+          f"{cal['var_train']:.5f} + eval {cal['var_eval'] / cal['eval_samples']:.5f} (per sample {cal['var_eval']:.5f}; "
+          f"eval share {cal['eval_share']:.2f}; h = {cal['heterogeneity_h']:.2f})")
     for r in designs:
         q = "no eval noise" if r["questions"] is None else f"Q {r['questions']} x M {r['samples']}"
         print(f"  {q:>16}: half-width S=3 {r['hw_S3']:.3f}  S=5 {r['hw_S5']:.3f}  S=8 {r['hw_S8']:.3f}  "

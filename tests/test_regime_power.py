@@ -74,3 +74,14 @@ def test_method_half_widths_scale_seeds_by_the_squared_ratio():
     s = out["a"]["seeds_for_target"]
     assert 0.08 * np.sqrt(3 / s) <= 0.05 < 0.08 * np.sqrt(3 / (s - 1))
     assert out["b"]["meets_target"] and out["b"]["seeds_for_target"] == 5
+
+
+def test_training_variance_removes_the_evaluation_part_at_the_runs_own_samples():
+    rp = _mod()
+    # var(d) = var_T + var_E1 / M0: with 4 samples per question only a quarter of the per-sample noise is in var(d)
+    assert rp.training_variance(0.0066, 0.0016, 1) == pytest.approx(0.0050)
+    assert rp.training_variance(0.0066, 0.0016, 4) == pytest.approx(0.0062)
+    assert rp.training_variance(0.001, 0.0016, 1) == 0.0  # clipped, never negative
+    cal = {"var_train": rp.training_variance(0.0066, 0.0016, 4), "var_eval": 0.0016, "n_questions": 48}
+    # the half-width at the runs' own design (S seeds, Q0, M0) reproduces var(d) / S
+    assert rp.half_width(cal, 5, 48, 4) == pytest.approx(rp.Z * np.sqrt(0.0066 / 5))
