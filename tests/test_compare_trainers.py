@@ -370,3 +370,29 @@ def test_settings_validation():
                                                "--config_overrides", '{"loss_type": "dapo"}']))
     assert s["methods"] == ct.SMOKE["methods"] and s["seeds"] == [0]
     assert s["config_overrides"] == {"loss_type": "dapo", "use_vllm": True}
+
+
+def test_checkpoint_train_wall_excludes_its_own_evaluation(tmp_path, monkeypatch):
+    """A curve point's ``train_wall_s`` is the training time before that checkpoint's evaluation (it used to include
+    the evaluation itself: the final point then read more training time than the whole run)."""
+    import sys
+    import time
+
+    from trl_ext.testbed import save_tiny_model
+
+    runs_mod = sys.modules["compare_harness.runs"]
+    real_eval = runs_mod.evaluate_checkpoint
+
+    def slow_eval(*a, **k):
+        time.sleep(1.0)
+        return real_eval(*a, **k)
+
+    monkeypatch.setattr(runs_mod, "evaluate_checkpoint", slow_eval)
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    assert ct.main(["--output_dir", str(out), "--smoke", "--no_plots", "--model_name_or_path", model_dir,
+                    "--methods", "grpo_g4", "--seeds", "0"]) == 0
+    (run,) = json.loads((out / "runs.json").read_text())["runs"]
+    walls = [p["train_wall_s"] for p in run["curve"]]
+    assert len(walls) == 2 and run["eval_wall_s"] >= 2.0  # two evaluations of >= 1 s each
+    assert walls == sorted(walls) and walls[-1] <= run["train_wall_s"] + 0.05

@@ -143,6 +143,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
 
     def evaluate(nominal: float, tokens: float, step: int, is_final: bool) -> None:
         t = time.perf_counter()
+        trained_s = train_wall()  # read before this evaluation runs: it is not training time
         model = model_holder["trainer"].model
         last = model_holder.get("last_eval")
         if last is not None and last[:2] == (step, tokens):  # several checkpoints crossed in one step: same model
@@ -151,7 +152,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
             g, sampled = evaluate_checkpoint(ctx, model, seed, split)
             model_holder["last_eval"] = (step, tokens, g, sampled)
         sampled_primary = s.get("eval_mode") == "sampled"  # then g holds the sampled evaluation
-        point = {"nominal_tokens": nominal, "tokens": tokens, "step": step, "train_wall_s": train_wall(),
+        point = {"nominal_tokens": nominal, "tokens": tokens, "step": step, "train_wall_s": trained_s,
                  "accuracy": g.accuracy, ("sampled_accuracy" if sampled_primary else "greedy_accuracy"): g.accuracy}
         if sampled is not None:
             point["sampled_accuracy"] = sampled.accuracy
