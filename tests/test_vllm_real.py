@@ -133,11 +133,23 @@ def check_common(rec: dict, *, mean_tol: float = LOGP_MEAN_TOL, p90_tol: float =
 
 
 # ----------------------------------------------------------------------------------------------------- tests
-def test_plain_trl_weight_sync_fails_on_a_cpu_engine(tiny_dir, tmp_path):
-    """Why trl_ext replaces the sync on CPU engines: TRL 1.16's per-parameter load_weights hits CPU-repacked layers."""
+def test_plain_trl_weight_sync_fails_on_a_cpu_engine_that_repacks(tiny_dir, tmp_path):
+    """Why trl_ext replaces the sync on CPU engines: TRL 1.16's per-parameter load_weights hits CPU-repacked layers.
+
+    Whether vLLM repacks depends on the CPU (oneDNN builds the tiny model's fp32 matmul on some, not on others): where
+    it repacks, plain TRL fails at its first sync; where it keeps the weights, plain TRL trains and its engine follows
+    the policy. Either way the test checks the outcome that the engine's state implies.
+    """
     (rec,) = run_scenario("trl_plain", tmp_path, tiny_dir)
+    assert "traceback" not in rec or "weight_loader" in rec.get("error", ""), rec.get("traceback")
     assert rec["weight_sync"] is None  # a plain TRL trainer, untouched
-    assert "weight_loader" in rec.get("error", ""), rec.get("error")
+    print(f"\n[vllm] engine repacked its linear layers: {rec['engine_repacked_linears']}")
+    if rec["engine_repacked_linears"]:
+        assert "weight_loader" in rec.get("error", ""), rec.get("error")
+    else:
+        assert "error" not in rec and rec["global_step"] == 2, rec.get("error")
+        w = rec["weights"]
+        assert w["mean_gap_policy"] < LOGP_MEAN_TOL and w["mean_gap_untrained"] > SEPARATION * w["mean_gap_policy"], w
 
 
 def test_grpo_counts_weights_and_resume(tiny_dir, tmp_path):

@@ -190,6 +190,21 @@ def build(scenario: str, model_dir: str, out_dir: str, steps: int, world: int, t
     raise SystemExit(f"unknown scenario {scenario!r}")
 
 
+def engine_repacked_linears(llm) -> bool:
+    """Whether vLLM's CPU backend replaced the engine's linear weights by packed copies (oneDNN or SGL kernels).
+
+    It does where it can build such a kernel for the layer (``dispatch_cpu_unquantized_gemm`` in vLLM's
+    ``model_executor/layers/utils.py``) and otherwise keeps the weight and calls ``torch.nn.functional.linear``: on
+    some CPUs (an AVX2 AMD EPYC here) oneDNN cannot build the tiny model's fp32 matmul, so nothing is repacked.
+    """
+    from vllm.model_executor.layers.linear import LinearBase
+
+    from trl_ext.generation.vllm_colocate import engine_model
+
+    linears = [m for m in engine_model(llm).modules() if isinstance(m, LinearBase)]
+    return any(m.weight.numel() == 0 for m in linears)
+
+
 def run(args) -> dict:
     from accelerate import PartialState
 
@@ -198,7 +213,8 @@ def run(args) -> dict:
     tr = build(args.scenario, args.model_dir, os.path.join(args.out_dir, "run"), args.steps, world, args.table)
     rec = Recorder(tr.vllm_generation.llm, lambda: tr.state.global_step)
     record = {"rank": state.process_index, "world_size": world, "scenario": args.scenario,
-              "weight_sync": getattr(tr, "vllm_weight_sync", None)}
+              "weight_sync": getattr(tr, "vllm_weight_sync", None),
+              "engine_repacked_linears": engine_repacked_linears(tr.vllm_generation.llm)}
     import vllm
 
     record["vllm_version"] = vllm.__version__
@@ -212,7 +228,7 @@ def run(args) -> dict:
     record["calls"] = rec.calls
     record["log_history"] = tr.state.log_history
     record["global_step"] = tr.state.global_step
-    if getattr(tr.rollout_strategy, "last_record", None) is not None:  # V0.5's per-prompt record
+    if getattr(getattr(tr, "rollout_strategy", None), "last_record", None) is not None:  # V0.5's per-prompt record
         record["v05_k"] = [int(k) for k in tr.rollout_strategy.last_record["k"]]
     prompts = [c for call in rec.calls for c in call["prompt_ids"]][:8]
     smol = args.scenario.startswith("smollm2")

