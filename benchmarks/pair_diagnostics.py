@@ -98,47 +98,42 @@ def load_model(kind: str):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
 
 
-def make_backend():
-    from trl_ext.trainers._trl_compat import TRLGlue
+class ReplaySampler:
+    """Mixin (put first) that replays ``self.population`` (prompt token tuple -> list of G completions) in place of
+    the trainer's sampler (``generate_unkeyed``, which every generation call of the trainer and its strategy reaches):
+    a prompt-only call returns the candidates in order of occurrence (first ``max_new`` tokens, cut after EOS);
+    PAIR's continuation call (``prompt + probe``) returns the rest of the candidates its design log selected, in
+    the strategy's order."""
 
-    class ReplayBackend(TRLGlue):
-        """Replays ``self.population`` (prompt token tuple -> list of G completions) in place of TRL's sampler:
-        a prompt-only call returns the candidates in order of occurrence (first ``max_new`` tokens, cut after EOS);
-        PAIR's continuation call (``prompt + probe``) returns the rest of the candidates its design log selected, in
-        the strategy's order."""
+    population: dict = {}
 
-        population: dict = {}
-
-        def ext_generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
-                                     has_tool_images=False):
-            max_new = int(self.generation_config.max_new_tokens)
-            eos = self.processing_class.eos_token_id
-            out, seen = [], {}
-            cont = None
-            for n_row, ids in enumerate(prompt_ids):
-                ids = tuple(ids)
-                if ids in self.population:  # prompt-only call (probe, or GRPO's full generation)
-                    occ = seen.get(ids, 0)
-                    seen[ids] = occ + 1
-                    comp, m = self.population[ids][occ], 0
-                else:  # PAIR's continuation from prompt + probe
-                    if cont is None:
-                        log = self.rollout_strategy.design_log
-                        prompts = self.batch_prompt_keys
-                        cont = [(prompts[k], i) for k, d in enumerate(log) for i in range(len(d["selected"]))
-                                if d["selected"][i] and not d["finished"][i]]
-                    p, i = cont[n_row]
-                    comp = self.population[p][i]
-                    m = len(ids) - len(p)
-                    if ids != p + tuple(comp[:m]):
-                        raise AssertionError("continuation input is not prompt + the candidate's probe")
-                new = list(comp[m:m + max_new])
-                if eos in new:
-                    new = new[:new.index(eos) + 1]
-                out.append(new)
-            return out, None
-
-    return ReplayBackend
+    def generate_unkeyed(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        max_new = int(self.generation_config.max_new_tokens)
+        eos = self.processing_class.eos_token_id
+        out, seen = [], {}
+        cont = None
+        for n_row, ids in enumerate(prompt_ids):
+            ids = tuple(ids)
+            if ids in self.population:  # prompt-only call (probe, or GRPO's full generation)
+                occ = seen.get(ids, 0)
+                seen[ids] = occ + 1
+                comp, m = self.population[ids][occ], 0
+            else:  # PAIR's continuation from prompt + probe
+                if cont is None:
+                    log = self.rollout_strategy.design_log
+                    prompts = self.batch_prompt_keys
+                    cont = [(prompts[k], i) for k, d in enumerate(log) for i in range(len(d["selected"]))
+                            if d["selected"][i] and not d["finished"][i]]
+                p, i = cont[n_row]
+                comp = self.population[p][i]
+                m = len(ids) - len(p)
+                if ids != p + tuple(comp[:m]):
+                    raise AssertionError("continuation input is not prompt + the candidate's probe")
+            new = list(comp[m:m + max_new])
+            if eos in new:
+                new = new[:new.index(eos) + 1]
+            out.append(new)
+        return out, None
 
 
 def build_trainers(model_kind, tok, args, options):
@@ -146,19 +141,17 @@ def build_trainers(model_kind, tok, args, options):
     from trl_ext.trainers.base import ExtGRPOConfig, GRPOTrainer
     from trl_ext.trainers.pair import PAIRConfig, PAIRTrainer
 
-    Backend = make_backend()
-
-    class ReplayGRPO(GRPOTrainer, Backend):
+    class ReplayGRPO(ReplaySampler, GRPOTrainer):
         pass
 
-    class ReplayPAIR(PAIRTrainer, Backend):
+    class ReplayPAIR(ReplaySampler, PAIRTrainer):
         pass
 
     G, K, L = args.num_generations, args.prompts, args.max_completion_length
     common = dict(per_device_train_batch_size=G * K, num_generations=G, max_completion_length=L, max_steps=1,
                   learning_rate=args.learning_rate, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
                   save_strategy="no", seed=args.seed, temperature=1.0, dataloader_num_workers=0, disable_tqdm=True)
-    ds = make_dataset("addition", 8, seed=args.seed)
+    ds = make_dataset("addition", K, seed=args.seed)  # the benchmark prompts; the trainers add their row index
     reward = [reward_fn(model_kind)]
     tmp = tempfile.mkdtemp(prefix="pair_diag_")
 
@@ -263,13 +256,24 @@ def flat_grad(model) -> torch.Tensor:
                       for p in model.parameters()])
 
 
+def head_snapshot(heads) -> torch.Tensor:
+    """Every parameter of the success and cost heads and the temperature, flattened (float64)."""
+    params = [p.detach().double().reshape(-1) for h in (heads.success_head, heads.cost_head) for p in h.parameters()]
+    return torch.cat(params + [torch.tensor([float(heads.temperature)], dtype=torch.float64)])
+
+
 def run_batch(tr, rows, pop_by_key, keys):
     """One generation batch through the trainer (replayed population) + TRL's loss + backward."""
     tr.population = pop_by_key
     tr.batch_prompt_keys = keys
-    if hasattr(tr, "pair_needs_refresh"):
-        tr.pair_needs_refresh = False  # heads frozen
+    strategy = tr.rollout_strategy
+    heads = getattr(strategy, "heads", None)
+    if heads is not None:
+        heads.needs_refresh = False  # heads frozen: the labels this batch adds are not fitted
+        before = head_snapshot(heads.heads)
     out = tr._generate_and_score_completions(rows)
+    if heads is not None and not torch.equal(before, head_snapshot(heads.heads)):
+        raise AssertionError("the PAIR heads changed during a diagnostic batch; they must stay frozen")
     tr.model.zero_grad(set_to_none=True)
     loss = tr.compute_loss(tr.model, out)
     loss.backward()
@@ -295,8 +299,8 @@ def run_batch(tr, rows, pop_by_key, keys):
     tokens = float(out["num_items_in_batch"])
     return {"grad": g, "adv": adv[real], "lengths": np.array(lengths), "tokens": tokens,
             "rewards": batch.rewards.double().numpy()[real], "gids": batch.group_ids.numpy()[real],
-            "log": [dict(d) for d in tr.rollout_strategy.design_log],
-            "stats": dict(tr.rollout_strategy.last_stats)}
+            "log": [dict(d) for d in getattr(strategy, "design_log", [])],
+            "stats": dict(getattr(strategy, "last_stats", None) or {})}
 
 
 def edge_weights(log):
@@ -434,7 +438,6 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     t0 = time.time()
     from trl_ext.testbed import make_dataset
-    from trl_ext.trainers import _trl_compat as compat
 
     G, K, L = args.num_generations, args.prompts, args.max_completion_length
     model, tok, model_src = load_model(args.model)
@@ -452,7 +455,7 @@ def main(argv=None) -> int:
     for h in range(args.history):
         prompts = [hist[h * K + k]["prompt"] for k in range(K)]
         answers = [hist[h * K + k]["answer"] for k in range(K)]
-        pids = compat.tokenize_prompts(ref, prompts)
+        pids = ref.rollout_api.tokenize(prompts)
         pop = sample_population(model, tok, pids, G, L, gen)
         seqs, r, c = [], [], []
         for k in range(K):
@@ -471,10 +474,10 @@ def main(argv=None) -> int:
         learned_predict[name] = trainers[name].rollout_strategy.heads.heads.predict
 
     # ---- the K benchmark prompts, resampled populations
-    ds = make_dataset("addition", K, seed=args.seed)
+    ds = ref.train_dataset  # make_dataset("addition", K, seed=args.seed) with the trainer's row index
     prompts = [ds[k]["prompt"] for k in range(K)]
-    rows = [{**dict(ds[k]), compat.ROW_IDX_COLUMN: k} for k in range(K) for _ in range(G)]
-    keys = [tuple(p) for p in compat.tokenize_prompts(ref, prompts)]
+    rows = [dict(ds[k]) for k in range(K) for _ in range(G)]
+    keys = [tuple(p) for p in ref.rollout_api.tokenize(prompts)]
     acc = {v: _new_acc() for v in variants}
     result = {"populations": [], "variants": {}}
     g_grpo_all, g_full_all, grpo_adv, grpo_coef, full_adv, full_coef = [], [], [], [], [], []
