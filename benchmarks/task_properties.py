@@ -15,7 +15,7 @@ completion + 2 (scratchpad: 71 + 2 = 73), scores them with the task's reward (bi
 2. **How well PAIR's heads predict success from the probe.** PAIR's default probe length is
    ``PAIRConfig(max_completion_length=L).pair_tau`` (``min(256, max(1, L // 8))``; scratchpad: 9 tokens). A real
    ``PAIRTrainer`` is built on the model (nothing is trained) and its own pieces are used: prompt ids
-   (``_trl_compat.tokenize_prompts``), the probe's finished flag and checkpoint (``PrefixProbeRollouts``), the prefix
+   (``trainer.rollout_api.tokenize``), the probe's finished flag and checkpoint (``PrefixProbeRollouts``), the prefix
    features (PAIR's ``trl_ext.trainers.pair.heads.prefix_features``: mean of the last 16 final hidden states of prompt + prefix) and the heads
    (``trainer.rollout_strategy.heads.heads``, refit with ``trainer.rollout_strategy.heads.refresh()``). The probe of a sample is the first ``tau``
    tokens of its full completion (a probe plus its continuation is a sample of the same distribution). Labels of the
@@ -479,12 +479,10 @@ def main(argv=None) -> dict:
 
     # ---- 2. PAIR heads
     t0 = time.time()
-    from trl_ext.trainers import _trl_compat as compat
-
     with tempfile.TemporaryDirectory(prefix="task_props_") as tmp:
         trainer, short_warn = build_pair_trainer(model, tok, rows, args.task, k, max_new, args.seed, tmp)
         tau = int(trainer.args.pair_tau)
-        trl_ids = compat.tokenize_prompts(trainer, [r["prompt"] for r in rows])
+        trl_ids = trainer.rollout_api.tokenize([r["prompt"] for r in rows])
         if [list(x) for x in trl_ids] != prompt_ids:
             raise RuntimeError("TRL's prompt tokenization differs from the one used for sampling")
         init_heads = copy.deepcopy(trainer.rollout_strategy.heads.heads)
