@@ -131,18 +131,25 @@ def seeds_needed(cal: dict, target: float, questions: int | None, samples: int) 
     return int(math.ceil((Z / target) ** 2 * (cal["var_train"] + ve)))
 
 
+def finite_interval(ci) -> bool:
+    """A two-level interval with both ends finite (``trl-ext curves`` writes ``[None, None]`` where the two sides'
+    seed sets differ and no paired interval exists)."""
+    return bool(ci) and all(x is not None and math.isfinite(x) for x in ci)
+
+
 def method_half_widths(curves: dict, baseline: str, target: float) -> dict:
     """Each method's realised two-level half-width of its AUC difference against ``baseline`` (``curves``: the JSON
     of ``trl-ext curves --questions``), and the seeds that would bring it to ``target`` at the same spread.
 
     With ``S`` seeds and half-width ``hw``, the interval shrinks as ``1 / sqrt(S)`` (P4 with the method's own
     variance): ``seeds_for_target = ceil(S (hw / target)^2)`` (``S`` itself when already met). Methods without a
-    finite two-level interval (one seed, or no question-level outcomes) are left out.
+    finite two-level interval (one seed, no question-level outcomes, or seed sets that differ from the baseline's)
+    are left out.
     """
     out = {}
     for m, rec in curves["methods"].items():
         ci = rec.get("auc_diff_ci_two_level")
-        if m == baseline or not ci or not all(map(math.isfinite, ci)):
+        if m == baseline or not finite_interval(ci):
             continue
         seeds = len(rec.get("seeds") or [])
         hw = (ci[1] - ci[0]) / 2
@@ -174,7 +181,7 @@ def main(argv=None) -> int:
         pred = half_width(cal, cal["n_seeds"], cal["n_questions"], cal["eval_samples"])
         for m, rec in cur["methods"].items():
             ci = rec.get("auc_diff_ci_two_level")
-            if m != args.baseline and ci and all(map(math.isfinite, ci)):
+            if m != args.baseline and finite_interval(ci):
                 check[m] = {"committed_half_width": (ci[1] - ci[0]) / 2, "predicted_half_width": pred}
         per_method = method_half_widths(cur, args.baseline, args.target)
         for m, r in per_method.items():

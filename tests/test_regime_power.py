@@ -65,6 +65,7 @@ def test_method_half_widths_scale_seeds_by_the_squared_ratio():
         "a": {"seeds": [0, 1, 2], "auc_diff": 0.01, "auc_diff_ci_two_level": [-0.07, 0.09]},  # hw 0.08
         "b": {"seeds": [0, 1, 2, 3, 4], "auc_diff_ci_two_level": [-0.04, 0.05]},  # hw 0.045: met
         "c": {"seeds": [0], "auc_diff_ci_two_level": [float("nan"), float("nan")]},  # no interval: left out
+        "d": {"seeds": [0, 1], "auc_diff_ci_two_level": [None, None]},  # seed sets differ (not paired): left out
     }}
     out = rp.method_half_widths(curves, "grpo_g8", 0.05)
     assert set(out) == {"a", "b"}
