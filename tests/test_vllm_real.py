@@ -149,6 +149,8 @@ def test_plain_trl_weight_sync_fails_on_a_cpu_engine_that_repacks(tiny_dir, tmp_
     else:
         assert "error" not in rec and rec["global_step"] == 2, rec.get("error")
         w = rec["weights"]
+        print(f"[vllm] plain TRL sync, mean log-prob gap {w['mean_gap_policy']:.4f} (untrained "
+              f"{w['mean_gap_untrained']:.2f})")
         assert w["mean_gap_policy"] < LOGP_MEAN_TOL and w["mean_gap_untrained"] > SEPARATION * w["mean_gap_policy"], w
 
 
