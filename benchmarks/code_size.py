@@ -61,6 +61,24 @@ def code_line_count(path: pathlib.Path) -> int:
     return len(code_lines(path))
 
 
+def code_line_kinds(path: pathlib.Path) -> dict[str, int]:
+    """The code lines of ``path`` by kind: ``help`` (inside a dataclass field's ``metadata=`` argument: the
+    command-line help text), ``raise`` (inside a ``raise`` statement: the error messages) and ``logic`` (the rest).
+    The kinds partition :func:`code_lines`."""
+    lines = code_lines(path)
+    help_lines: set[int] = set()
+    raise_lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.keyword) and node.arg == "metadata":
+            help_lines.update(range(node.value.lineno, node.value.end_lineno + 1))
+        elif isinstance(node, ast.Raise):
+            raise_lines.update(range(node.lineno, node.end_lineno + 1))
+    help_lines &= lines
+    raise_lines = (raise_lines & lines) - help_lines
+    return {"help": len(help_lines), "raise": len(raise_lines),
+            "logic": len(lines) - len(help_lines) - len(raise_lines)}
+
+
 def class_code_line_count(path: pathlib.Path, name: str) -> int:
     """Code lines of the top-level class ``name`` in ``path`` (its decorators included)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -97,7 +115,9 @@ def report() -> dict:
     functions = function_sizes()
     trainer = {k: v for k, v in modules.items() if k.startswith(str(TRAINER_LAYER.relative_to(ROOT)))}
     trainer_code = {k: code_line_count(ROOT / k) for k in trainer}
+    kinds = [code_line_kinds(ROOT / k) for k in trainer]
     return {
+        "trainer_layer_code_lines_by_kind": {kind: sum(k[kind] for k in kinds) for kind in ("help", "raise", "logic")},
         "trainer_layer_code_lines": sum(trainer_code.values()),
         "trainer_layer_lines": sum(trainer.values()),
         "trainer_layer_limit": TRAINER_LAYER_LIMIT,
@@ -124,6 +144,9 @@ def main() -> None:
     ok = "meets" if rep["trainer_layer_code_lines"] <= TRAINER_LAYER_LIMIT else "over"
     print(f"trainer layer (trl_ext/trainers): {rep['trainer_layer_code_lines']} code lines ({ok} the "
           f"{TRAINER_LAYER_LIMIT} target); {rep['trainer_layer_lines']} lines in all")
+    by_kind = rep["trainer_layer_code_lines_by_kind"]
+    print(f"  of which: {by_kind['help']} help text (field metadata), {by_kind['raise']} raise statements (error "
+          f"messages), {by_kind['logic']} the rest")
     print("    code     raw  module")
     code = rep["trainer_layer_module_code_lines"]
     for k, v in sorted(rep["trainer_layer_modules"].items(), key=lambda kv: -code[kv[0]]):

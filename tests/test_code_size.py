@@ -88,3 +88,35 @@ that is code"""  # a comment after code
     # code: X = 1; def f(a,; b):; s = """a string; that is code"""; return (a +; b)
     assert code_size.code_line_count(src) == 7
     assert code_size.line_count(src) == 15
+
+
+def test_code_line_kinds_partition_help_raise_and_logic(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('''from dataclasses import dataclass, field
+
+
+@dataclass
+class C:
+    x: int = field(
+        default=1,
+        metadata={"help": "a help text "
+                          "on two lines"},
+    )
+
+    def check(self):
+        if self.x < 0:
+            raise ValueError("x must be >= 0, "
+                             f"got {self.x}")
+        return self.x
+''')
+    kinds = code_size.code_line_kinds(src)
+    # help: the metadata dict's two lines; raise: the statement's two lines; the rest: everything else that is code
+    assert kinds == {"help": 2, "raise": 2, "logic": code_size.code_line_count(src) - 4}
+    assert kinds["logic"] == 9  # import, decorator, class, field( default= ), def, if, return
+
+
+def test_trainer_layer_report_splits_its_code_lines_by_kind():
+    rep = code_size.report()
+    by_kind = rep["trainer_layer_code_lines_by_kind"]
+    assert sum(by_kind.values()) == rep["trainer_layer_code_lines"]
+    assert by_kind["help"] > 0 and by_kind["raise"] > 0
