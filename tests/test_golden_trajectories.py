@@ -42,9 +42,11 @@ with open(os.path.join(os.path.dirname(__file__), "golden", "RECORDED_ON.json"),
 
 # Sampled token ids depend on the last bits of the logits, which depend on the CPU kernels (ISA) and the library
 # builds: the goldens are compared only on the platforms listed in RECORDED_ON.json -- where they were recorded
-# (transformers 5.24.0) and where every scenario, 1 and 2 ranks, was rerun and matched (transformers 5.25.0, what a
-# fresh install resolved on 2026-12-04; `python tests/scripts/golden_trajectories.py` printed "all golden
-# trajectories match"). Elsewhere they skip with this reason, and pytest's summary counts the skips.
+# (AVX-512, transformers 5.24.0) and where every scenario, 1 and 2 ranks, was rerun and matched
+# (`python tests/scripts/golden_trajectories.py` printed "all golden trajectories match"): AVX-512 with transformers
+# 5.25.0 (what a fresh install resolved on 2026-12-04), and AVX2 (an AMD EPYC, the CI machine class) with transformers
+# 5.25.0 on 2026-12-06: identical token ids, floats within the tolerance. Elsewhere they skip with this reason, and
+# pytest's summary counts the skips.
 pytestmark = pytest.mark.skipif(_platform() not in RECORDED_ON,
                                 reason=f"goldens verified on {RECORDED_ON}, this is {_platform()}")
 
