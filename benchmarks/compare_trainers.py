@@ -437,9 +437,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # per method (its tuning), else one per (method, seed)
         engines = s["test_eval_backend"] == "vllm"
         budget = machine_memory_gb() if args.memory_gb is None else (args.memory_gb or None)
-        queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST)
-        run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=ENGINE_PEAK_GB if engines else 0.0,
-                 out=out, script=os.path.abspath(__file__), bind_vllm=engines)
+        engine_gb = ENGINE_PEAK_GB if engines else 0.0
+        queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST,
+                          budget_gb=budget, engine_gb=engine_gb)
+        run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=engine_gb, out=out,
+                 script=os.path.abspath(__file__), bind_vllm=engines)
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])

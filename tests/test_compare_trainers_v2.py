@@ -604,6 +604,64 @@ def test_jobs_queue_is_seed_major_costliest_first():
     assert set(ct.METHOD_COST) == set(ct.METHODS)  # a new method must get a cost estimate
 
 
+def test_jobs_queue_puts_the_jobs_that_run_alone_first():
+    """Under a budget V0.5 (20 GB + a 4.5 GB engine > 22.5 GB) needs an empty machine: its jobs lead the queue, in
+    seed order, where the queue's start gives them one; the rest keep the seed-major, costliest-first order."""
+    q = jobs_mod.plan_jobs(["grpo_g8", "pair", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST, budget_gb=22.5,
+                           engine_gb=4.5)
+    assert [(j.method, j.seed) for j in q] == [("v05_osla", 0), ("v05_osla", 1), ("pair", 0), ("grpo_g8", 0),
+                                              ("pair", 1), ("grpo_g8", 1)]
+    assert jobs_mod.runs_alone(q[0], 22.5, 4.5) and not jobs_mod.runs_alone(q[2], 22.5, 4.5)
+    assert not jobs_mod.runs_alone(q[0], 64.0, 4.5) and not jobs_mod.runs_alone(q[0], None)
+    # with room for V0.5 beside another job, nothing moves
+    roomy = jobs_mod.plan_jobs(["grpo_g8", "pair", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST, budget_gb=64.0,
+                               engine_gb=4.5)
+    assert roomy == jobs_mod.plan_jobs(["grpo_g8", "pair", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST)
+
+
+def _idle_slot_polls(queue, durations, monkeypatch, slots=2, budget=22.5):
+    """Run ``queue`` with stand-in jobs lasting ``durations[method]`` polls: the polls at which a slot stood empty
+    while jobs were still waiting to start."""
+    live, state = [], {"started": 0, "idle": 0}
+
+    class Proc:
+        def __init__(self, cmd, stdout, stderr, env):
+            self.left = durations[cmd[cmd.index("--methods") + 1]]
+            live.append(self)
+            state["started"] += 1
+
+        def poll(self):
+            self.left -= 1
+            if self.left > 0:
+                return None
+            live.remove(self)
+            return 0
+
+    def tick(_seconds):  # the runner's wait between polls
+        if len(live) < slots and state["started"] < len(queue):
+            state["idle"] += 1
+
+    monkeypatch.setattr(jobs_mod.time, "sleep", tick)
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs_mod.run_jobs([], queue, slots=slots, budget_gb=budget, engine_gb=4.5, out=tmp, script="x.py",
+                          poll_s=1.0, popen=Proc)
+    return state["idle"]
+
+
+def test_jobs_alone_first_leaves_no_slot_idle_waiting_for_a_drain(monkeypatch):
+    """Seed-major with V0.5 in the middle, a slot stands empty while the machine drains for each V0.5 job; with
+    the alone jobs first, only while they run."""
+    methods, seeds = ["grpo_g8", "grpo_g4", "reinforce_pp", "v05_osla"], [0, 1, 2]
+    durations = {"grpo_g8": 7, "grpo_g4": 5, "reinforce_pp": 6, "v05_osla": 4}
+    seed_major = jobs_mod.plan_jobs(methods, seeds, "smollm2", ct.METHOD_COST)
+    alone_first = jobs_mod.plan_jobs(methods, seeds, "smollm2", ct.METHOD_COST, budget_gb=22.5, engine_gb=4.5)
+    assert sorted(seed_major, key=lambda j: (j.method, j.seed)) == sorted(alone_first,
+                                                                          key=lambda j: (j.method, j.seed))
+    # alone first: a slot is empty only while each V0.5 job runs (3 x 4 polls); seed-major adds the drains
+    assert _idle_slot_polls(alone_first, durations, monkeypatch) == 3 * durations["v05_osla"]
+    assert _idle_slot_polls(seed_major, durations, monkeypatch) > 3 * durations["v05_osla"]
+
+
 def test_jobs_memory_budget_runs_the_big_job_alone():
     big, a, b = _job("v05_osla", 0, 20.0), _job("grpo_g8", 0), _job("grpo_g4", 0)
     kw = dict(slots=2, budget_gb=22.5, engine_gb=4.5)
@@ -667,7 +725,7 @@ def test_run_jobs_invariants(methods, seeds, slots, budget, durations):
             events.append(("end", self.job))
             return 0
 
-    q = jobs_mod.plan_jobs(methods, seeds, "smollm2", ct.METHOD_COST)
+    q = jobs_mod.plan_jobs(methods, seeds, "smollm2", ct.METHOD_COST, budget_gb=budget, engine_gb=4.5)
     with tempfile.TemporaryDirectory() as tmp:
         jobs_mod.run_jobs([], q, slots=slots, budget_gb=budget, engine_gb=4.5, out=tmp, script="x.py", poll_s=0.0,
                           popen=Proc)

@@ -3,8 +3,11 @@
 Each job is one ``compare_trainers.py --methods <m> --seeds <s> --jobs 1 --no_plots`` subprocess; its runs land in the
 shared ``runs/`` tree and the aggregating pass that follows reuses them. Three rules decide when a job starts:
 
-* **seed-major order**: every method's seed ``s`` comes before any method's seed ``s + 1``, so an interrupted
-  invocation leaves every method equally far (within a seed, the costliest methods first, :data:`METHOD_COST`);
+* **the jobs that must run alone first, then seed-major order**: a job whose estimate alone exceeds the memory
+  budget (below) needs an empty machine, which the queue's start provides; placed later, it would wait for the
+  jobs before it to drain, one slot idle meanwhile (up to a whole run for each such job). The other jobs follow in
+  seed-major order: every method's seed ``s`` before any method's seed ``s + 1``, so an interrupted invocation
+  leaves every method equally far (within a seed, the costliest methods first, :data:`METHOD_COST`);
 * **memory**: a job starts only while the estimated peaks of the running jobs plus its own fit the budget
   (``--memory_gb``, default this machine's total memory less 1 GiB), with one evaluation engine counted once
   (the engines run one at a time, ``compare_harness.vllm_eval``); a job whose estimate alone exceeds the budget
@@ -61,13 +64,24 @@ def machine_memory_gb() -> float | None:
 
 
 def plan_jobs(methods: Sequence[str], seeds: Sequence[int], scale: str,
-              cost: dict[str, float] | None = None) -> list[Job]:
-    """The queue: seed-major in increasing seed (so a method's first job has its smallest seed, :func:`startable`);
-    within a seed, the costliest methods first (ties keep the command's order)."""
+              cost: dict[str, float] | None = None, *, budget_gb: float | None = None,
+              engine_gb: float = 0.0) -> list[Job]:
+    """The queue: first the jobs that must run alone (:func:`runs_alone` under ``budget_gb`` and ``engine_gb``; in
+    increasing seed), then the others seed-major in increasing seed; within a seed, the costliest methods first
+    (ties keep the command's order). Each method's jobs stay in increasing seed, so its first job has its smallest
+    seed (:func:`startable`)."""
     cost = cost or {}
     order = sorted(range(len(methods)), key=lambda i: (-cost.get(methods[i], 1.0), i))
-    return [Job(methods[i], s, peak_memory_gb(scale, methods[i])) for s in sorted({int(x) for x in seeds})
-            for i in order]
+    queue = [Job(methods[i], s, peak_memory_gb(scale, methods[i])) for s in sorted({int(x) for x in seeds})
+             for i in order]
+    alone = [j for j in queue if runs_alone(j, budget_gb, engine_gb)]
+    return alone + [j for j in queue if j not in alone]
+
+
+def runs_alone(job: Job, budget_gb: float | None, engine_gb: float = 0.0) -> bool:
+    """Whether ``job``'s estimated peak with one evaluation engine exceeds the budget on its own: it starts only on
+    an empty machine."""
+    return not _fits([], job, budget_gb, engine_gb)
 
 
 def startable(pending: Sequence[Job], running: Sequence[Job], finished: set, *, slots: int,
@@ -123,7 +137,7 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
     log_dir = os.path.join(out, "logs", "jobs")
     os.makedirs(log_dir, exist_ok=True)
     pending, running, finished, failed = list(jobs), {}, set(), []
-    alone = [j for j in jobs if not _fits([], j, budget_gb, engine_gb)]
+    alone = [j for j in jobs if runs_alone(j, budget_gb, engine_gb)]
     if alone:
         print(f"[jobs] {', '.join(sorted({j.method for j in alone}))}: estimated peak over the {budget_gb:.1f} GB "
               "budget: run with nothing beside them", flush=True)
