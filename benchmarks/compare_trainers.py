@@ -207,7 +207,14 @@ from compare_harness.evaluation import (  # noqa: E402
     start_evaluation,
     start_regime,
 )
-from compare_harness.jobs import ENGINE_PEAK_GB, machine_memory_gb, plan_jobs, run_jobs  # noqa: E402
+from compare_harness.jobs import (  # noqa: E402
+    ENGINE_PEAK_GB,
+    machine_memory_gb,
+    measured_peaks,
+    peak_memory_gb,
+    plan_jobs,
+    run_jobs,
+)
 from compare_harness.presets import (  # noqa: E402
     AMORTIZE_OVER,
     DIFFICULTY_COLUMN,
@@ -252,6 +259,7 @@ from compare_harness.runs import (  # noqa: E402
     _skip_record,
     build_config,
     lora_config,
+    memory_key,
     run_one,
     run_or_reuse,
 )
@@ -344,6 +352,7 @@ __all__ = [
     "harness_runs",
     "load_trace",
     "lora_config",
+    "memory_key",
     "lr_key",
     "lr_ladder_neighbour",
     "lr_scores",
@@ -438,10 +447,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         engines = s["test_eval_backend"] == "vllm"
         budget = machine_memory_gb() if args.memory_gb is None else (args.memory_gb or None)
         engine_gb = ENGINE_PEAK_GB if engines else 0.0
+        keys = {m: memory_key(s, METHODS[m]) for m in s["methods"]}
+        measured = measured_peaks(out, keys)
+        for m, gb in sorted(measured.items()):
+            print(f"[jobs] {m}: measured peak {gb:.1f} GB -> estimate {peak_memory_gb(s['scale'], m, measured):g} GB",
+                  flush=True)
         queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST,
-                          budget_gb=budget, engine_gb=engine_gb)
+                          budget_gb=budget, engine_gb=engine_gb, measured=measured)
         run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=engine_gb, out=out,
-                 script=os.path.abspath(__file__), bind_vllm=engines)
+                 script=os.path.abspath(__file__), bind_vllm=engines,
+                 reestimate=lambda m: peak_memory_gb(s["scale"], m, measured_peaks(out, {m: keys[m]})))
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])

@@ -771,7 +771,7 @@ def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypat
     assert started[0].cmd[-4:] == ["--jobs", "1", "--no_plots", "--queue_job"]
 
 
-def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
+def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path, capsys):
     out = tmp_path / "out"
     rc = ct.main(["--output_dir", str(out), "--smoke", "--protocol", "v2", "--task", "scratchpad",
                   "--model_name_or_path", tiny_model, "--n_train", "32", "--methods", "grpo_g8", "reinforce_pp",
@@ -789,6 +789,95 @@ def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path):
     for r in doc["runs"] + doc["tuning_runs"]:  # the aggregating pass reused the workers' runs, trained nothing
         on_disk = json.loads((out / os.path.dirname(r["outcomes"]) / "result.json").read_text())
         assert on_disk["run_wall_s"] == r["run_wall_s"] and on_disk["settings_key"] == r["settings_key"]
+    # each run measured its worker's peak; one configuration shares its memory key across learning rates
+    main = {r["method"]: r for r in doc["runs"]}
+    assert all(0.05 < r["worker_peak_rss_gb"] < 64 for r in doc["runs"] + doc["tuning_runs"])
+    assert main["grpo_g8"]["memory_key"] != main["reinforce_pp"]["memory_key"]
+    # a second invocation with a new seed takes its estimates from the measured peaks
+    rc = ct.main(["--output_dir", str(out), "--smoke", "--protocol", "v2", "--task", "scratchpad",
+                  "--model_name_or_path", tiny_model, "--n_train", "32", "--methods", "grpo_g8", "--tune_lr",
+                  "1e-4", "--tune_extend", "0", "--seeds", "0", "1", "--jobs", "2", "--no_plots"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    estimate = jobs_mod.peak_memory_gb("cpu", "grpo_g8", {"grpo_g8": main["grpo_g8"]["worker_peak_rss_gb"]})
+    assert f"[jobs] grpo_g8: measured peak {main['grpo_g8']['worker_peak_rss_gb']:.1f} GB" in printed
+    assert f"[jobs] grpo_g8 seed 1 (slot 0, ~{estimate:g} GB" in printed
+    assert estimate != jobs_mod.peak_memory_gb("cpu", "grpo_g8")  # not the table's 2 GB
+
+
+def test_jobs_estimates_from_the_measured_peaks_of_the_same_configuration(tmp_path):
+    """A method's estimate is its largest measured peak of finished runs with its memory key, times the margin;
+    other configurations, failed runs and runs without a measured peak do not count."""
+    def write(method, seed, **rec):
+        d = tmp_path / "runs" / method / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"status": "ok", "memory_key": "gc", **rec}))
+
+    write("v05_osla", 0, worker_peak_rss_gb=7.0)
+    write("v05_osla", 1, worker_peak_rss_gb=8.0)
+    write("v05_osla", 2, worker_peak_rss_gb=30.0, memory_key="no-gc")  # another configuration
+    write("v05_osla", 3, worker_peak_rss_gb=40.0, status="failed")
+    write("v05_osla", 4)  # recorded before the harness measured peaks
+    write("grpo_g8", 0, worker_peak_rss_gb=None)
+    measured = jobs_mod.measured_peaks(str(tmp_path), {"v05_osla": "gc", "grpo_g8": "gc", "pair": "gc"})
+    assert measured == {"v05_osla": 8.0}
+    assert jobs_mod.peak_memory_gb("smollm2", "v05_osla", measured) == 8.0 * jobs_mod.MEASURED_MARGIN == 10.0
+    assert jobs_mod.peak_memory_gb("smollm2", "grpo_g8", measured) == 8.0  # the table's
+    assert jobs_mod.measured_peaks(str(tmp_path), {"v05_osla": "no-gc"}) == {"v05_osla": 30.0}
+    # measured at 10 GB, V0.5 no longer needs an empty machine under 22.5 GB: nothing goes first
+    q = jobs_mod.plan_jobs(["grpo_g8", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST, budget_gb=22.5,
+                           engine_gb=4.5, measured=measured)
+    assert [(j.method, j.seed, j.peak_gb) for j in q] == [("grpo_g8", 0, 8.0), ("v05_osla", 0, 10.0),
+                                                         ("grpo_g8", 1, 8.0), ("v05_osla", 1, 10.0)]
+
+
+def test_run_jobs_reestimates_a_method_when_its_job_finishes():
+    """V0.5 starts under the table's 20 GB (alone); once its first job has measured 10 GB, its later seeds run
+    beside another job."""
+    live, together = [], []
+
+    class Proc:
+        def __init__(self, cmd, stdout, stderr, env):
+            self.job, self.left = (cmd[cmd.index("--methods") + 1], int(cmd[cmd.index("--seeds") + 1])), 3
+            live.append(self)
+            together.append(sorted(p.job for p in live))
+
+        def poll(self):
+            self.left -= 1
+            if self.left > 0:
+                return None
+            live.remove(self)
+            return 0
+
+    asked = []
+
+    def reestimate(method):
+        asked.append(method)
+        return 10.0 if method == "v05_osla" else 8.0
+
+    q = jobs_mod.plan_jobs(["grpo_g8", "v05_osla"], [0, 1, 2], "smollm2", ct.METHOD_COST, budget_gb=22.5,
+                           engine_gb=4.5)
+    assert [j.method for j in q[:3]] == ["v05_osla"] * 3  # the table's 20 GB: alone, first
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs_mod.run_jobs([], q, slots=2, budget_gb=22.5, engine_gb=4.5, out=tmp, script="x.py", poll_s=0.0,
+                          popen=Proc, reestimate=reestimate)
+    assert together[0] == [("v05_osla", 0)]  # alone while unmeasured
+    assert together[1] == [("v05_osla", 1)]  # 10 + 10 + 4.5 GB is over the budget
+    assert [("grpo_g8", 0), ("v05_osla", 2)] in together  # re-estimated: 10 + 8 + 4.5 GB fits, side by side
+    assert asked[0] == "v05_osla" and len(asked) == 6
+
+
+def test_peak_rss_measures_from_the_reset():
+    import numpy as np
+
+    block = np.ones(2 ** 25)  # 256 MB resident
+    block += 1
+    before = jobs_mod.peak_rss_gb()
+    del block
+    if not jobs_mod.reset_peak_rss():
+        pytest.skip("this kernel does not allow resetting the peak resident memory")
+    after = jobs_mod.peak_rss_gb()
+    assert before is not None and after is not None and after < before - 0.2
 
 
 def test_lr_choice_of_a_concurrent_invocation_is_not_overwritten(monkeypatch, tmp_path):

@@ -15,10 +15,20 @@ shared ``runs/`` tree and the aggregating pass that follows reuses them. Three r
   (killed by the kernel beside a GRPO worker on a 24 GB machine) where a GRPO run peaks at about 8 GB;
 * **first in, first out**: a job that does not fit yet blocks the jobs behind it (no job is starved), and a
   method's later seeds wait for its first job, which tunes its learning rate when that is still to do.
+
+**Measured estimates.** Every run records its worker's peak resident memory (``worker_peak_rss_gb``, the
+kernel's high-water mark, reset when the run starts: :func:`reset_peak_rss`, :func:`peak_rss_gb`) and a
+``memory_key`` (its settings without seed and learning rate). Where finished runs of a method with the same key
+exist in the output directory, its estimate is their largest peak times :data:`MEASURED_MARGIN` instead of the
+table's (:func:`measured_peaks`); when one of its jobs finishes, the method's pending jobs are re-estimated. So a
+configuration the table does not know (V0.5 with gradient checkpointing, a 4x budget) runs under the table's
+estimate until its first run has measured it.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +45,10 @@ PEAK_MEMORY_GB: dict[str, dict[str, float]] = {"smollm2": {"v05_osla": 20.0}}
 DEFAULT_PEAK_GB = {"smollm2": 8.0}
 #: Any scale not in :data:`DEFAULT_PEAK_GB` (the testbed's ~1M-parameter models).
 FALLBACK_PEAK_GB = 2.0
+#: Factor on a measured peak (:func:`measured_peaks`): one run's peak understates another seed's where the work per
+#: step varies; V0.5 + OSLA's seeds peaked between 15.7 and 19.5 GB on SmolLM2 (a ratio of 1.24) as their OSLA rounds
+#: drew 16 to 62 rollouts a step.
+MEASURED_MARGIN = 1.25
 #: The evaluation engine's child process (``--test_eval_backend vllm``; measured 3.9-4.1 GB on SmolLM2).
 ENGINE_PEAK_GB = 4.5
 
@@ -46,9 +60,54 @@ class Job:
     peak_gb: float
 
 
-def peak_memory_gb(scale: str, method: str) -> float:
-    """Estimated peak resident memory of one run of ``method`` at ``scale`` (:data:`PEAK_MEMORY_GB`)."""
+def peak_memory_gb(scale: str, method: str, measured: dict[str, float] | None = None) -> float:
+    """Estimated peak resident memory of one run of ``method`` at ``scale``: :data:`MEASURED_MARGIN` times its
+    measured peak where ``measured`` (:func:`measured_peaks`) has one, else :data:`PEAK_MEMORY_GB`."""
+    if measured and measured.get(method) is not None:
+        return round(MEASURED_MARGIN * measured[method], 1)
     return PEAK_MEMORY_GB.get(scale, {}).get(method, DEFAULT_PEAK_GB.get(scale, FALLBACK_PEAK_GB))
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's resident-memory high-water mark (Linux ``/proc/self/clear_refs``, value 5), so that
+    :func:`peak_rss_gb` measures from now; ``False`` where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_gb() -> float | None:
+    """This process's peak resident memory in GB (``VmHWM`` in ``/proc/self/status``; child processes such as the
+    evaluation engine are not counted), or ``None`` where it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024 ** 2
+    except OSError:
+        return None
+    return None
+
+
+def measured_peaks(out: str, memory_keys: dict[str, str]) -> dict[str, float]:
+    """The largest recorded ``worker_peak_rss_gb`` of each method's finished runs (``<out>/runs/<method>/seed*/
+    result.json``, status ok) whose ``memory_key`` is the method's entry in ``memory_keys``; methods with no such
+    run are absent. Runs recorded before the harness measured peaks carry no peak and are ignored."""
+    peaks: dict[str, float] = {}
+    for method, key in memory_keys.items():
+        for path in sorted(glob.glob(os.path.join(out, "runs", method, "seed*", "result.json"))):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    rec = json.load(f)
+            except (OSError, ValueError):
+                continue
+            peak = rec.get("worker_peak_rss_gb")
+            if rec.get("status") == "ok" and rec.get("memory_key") == key and isinstance(peak, (int, float)):
+                peaks[method] = max(peaks.get(method, 0.0), float(peak))
+    return peaks
 
 
 def machine_memory_gb() -> float | None:
@@ -65,14 +124,14 @@ def machine_memory_gb() -> float | None:
 
 def plan_jobs(methods: Sequence[str], seeds: Sequence[int], scale: str,
               cost: dict[str, float] | None = None, *, budget_gb: float | None = None,
-              engine_gb: float = 0.0) -> list[Job]:
+              engine_gb: float = 0.0, measured: dict[str, float] | None = None) -> list[Job]:
     """The queue: first the jobs that must run alone (:func:`runs_alone` under ``budget_gb`` and ``engine_gb``; in
     increasing seed), then the others seed-major in increasing seed; within a seed, the costliest methods first
     (ties keep the command's order). Each method's jobs stay in increasing seed, so its first job has its smallest
-    seed (:func:`startable`)."""
+    seed (:func:`startable`). Estimates: :func:`peak_memory_gb` with ``measured``."""
     cost = cost or {}
     order = sorted(range(len(methods)), key=lambda i: (-cost.get(methods[i], 1.0), i))
-    queue = [Job(methods[i], s, peak_memory_gb(scale, methods[i])) for s in sorted({int(x) for x in seeds})
+    queue = [Job(methods[i], s, peak_memory_gb(scale, methods[i], measured)) for s in sorted({int(x) for x in seeds})
              for i in order]
     alone = [j for j in queue if runs_alone(j, budget_gb, engine_gb)]
     return alone + [j for j in queue if j not in alone]
@@ -121,6 +180,15 @@ def startable(pending: Sequence[Job], running: Sequence[Job], finished: set, *, 
     return out
 
 
+def _reestimated(pending: list[Job], method: str, peak_gb: float) -> list[Job]:
+    """``pending`` with ``method``'s jobs at estimate ``peak_gb`` (queue order kept); a change is printed."""
+    old = {j.peak_gb for j in pending if j.method == method}
+    if old and old != {peak_gb}:
+        print(f"[jobs] {method}: estimate {'/'.join(f'{g:g}' for g in sorted(old))} -> {peak_gb:g} GB (measured)",
+              flush=True)
+    return [Job(j.method, j.seed, peak_gb) if j.method == method else j for j in pending]
+
+
 def _fits(running: Sequence[Job], job: Job, budget_gb: float | None, engine_gb: float) -> bool:
     """Whether ``job`` fits the budget beside ``running`` (one evaluation engine counted once)."""
     return budget_gb is None or sum(r.peak_gb for r in running) + job.peak_gb + engine_gb <= budget_gb
@@ -128,12 +196,14 @@ def _fits(running: Sequence[Job], job: Job, budget_gb: float | None, engine_gb: 
 
 def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb: float | None, engine_gb: float,
              out: str, script: str, bind_vllm: bool = False, poll_s: float = 5.0,
-             popen: Callable = subprocess.Popen) -> None:
+             popen: Callable = subprocess.Popen, reestimate: Callable[[str], float] | None = None) -> None:
     """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus
     ``--methods <m> --seeds <s> --jobs 1 --no_plots --queue_job`` (no report: this invocation writes it), logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
     ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot
     (``VLLM_CPU_OMP_THREADS_BIND``, unless set). A failed job stops new starts; the others finish, then the
-    invocation stops with the failed logs named (finished runs are reused when the command is run again)."""
+    invocation stops with the failed logs named (finished runs are reused when the command is run again).
+    ``reestimate(method)``: the method's estimate after one of its jobs finished (its new measured peak,
+    :func:`measured_peaks`); its pending jobs take it."""
     log_dir = os.path.join(out, "logs", "jobs")
     os.makedirs(log_dir, exist_ok=True)
     pending, running, finished, failed = list(jobs), {}, set(), []
@@ -149,6 +219,8 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
                 finished.add((job.method, job.seed))
                 if rc != 0:
                     failed.append((job, log, rc))
+                elif reestimate is not None:
+                    pending = _reestimated(pending, job.method, reestimate(job.method))
         if not failed:
             for job in startable(pending, list(running), finished, slots=slots, budget_gb=budget_gb,
                                  engine_gb=engine_gb):

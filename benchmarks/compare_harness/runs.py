@@ -24,6 +24,7 @@ from .callbacks import (
 )
 from .context import Context, _load_object
 from .evaluation import accuracy_by_level, eval_engine_dtype, evaluate_checkpoint
+from .jobs import peak_rss_gb, reset_peak_rss
 from .presets import GRADED_REWARDS, TOKEN_METRIC, MethodSpec, MethodUnavailable, SetupResult
 from .setups import get_setup
 
@@ -59,6 +60,13 @@ def _settings_key(s: dict, spec: MethodSpec, seed: int, lr: float | None = None,
     if s.get("protocol") == "v2":  # v2 keys also pin the start checkpoint's weights (a rebuilt warm model re-runs)
         keep["start_checkpoint_sha"] = s.get("start_checkpoint_sha")
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def memory_key(s: dict, spec: MethodSpec) -> str:
+    """Key of the configuration a run's memory depends on: :func:`_settings_key` of a test-split run with the seed
+    and learning rate fixed, so every seed and rate of one configuration share it (the ``--jobs`` queue's measured
+    estimates, :func:`compare_harness.jobs.measured_peaks`)."""
+    return _settings_key(s, spec, seed=-1, lr=-1.0)
 
 
 def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: int, run_dir: str, extra: dict,
@@ -269,6 +277,7 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
     what = "tuning on validation" if split != "test" else "training"
     print(f"[{spec.name} seed {seed} lr {lr:g}] {what} to {s['token_budget']:.0f} tokens", flush=True)
     os.makedirs(run_dir, exist_ok=True)
+    measures_peak = reset_peak_rss()  # the worker's high-water mark from here: this run's peak
     t0 = time.time()
     try:
         rec = run_one(ctx, spec, seed, run_dir, setup_cache, lr=lr, split=split)
@@ -277,6 +286,7 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
                "learning_rate": lr, "eval_split": split, "reason": f"{type(e).__name__}: {e}",
                "traceback": traceback.format_exc(), "settings_key": key}
     rec["run_wall_s"] = time.time() - t0
+    rec.update(worker_peak_rss_gb=peak_rss_gb() if measures_peak else None, memory_key=memory_key(s, spec))
     if rec["status"] != "ok":
         print(f"[{spec.name} seed {seed} lr {lr:g}] {rec['status'].upper()}: {rec['reason']}", flush=True)
     _write_json(res_path, rec)
