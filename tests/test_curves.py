@@ -186,8 +186,66 @@ def test_two_level_difference_finds_a_planted_gap_and_is_zero_against_itself():
     assert 0 < lo < res["diff_mean"] < hi  # the planted gap (AUC +0.067 on the linear ramp) is detected
     same = two_level_auc_difference(a, tokens, a, tokens, 300, n_resamples=50, start_outcomes=np.zeros(q))
     assert same["diff_mean"] == 0 and same["ci"] == (0.0, 0.0)
-    with pytest.raises(ValueError, match="same seeds and questions"):
+    with pytest.raises(ValueError, match="same questions and seeds"):
         two_level_auc_difference(a, tokens, b[:3], tokens, 300)
+
+
+def _seeded_runs(rng, n_seeds, q, seed_sd, level, base_p):
+    """Outcomes (seeds, 2 checkpoints, questions): each seed's pass rates are the shared question difficulty moved by
+    the method's level and a seed effect of sd ``seed_sd`` (independent across methods: seeds that do not pair)."""
+    runs = []
+    for _ in range(n_seeds):
+        shift = level + seed_sd * rng.standard_normal()
+        runs.append(np.stack([(rng.random(q) < np.clip(base_p + f * shift, 0, 1)).astype(float) for f in (0.5, 1.0)]))
+    return np.stack(runs)
+
+
+def test_two_level_difference_with_unpaired_seeds():
+    """Unequal seed counts: the point is the difference of the two seed means; each method's seeds are resampled on
+    their own, so the interval covers the true gap at about its level when the noisy method's seeds dominate."""
+    rng = np.random.default_rng(3)
+    q, tokens, z = 200, [100, 200], np.zeros(200)  # a shared start point at 0 accuracy
+    base_p = rng.uniform(0.3, 0.7, q)
+    a = _seeded_runs(rng, 3, q, 0.02, 0.2, base_p)
+    b = _seeded_runs(rng, 8, q, 0.02, 0.0, base_p)
+    res = two_level_auc_difference(a, tokens, b, tokens, 200, paired_seeds=False, n_resamples=300, start_outcomes=z)
+    auc = [[curve_auc(tokens, x[s].mean(axis=1), 200, start_value=0.0) for s in range(len(x))] for x in (a, b)]
+    assert res["diff_mean"] == pytest.approx(np.mean(auc[0]) - np.mean(auc[1]), abs=1e-12)
+    assert res["n_seeds"] == 3 and res["n_seeds_b"] == 8 and res["paired_seeds"] is False
+    assert 0 < res["ci"][0] < res["diff_mean"] < res["ci"][1]  # the planted gap (AUC +0.1)
+    with pytest.raises(ValueError, match=">= 2 seeds a method"):
+        two_level_auc_difference(a[:1], tokens, b, tokens, 200, paired_seeds=False)
+
+    # coverage: the reference's seeds are the noisy ones (sd 0.15 vs 0.02); an interval that held them fixed misses
+    # the true AUC gap often (a mutant that did so covered it 25 times of these 40; this function, 39)
+    q, z = 500, np.zeros(500)  # many questions: the seeds dominate the interval
+    base_p = rng.uniform(0.4, 0.6, q)
+    true_gap = 0.5 * 0.05  # the gap's ramp (0 at 0, half at 100, all at 200) has AUC 0.5 x level on [0, 200]
+    covered = 0
+    for _ in range(40):
+        a = _seeded_runs(rng, 6, q, 0.02, 0.05, base_p)
+        b = _seeded_runs(rng, 12, q, 0.15, 0.0, base_p)
+        lo, hi = two_level_auc_difference(a, tokens, b, tokens, 200, paired_seeds=False, n_resamples=150,
+                                          start_outcomes=z)["ci"]
+        covered += lo <= true_gap <= hi
+    assert covered >= 32  # 95 % nominal; a percentile bootstrap on 6 and 12 seeds runs a little narrow
+
+
+def test_two_level_difference_pairing_removes_a_shared_seed_effect_only():
+    """Where seeds share an effect (the same seed moves both methods), the paired interval is narrower than the
+    unpaired one; the paired random stream is the one used before unpaired seeds existed."""
+    rng = np.random.default_rng(4)
+    q, tokens = 400, [100, 200]
+    base_p = rng.uniform(0.4, 0.6, q)
+    shared = np.array([-0.2, -0.12, -0.04, 0.04, 0.12, 0.2])  # each seed moves both methods alike
+    a = np.stack([_seeded_runs(rng, 1, q, 0.0, 0.05 + e, base_p)[0] for e in shared])
+    b = np.stack([_seeded_runs(rng, 1, q, 0.0, e, base_p)[0] for e in shared])
+    kw = dict(n_resamples=300, start_outcomes=np.zeros(q))
+    paired = two_level_auc_difference(a, tokens, b, tokens, 200, **kw)
+    unpaired = two_level_auc_difference(a, tokens, b, tokens, 200, paired_seeds=False, **kw)
+    assert paired["diff_mean"] == unpaired["diff_mean"]
+    assert np.diff(paired["ci"])[0] < 0.5 * np.diff(unpaired["ci"])[0]
+    assert paired["paired_seeds"] is True
 
 
 def test_curves_command_two_level_from_checkpoint_outcomes(tmp_path, capsys):
@@ -224,12 +282,23 @@ def test_curves_command_two_level_from_checkpoint_outcomes(tmp_path, capsys):
     assert res["methods"]["grpo"]["auc_diff_ci_two_level"] == [0.0, 0.0]
     lo, hi = res["methods"]["x"]["acc_at_budget_diff_ci_two_level"]
     assert 0 < lo < res["methods"]["x"]["acc_at_budget_diff"] < hi  # 0.7 vs 0.4 at the budget
-    # a method whose seed set differs from the baseline's: no two-level paired interval, said so, null in the JSON
+    assert res["methods"]["x"]["diff_two_level_paired_seeds"] is True
+    # a method whose seed set differs from the baseline's: the seeds are resampled on their own, said so
     short = {"runs": [r for r in recs if not (r["method"] == "x" and r["seed"] == 2)], "start_accuracy": 0.3}
     (tmp_path / "runs.json").write_text(json.dumps(short))
     assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",
                      "accuracy", "--questions", "--n_resamples", "100", "--output", str(out)]) == 0
-    assert "[not paired: seed sets differ]" in capsys.readouterr().out
+    assert "unpaired seeds" in capsys.readouterr().out
+    res = json.loads(out.read_text(), parse_constant=_reject_constant)
+    lo, hi = res["methods"]["x"]["auc_diff_ci_two_level"]
+    assert 0 < lo < res["methods"]["x"]["auc_diff"] < hi
+    assert res["methods"]["x"]["diff_two_level_paired_seeds"] is False
+    # one seed: no seed-level interval, said so, null in the JSON
+    one = {"runs": [r for r in recs if not (r["method"] == "x" and r["seed"] > 0)], "start_accuracy": 0.3}
+    (tmp_path / "runs.json").write_text(json.dumps(one))
+    assert cli.main(["curves", "--runs_json", str(tmp_path / "runs.json"), "--baseline", "grpo", "--metric",
+                     "accuracy", "--questions", "--n_resamples", "100", "--output", str(out)]) == 0
+    assert "[no interval: a method with one seed]" in capsys.readouterr().out
     res = json.loads(out.read_text(), parse_constant=_reject_constant)
     assert res["methods"]["x"]["auc_diff_ci_two_level"] == [None, None]
     del recs[0]["curve"][0]["outcomes"]

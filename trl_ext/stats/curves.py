@@ -271,13 +271,22 @@ def _mean_curve_stat(o: np.ndarray, tok: np.ndarray, seed_idx, q_idx, budget: fl
     return float(np.mean(vals))
 
 
-def _two_level_percentile(stat, s_n: int, q_n: int, n_resamples: int, confidence: float, seed: int
-                          ) -> tuple[float, tuple[float, float]]:
+def _two_level_percentile(stat, s_n: int, q_n: int, n_resamples: int, confidence: float, seed: int,
+                          s_n_b: int | None = None) -> tuple[float, tuple[float, float]]:
     """``stat(seed_idx, q_idx)`` on all seeds and questions, and its percentile interval over replicates that draw
-    seeds with replacement and then questions with replacement (the two-level bootstrap)."""
+    seeds with replacement and then questions with replacement (the two-level bootstrap). With ``s_n_b``,
+    ``stat(seed_idx, q_idx, seed_idx_b)``: a second method's ``s_n_b`` seeds drawn independently (the paired case's
+    random stream is unchanged)."""
     rng = np.random.default_rng(seed)
-    point = stat(range(s_n), np.arange(q_n))
-    draws = [stat(rng.integers(0, s_n, s_n), rng.integers(0, q_n, q_n)) for _ in range(n_resamples)]
+    if s_n_b is None:
+        point = stat(range(s_n), np.arange(q_n))
+        draws = [stat(rng.integers(0, s_n, s_n), rng.integers(0, q_n, q_n)) for _ in range(n_resamples)]
+    else:
+        point = stat(range(s_n), np.arange(q_n), range(s_n_b))
+        draws = []
+        for _ in range(n_resamples):
+            si, si_b = rng.integers(0, s_n, s_n), rng.integers(0, s_n_b, s_n_b)
+            draws.append(stat(si, rng.integers(0, q_n, q_n), si_b))
     alpha = 1 - confidence
     lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
     return point, (float(lo), float(hi))
@@ -285,40 +294,53 @@ def _two_level_percentile(stat, s_n: int, q_n: int, n_resamples: int, confidence
 
 def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget: float, *, start_outcomes=None,
                              n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
-                             statistic: str = "auc") -> dict:
-    """Mean AUC of method A minus method B with a two-level percentile interval, paired by seed and question
-    (``statistic="acc_at_budget"``: the accuracy at the budget, eq. C3, instead).
+                             statistic: str = "auc", paired_seeds: bool = True) -> dict:
+    """Mean AUC of method A minus method B with a two-level percentile interval, paired by question and, by
+    default, by seed (``statistic="acc_at_budget"``: the accuracy at the budget, eq. C3, instead).
 
-    Each replicate draws seed indices with replacement (the same indices for both methods: seed ``k`` of A is
-    paired with seed ``k`` of B, which share the training seed and, in the comparison harness, the evaluation's
-    sampling stream) and then question indices with replacement (the same questions for both methods and every
-    checkpoint), and recomputes :math:`\\overline{\\mathrm{AUC}}_A - \\overline{\\mathrm{AUC}}_B` (eq. C1 per run).
+    Each replicate draws seed indices with replacement (paired: the same indices for both methods, seed ``k`` of A
+    with seed ``k`` of B, which share the training seed and, in the comparison harness, the evaluation's sampling
+    stream; ``paired_seeds=False``: A's and B's seeds drawn independently, each from its own seeds) and then question
+    indices with replacement (the same questions for both methods and every checkpoint), and recomputes
+    :math:`\\overline{\\mathrm{AUC}}_A - \\overline{\\mathrm{AUC}}_B` (eq. C1 per run).
+
+    Unpaired seeds are the design for unequal seed counts: where seeds do not pair (the per-seed AUCs of two
+    methods uncorrelated) the variance of the difference is :math:`\\sigma_A^2/S_A + \\sigma_B^2/S_B`, so seeds of
+    the noisier method narrow it most; the questions stay paired (they are shared).
 
     Parameters
     ----------
-    outcomes_a, outcomes_b : array_like, shape (S, J_a, Q) and (S, J_b, Q)
-        Per seed, checkpoint and question (same seed order and question order in both), 1/0 or a score in [0, 1].
+    outcomes_a, outcomes_b : array_like, shape (S_a, J_a, Q) and (S_b, J_b, Q)
+        Per seed, checkpoint and question (the same question order in both; paired: ``S_a == S_b`` in the same seed
+        order), 1/0 or a score in [0, 1].
     tokens_a, tokens_b : array_like, shape (S, J) or (J,)
         Token count of every checkpoint.
     budget : float
     start_outcomes : array_like, shape (Q,), optional
         The shared start checkpoint's per-question outcomes (``t = 0``).
     statistic : {"auc", "acc_at_budget"}
+    paired_seeds : bool
+        Resample the seeds of A and B together (default) or independently.
 
     Returns
     -------
     dict
-        ``diff_mean`` (on all seeds and questions), ``ci``, ``n_seeds``, ``n_questions``.
+        ``diff_mean`` (on all seeds and questions), ``ci``, ``n_seeds`` (A's), ``n_seeds_b``, ``n_questions``,
+        ``paired_seeds``.
 
     Raises
     ------
     ValueError
-        Not three-dimensional, or different numbers of seeds or questions.
+        Not three-dimensional, different numbers of questions, or (paired) of seeds; unpaired, a method with one
+        seed.
     """
     a, b = np.asarray(outcomes_a, dtype=np.float64), np.asarray(outcomes_b, dtype=np.float64)
-    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
-        raise ValueError(f"outcomes must have shapes (seeds, checkpoints, questions) with the same seeds and "
-                         f"questions, got {a.shape} and {b.shape}.")
+    if a.ndim != 3 or b.ndim != 3 or a.shape[2] != b.shape[2] or (paired_seeds and a.shape[0] != b.shape[0]):
+        raise ValueError(f"outcomes must have shapes (seeds, checkpoints, questions) with the same questions"
+                         f"{' and seeds (paired_seeds=False for unequal seeds)' if paired_seeds else ''}, got "
+                         f"{a.shape} and {b.shape}.")
+    if not paired_seeds and min(a.shape[0], b.shape[0]) < 2:
+        raise ValueError(f"an unpaired seed bootstrap needs >= 2 seeds a method, got {a.shape[0]} and {b.shape[0]}.")
     s_n, q_n = a.shape[0], a.shape[2]
     ta = np.broadcast_to(np.asarray(tokens_a, dtype=np.float64), a.shape[:2])
     tb = np.broadcast_to(np.asarray(tokens_b, dtype=np.float64), b.shape[:2])
@@ -326,9 +348,12 @@ def two_level_auc_difference(outcomes_a, tokens_a, outcomes_b, tokens_b, budget:
 
     _check_statistic(statistic)
 
-    def diff(seed_idx, q_idx):
+    def diff(seed_idx, q_idx, seed_idx_b=None):
         return (_mean_curve_stat(a, ta, seed_idx, q_idx, budget, start, statistic)
-                - _mean_curve_stat(b, tb, seed_idx, q_idx, budget, start, statistic))
+                - _mean_curve_stat(b, tb, seed_idx if seed_idx_b is None else seed_idx_b, q_idx, budget, start,
+                                   statistic))
 
-    point, ci = _two_level_percentile(diff, s_n, q_n, n_resamples, confidence, seed)
-    return {"diff_mean": point, "ci": ci, "n_seeds": s_n, "n_questions": q_n}
+    point, ci = _two_level_percentile(diff, s_n, q_n, n_resamples, confidence, seed,
+                                      s_n_b=None if paired_seeds else b.shape[0])
+    return {"diff_mean": point, "ci": ci, "n_seeds": s_n, "n_seeds_b": b.shape[0], "n_questions": q_n,
+            "paired_seeds": paired_seeds}

@@ -133,7 +133,8 @@ def question_level_arrays(runs_json: str, methods) -> tuple[dict, list | None, l
 
 
 def add_question_level(res: dict, args, budget: float) -> None:
-    """Adds ``<stat>_ci_two_level`` and ``<stat>_diff_ci_two_level`` (paired by seed and question) to every method,
+    """Adds ``<stat>_ci_two_level`` and ``<stat>_diff_ci_two_level`` (paired by question, and by seed when the seed
+    sets match, else each method's seeds resampled on their own: ``diff_two_level_paired_seeds``) to every method,
     for the AUC (``auc``) and the accuracy at the budget (``acc_at_budget``)."""
     from .curves import CURVE_STATISTICS, two_level_auc_difference, two_level_curve_bootstrap
 
@@ -147,10 +148,12 @@ def add_question_level(res: dict, args, budget: float) -> None:
             kw = dict(start_outcomes=start, n_resamples=n_res, confidence=args.confidence, seed=args.seed,
                       statistic=stat)
             rec[f"{stat}_ci_two_level"] = two_level_curve_bootstrap(o, t, budget, **kw)["ci"]
+            rec["diff_two_level_paired_seeds"] = seeds == b_seeds
             if m == args.baseline:
                 rec[f"{stat}_diff_ci_two_level"] = (0.0, 0.0)
-            elif seeds == b_seeds:
-                rec[f"{stat}_diff_ci_two_level"] = two_level_auc_difference(o, t, b_o, b_t, budget, **kw)["ci"]
+            elif seeds == b_seeds or min(len(seeds), len(b_seeds)) >= 2:
+                rec[f"{stat}_diff_ci_two_level"] = two_level_auc_difference(
+                    o, t, b_o, b_t, budget, paired_seeds=seeds == b_seeds, **kw)["ci"]
             else:
                 rec[f"{stat}_diff_ci_two_level"] = (math.nan, math.nan)
 
@@ -203,7 +206,8 @@ def main(args: argparse.Namespace) -> int:
               f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}] | {last:,.0f} |")
     if args.questions:
         print(f"\nTwo-level bootstrap (seeds, then questions; {res['n_questions_two_level']} questions, differences "
-              "paired by seed and question)\n")
+              "paired by question, and by seed where the seed sets match; 'unpaired seeds': each method's seeds "
+              "resampled on their own)\n")
         print(f"| method | AUC [{pct}% CI, seeds x questions] | AUC - baseline [{pct}% CI, seeds x questions] | "
               f"accuracy at budget [{pct}% CI] | minus baseline [{pct}% CI] |")
         print("|---|---|---|---|---|")
@@ -212,8 +216,9 @@ def main(args: argparse.Namespace) -> int:
             for stat in ("auc", "acc_at_budget"):
                 lo, hi = r[f"{stat}_ci_two_level"]
                 dlo, dhi = r[f"{stat}_diff_ci_two_level"]
-                diff_ci = ("[not paired: seed sets differ]" if math.isnan(dlo) else
-                           f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}]")
+                diff_ci = ("[no interval: a method with one seed]" if math.isnan(dlo) else
+                           f"[{100 * dlo:+.2f}, {100 * dhi:+.2f}]"
+                           + ("" if r["diff_two_level_paired_seeds"] else " unpaired seeds"))
                 cells.append(f"{r[f'{stat}_mean']:.4f} [{lo:.4f}, {hi:.4f}] | {100 * r[f'{stat}_diff']:+.2f} pts "
                              f"{diff_ci}")
             print(f"| {m} | {' | '.join(cells)} |")
