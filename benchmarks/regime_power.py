@@ -5,9 +5,10 @@ The regime benchmark must resolve an equal-token AUC difference against GRPO G =
 per-question outcomes and predicts the half-width of any design (seeds S, held-out questions Q, samples per question
 M):
 
-* (P1) a run's AUC is linear in its per-question outcomes, ``AUC = sum_j w_j acc_j`` (eq. C1 of
-  ``trl_ext.stats.curves``; ``w_j`` from the trapezoid over the checkpoints, the shared start checkpoint dropped,
-  it cancels in a difference);
+* (P1) a run's AUC is linear in its per-question outcomes, ``AUC = a_0 (1 - sum_j w_j) + sum_j w_j acc_j`` (eq. C1
+  of ``trl_ext.stats.curves``; ``w_j`` from the trapezoid over the checkpoints; ``a_0`` the shared start
+  checkpoint's accuracy, whose weight depends on where a run's checkpoints fall, so it does not cancel in a
+  difference between runs with different checkpoint token counts; it carries no evaluation noise of its own);
 * (P2) evaluation noise of one run given its trained checkpoints, with M independent samples per question:
   ``var_E = sum_j w_j^2 sum_q p_jq (1 - p_jq) / (M Q^2)``, with ``sum_q p_jq (1 - p_jq) = h Q pbar_j (1 - pbar_j)``:
   ``h <= 1`` is the heterogeneity factor (the mean unbiased per-question ``p (1 - p)`` over ``pbar (1 - pbar)``,
@@ -16,7 +17,13 @@ M):
   ``var_T`` (training randomness, which more evaluation cannot remove) is the pooled across-seed variance of
   ``d_s`` over every method paired with the baseline, minus the evaluation part at the runs' own ``M0`` samples per
   question (``settings.test_eval_samples`` in ``runs.json``, 1 when absent);
-* (P4) ``half-width(S, Q, M) = z_0.975 sqrt((var_T + var_E(Q0, 1) (Q0 / Q) / M) / S)``.
+* (P4) ``half-width(S, Q, M) = z_0.975 sqrt((var_T + var_E(Q0, 1) (Q0 / Q) / M) / S)``;
+* (P5) unpaired seeds (each method's seeds resampled on their own, ``two_level_auc_difference(paired_seeds=False)``)
+  with ``S_A`` seeds of a method and ``S_B`` of the baseline: ``half-width = z_0.975 sqrt(var_A / S_A + var_B / S_B)``,
+  ``var_A``, ``var_B`` the across-seed variances of each method's AUC at the runs' design (training and evaluation
+  noise together). Pairing by seed gains ``2 cov_AB / S`` only where the seeds move both methods alike; where they
+  do not (correlation near 0) the noisier method's seeds are the cheap ones: the baseline seeds that reach a target
+  at ``S_A`` are ``ceil(var_B / ((target / z)^2 - var_A / S_A))`` (none suffice while ``var_A / S_A`` alone is over).
 
 The calibration's own check: P4 at the benchmark's design against its committed two-level intervals
 (``curves.json``). Usage::
@@ -77,15 +84,23 @@ def training_variance(var_d: float, var_eval_per_sample: float, eval_samples: in
     return max(var_d - var_eval_per_sample / eval_samples, 0.0)
 
 
-def calibrate(runs_json: str, baseline: str, value_table: str | None) -> dict:
+def calibrate(runs_json: str, baseline: str, value_table: str | None, start_term: bool = True,
+              budget: float | None = None) -> dict:
+    """P1-P3 on a finished benchmark. ``start_term``: each run's AUC includes the start checkpoint's share
+    ``a_0 (1 - sum_j w_j)``, which differs between runs whose first checkpoint or last step falls at different token
+    counts (a DAPO refill, a V0.5 OSLA step) and so does not cancel in a difference; ``False`` reproduces the
+    records written before it was counted (``power_design.json``, the five-seed ``power_check.json``). ``budget``:
+    the AUC's token budget (default: the smallest last checkpoint of any run)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from trl_ext.stats.curves_cli import question_level_arrays
 
-    arrays, _, qids = question_level_arrays(runs_json, None)
+    arrays, start, qids = question_level_arrays(runs_json, None)
+    a0 = float(np.mean(start)) if start_term and start is not None else 0.0
     q0 = len(qids)
     with open(runs_json, encoding="utf-8") as f:  # samples per question of the runs' evaluations (M0)
         m0 = int((json.load(f).get("settings") or {}).get("test_eval_samples") or 1)
-    budget = min(float(t[:, -1].min()) for _, t, _ in arrays.values())
+    if budget is None:  # the largest budget every run reaches
+        budget = min(float(t[:, -1].min()) for _, t, _ in arrays.values())
     h, n_prompts = heterogeneity(value_table)
     b_o, b_t, b_seeds = arrays[baseline]
 
@@ -93,8 +108,10 @@ def calibrate(runs_json: str, baseline: str, value_table: str | None) -> dict:
         w = auc_weights(tok, budget)
         acc = o.mean(axis=1)
         var_e = float(np.sum(w ** 2 * h * acc * (1 - acc)) / q0)  # P2 with M = 1
-        return float(np.dot(w, acc)), var_e
+        return float(np.dot(w, acc) + a0 * (1.0 - w.sum())), var_e  # the start is shared: no evaluation noise
 
+    auc_per_seed = {m: {int(seed): run_auc_and_var_e(o[s], t[s])[0] for s, seed in enumerate(seeds)}
+                    for m, (o, t, seeds) in arrays.items()}
     pairs, dev2, dof, var_e_pairs = {}, 0.0, 0, []
     for m, (o, t, seeds) in arrays.items():
         if m == baseline or seeds != b_seeds:
@@ -115,9 +132,10 @@ def calibrate(runs_json: str, baseline: str, value_table: str | None) -> dict:
     var_e = float(np.mean(var_e_pairs))  # per single evaluation sample (P2 with M = 1)
     var_t = training_variance(var_d, var_e, m0)
     return {"runs_json": os.path.relpath(runs_json), "baseline": baseline, "budget": budget, "n_questions": q0,
-            "n_seeds": len(b_seeds), "heterogeneity_h": h, "heterogeneity_prompts": n_prompts,
+            "n_seeds": len(b_seeds), "start_term": start_term, "start_accuracy": a0, "heterogeneity_h": h, "heterogeneity_prompts": n_prompts,
             "eval_samples": m0, "var_d_pooled": var_d, "var_d_dof": dof, "var_eval": var_e, "var_train": var_t,
-            "eval_share": var_e / m0 / var_d if var_d > 0 else math.nan, "pairs": pairs}
+            "eval_share": var_e / m0 / var_d if var_d > 0 else math.nan, "pairs": pairs,
+            "auc_per_seed": auc_per_seed}
 
 
 def half_width(cal: dict, seeds: int, questions: int | None, samples: int) -> float:
@@ -129,6 +147,63 @@ def half_width(cal: dict, seeds: int, questions: int | None, samples: int) -> fl
 def seeds_needed(cal: dict, target: float, questions: int | None, samples: int) -> int:
     ve = 0.0 if questions is None else cal["var_eval"] * cal["n_questions"] / questions / samples
     return int(math.ceil((Z / target) ** 2 * (cal["var_train"] + ve)))
+
+
+def seed_components(auc_per_seed: dict[str, dict[int, float]], baseline: str) -> dict:
+    """Each method's across-seed AUC variance (ddof 1), the baseline's, and their covariance and correlation over the
+    seeds both have (P5); methods with fewer than 2 seeds are left out, as are the covariance and correlation where
+    fewer than 3 seeds are shared."""
+    b = auc_per_seed[baseline]
+    var_b = float(np.var(list(b.values()), ddof=1)) if len(b) > 1 else math.nan
+    out = {}
+    for m, a in auc_per_seed.items():
+        if len(a) < 2:
+            continue
+        shared = sorted(set(a) & set(b))
+        rec = {"seeds": len(a), "auc_mean": float(np.mean(list(a.values()))),
+               "var": float(np.var(list(a.values()), ddof=1)), "var_baseline": var_b, "baseline_seeds": len(b),
+               "shared_seeds": len(shared), "cov_baseline": None, "corr_baseline": None}
+        if m != baseline and len(shared) >= 3:
+            x, y = np.array([a[s] for s in shared]), np.array([b[s] for s in shared])
+            rec["cov_baseline"] = float(np.cov(x, y, ddof=1)[0, 1])
+            sd = float(x.std(ddof=1) * y.std(ddof=1))
+            rec["corr_baseline"] = rec["cov_baseline"] / sd if sd > 0 else None
+        out[m] = rec
+    return out
+
+
+def unpaired_half_width(var_a: float, seeds_a: int, var_b: float, seeds_b: int) -> float:
+    """P5: ``z sqrt(var_A / S_A + var_B / S_B)``."""
+    return Z * math.sqrt(var_a / seeds_a + var_b / seeds_b)
+
+
+def baseline_seeds_needed(var_a: float, seeds_a: int, var_b: float, target: float) -> int | None:
+    """P5: the fewest baseline seeds whose unpaired half-width with ``seeds_a`` seeds of the method is ``<= target``;
+    ``None`` when the method's own term ``var_A / S_A`` alone exceeds ``(target / z)^2``."""
+    room = (target / Z) ** 2 - var_a / seeds_a
+    if room <= 0:
+        return None
+    return max(2, int(math.ceil(var_b / room - 1e-9)))
+
+
+def unbalanced_designs(components: dict, baseline: str, target: float, seeds_a: tuple[int, ...] = (10,)) -> dict:
+    """Per method (P5, from :func:`seed_components`): the paired and unpaired half-widths at its own seeds, and the
+    baseline seeds that reach ``target`` with its seeds and with each of ``seeds_a``."""
+    out = {}
+    for m, c in components.items():
+        if m == baseline or not math.isfinite(c["var_baseline"]):
+            continue
+        s = c["seeds"]
+        rec = {"seeds": s, "var": c["var"], "var_baseline": c["var_baseline"], "corr_baseline": c["corr_baseline"],
+               "unpaired_half_width": unpaired_half_width(c["var"], s, c["var_baseline"], c["baseline_seeds"]),
+               "baseline_seeds_for_target": {str(k): baseline_seeds_needed(c["var"], k, c["var_baseline"], target)
+                                             for k in sorted({s, *seeds_a})},
+               "own_seeds_for_target_with_any_baseline": int(math.ceil(c["var"] * (Z / target) ** 2 - 1e-9))}
+        if c["cov_baseline"] is not None and c["shared_seeds"] == s == c["baseline_seeds"]:
+            rec["paired_half_width"] = Z * math.sqrt(max(0.0, c["var"] + c["var_baseline"] - 2 * c["cov_baseline"])
+                                                     / s)
+        out[m] = rec
+    return out
 
 
 def finite_interval(ci) -> bool:
@@ -143,8 +218,8 @@ def method_half_widths(curves: dict, baseline: str, target: float) -> dict:
 
     With ``S`` seeds and half-width ``hw``, the interval shrinks as ``1 / sqrt(S)`` (P4 with the method's own
     variance): ``seeds_for_target = ceil(S (hw / target)^2)`` (``S`` itself when already met). Methods without a
-    finite two-level interval (one seed, no question-level outcomes, or seed sets that differ from the baseline's)
-    are left out.
+    finite two-level interval (one seed, no question-level outcomes) are left out; where the seed sets differ
+    (an unpaired interval) the scaling needs both sides' seeds: ``seeds_for_target`` is ``None`` there (P5 instead).
     """
     out = {}
     for m, rec in curves["methods"].items():
@@ -153,9 +228,11 @@ def method_half_widths(curves: dict, baseline: str, target: float) -> dict:
             continue
         seeds = len(rec.get("seeds") or [])
         hw = (ci[1] - ci[0]) / 2
+        paired = rec.get("diff_two_level_paired_seeds", True)
         out[m] = {"seeds": seeds, "auc_diff": rec.get("auc_diff"), "ci_two_level": list(ci), "half_width": hw,
-                  "meets_target": hw <= target,
-                  "seeds_for_target": seeds if hw <= target else int(math.ceil(seeds * (hw / target) ** 2 - 1e-9))}
+                  "meets_target": hw <= target, "paired_seeds": paired,
+                  "seeds_for_target": seeds if hw <= target else (
+                      int(math.ceil(seeds * (hw / target) ** 2 - 1e-9)) if paired else None)}
     return out
 
 
@@ -166,9 +243,12 @@ def main(argv=None) -> int:
     p.add_argument("--value_table", default=None, help="the benchmark's value table (heterogeneity factor h)")
     p.add_argument("--curves_json", default=None, help="committed two-level intervals to check P4 against")
     p.add_argument("--target", type=float, default=0.05, help="half-width to reach (AUC, fraction)")
+    p.add_argument("--without_start_term", action="store_true",
+                   help="leave the start checkpoint's share out of each run's AUC, as the records written before it "
+                        "was counted did (power_design.json, the five-seed power_check.json)")
     p.add_argument("--output", default=None)
     args = p.parse_args(argv)
-    cal = calibrate(args.runs_json, args.baseline, args.value_table)
+    cal = calibrate(args.runs_json, args.baseline, args.value_table, start_term=not args.without_start_term)
     designs = []
     for q, m in ((cal["n_questions"], cal["eval_samples"]), (48, 1), (48, 4), (48, 8), (192, 1), (None, 1)):
         row = {"questions": q, "samples": m, "seeds_needed": seeds_needed(cal, args.target, q, m)}
@@ -190,8 +270,10 @@ def main(argv=None) -> int:
     # the other bound: evaluation noise common to both methods of a seed (the harness samples every method's
     # evaluation with the same seed) cancels in d_s, all of var(d) is training and more evaluation does not help
     pessimistic = {f"hw_S{s}": Z * math.sqrt(cal["var_d_pooled"] / s) for s in (3, 5, 6, 8, 10)}
+    components = seed_components(cal["auc_per_seed"], args.baseline)
+    unbalanced = unbalanced_designs(components, args.baseline, args.target)
     out = {"calibration": cal, "target_half_width": args.target, "designs": designs, "check": check,
-           "if_evaluation_noise_cancels": pessimistic,
+           "if_evaluation_noise_cancels": pessimistic, "seed_components": components, "unbalanced": unbalanced,
            "command": "python " + " ".join([os.path.relpath(__file__), *(argv if argv is not None else sys.argv[1:])])}
     print(f"calibration on {cal['runs_json']} ({cal['n_seeds']} seeds, {cal['n_questions']} questions, "
           f"{cal['eval_samples']} sample(s) each): var(d) {cal['var_d_pooled']:.5f} ({cal['var_d_dof']} dof) = train "
@@ -204,9 +286,21 @@ def main(argv=None) -> int:
     print("  if evaluation noise cancelled in the paired difference (any Q, M): " +
           "  ".join(f"S={k[4:]} {v:.3f}" for k, v in pessimistic.items()))
     for m, c in check.items():
+        need = "see P5 (unpaired seeds)" if c["seeds_for_target"] is None else c["seeds_for_target"]
         print(f"  check {m}: committed two-level half-width {c['committed_half_width']:.3f} at {c['seeds']} seeds "
               f"(predicted {c['predicted_half_width']:.3f}); seeds for +-{args.target:.2f} at its own spread: "
-              f"{c['seeds_for_target']}{' (met)' if c['meets_target'] else ''}")
+              f"{need}{' (met)' if c['meets_target'] else ''}")
+    b = components.get(args.baseline, {})
+    if b:
+        print(f"  unpaired seeds (P5): baseline {args.baseline} AUC sd {math.sqrt(b['var']):.3f} over {b['seeds']} "
+              "seeds")
+    for m, u in unbalanced.items():
+        corr = "n/a" if u["corr_baseline"] is None else f"{u['corr_baseline']:+.2f}"
+        need = ", ".join(f"{k} seeds: {'none suffice' if v is None else v}"
+                         for k, v in u["baseline_seeds_for_target"].items())
+        print(f"  {m}: AUC sd {math.sqrt(u['var']):.3f}, corr with baseline {corr}; half-width paired "
+              f"{u.get('paired_half_width', math.nan):.3f}, unpaired {u['unpaired_half_width']:.3f}; baseline seeds "
+              f"for +-{args.target:.2f} with the method's {need}")
     if args.output:
         from trl_ext._io import write_json
 

@@ -55,7 +55,60 @@ def test_calibration_on_the_committed_benchmark_matches_its_intervals():
     assert rp.half_width(cal, cal["n_seeds"], cal["n_questions"], 1) == pytest.approx(np.mean(hws), rel=0.25)
     committed = json.load(open(os.path.join(ROOT, "benchmarks", "results", "compare", "smollm2", "steps_matched_t07",
                                             "power_design.json")))
-    assert committed["calibration"]["var_train"] == pytest.approx(cal["var_train"])
+    # the committed design was written before the start checkpoint's share was counted: reproduced without it
+    old = rp.calibrate(os.path.join(SUM3, "runs.json"), "grpo_g8", os.path.join(SUM3, "value_table", table),
+                       start_term=False)
+    assert committed["calibration"]["var_train"] == pytest.approx(old["var_train"])
+    assert cal["var_train"] != pytest.approx(old["var_train"])  # the start's share differs between runs
+
+
+@pytest.mark.parametrize("task", ["sum3", "steps_matched_t07"])
+def test_calibration_auc_per_seed_is_eq_c1_of_every_run(task):
+    """P1 with the start term is each run's AUC exactly as ``trl-ext curves`` computes it (eq. C1), for runs whose
+    checkpoints fall at different token counts; without it the per-seed AUCs are off by a run-dependent amount."""
+    rp = _mod()
+    out = os.path.join(ROOT, "benchmarks", "results", "compare", "smollm2", task)
+    curves = json.load(open(os.path.join(out, "curves.json")))
+    kw = dict(budget=curves["budget"])
+    cal = rp.calibrate(os.path.join(out, "runs.json"), "grpo_g8", None, **kw)
+    old = rp.calibrate(os.path.join(out, "runs.json"), "grpo_g8", None, start_term=False, **kw)
+    for m, rec in curves["methods"].items():
+        mine = [cal["auc_per_seed"][m][s] for s in rec["seeds"]]
+        assert mine == pytest.approx(rec["auc"], abs=1e-12)
+        shift = np.array(rec["auc"]) - [old["auc_per_seed"][m][s] for s in rec["seeds"]]
+        assert np.all(shift > 0)  # the start's share, a_0 (1 - sum w) > 0
+    assert any(np.ptp(np.array(r["auc"]) - [old["auc_per_seed"][m][s] for s in r["seeds"]]) > 0.01
+               for m, r in curves["methods"].items())  # and it is not one constant
+
+
+def test_seed_components_and_the_unbalanced_design():
+    """P5: variances over each method's seeds, covariance over the shared ones; the baseline seeds returned reach
+    the target and one fewer does not; none suffice while the method's own term is over the target."""
+    rp = _mod()
+    auc = {"ref": {s: v for s, v in enumerate([0.3, 0.5, 0.4, 0.6, 0.2])},
+           "a": {s: v for s, v in enumerate([0.42, 0.40, 0.44, 0.41, 0.43])},
+           "b": {0: 0.1, 1: 0.9},  # two seeds: no covariance (fewer than 3 shared)
+           "c": {0: 0.5}}  # one seed: left out
+    comp = rp.seed_components(auc, "ref")
+    assert set(comp) == {"ref", "a", "b"}
+    assert comp["a"]["var"] == pytest.approx(np.var([0.42, 0.40, 0.44, 0.41, 0.43], ddof=1))
+    assert comp["a"]["var_baseline"] == pytest.approx(0.025)
+    assert comp["a"]["corr_baseline"] == pytest.approx(np.corrcoef(list(auc["a"].values()),
+                                                                   list(auc["ref"].values()))[0, 1])
+    assert comp["b"]["cov_baseline"] is None
+    var_a, var_b = comp["a"]["var"], comp["a"]["var_baseline"]
+    n = rp.baseline_seeds_needed(var_a, 5, var_b, 0.05)
+    assert rp.unpaired_half_width(var_a, 5, var_b, n) <= 0.05 < rp.unpaired_half_width(var_a, 5, var_b, n - 1)
+    assert rp.unpaired_half_width(var_a, 5, var_b, 5) == pytest.approx(rp.Z * np.sqrt(var_a / 5 + var_b / 5))
+    assert rp.baseline_seeds_needed(0.02, 5, var_b, 0.05) is None  # 0.02 / 5 > (0.05 / 1.96)^2
+    des = rp.unbalanced_designs(comp, "ref", 0.05)
+    assert set(des) == {"a", "b"}
+    assert des["a"]["baseline_seeds_for_target"] == {"5": n, "10": rp.baseline_seeds_needed(var_a, 10, var_b, 0.05)}
+    cov = comp["a"]["cov_baseline"]
+    assert des["a"]["paired_half_width"] == pytest.approx(rp.Z * np.sqrt((var_a + var_b - 2 * cov) / 5))
+    assert "paired_half_width" not in des["b"]
+    own = des["a"]["own_seeds_for_target_with_any_baseline"]
+    assert rp.Z * np.sqrt(var_a / own) <= 0.05
 
 
 def test_method_half_widths_scale_seeds_by_the_squared_ratio():
@@ -65,10 +118,12 @@ def test_method_half_widths_scale_seeds_by_the_squared_ratio():
         "a": {"seeds": [0, 1, 2], "auc_diff": 0.01, "auc_diff_ci_two_level": [-0.07, 0.09]},  # hw 0.08
         "b": {"seeds": [0, 1, 2, 3, 4], "auc_diff_ci_two_level": [-0.04, 0.05]},  # hw 0.045: met
         "c": {"seeds": [0], "auc_diff_ci_two_level": [float("nan"), float("nan")]},  # no interval: left out
-        "d": {"seeds": [0, 1], "auc_diff_ci_two_level": [None, None]},  # seed sets differ (not paired): left out
+        "d": {"seeds": [0, 1], "auc_diff_ci_two_level": [None, None]},  # no interval: left out
+        "e": {"seeds": [0, 1], "auc_diff_ci_two_level": [-0.1, 0.1], "diff_two_level_paired_seeds": False},
     }}
     out = rp.method_half_widths(curves, "grpo_g8", 0.05)
-    assert set(out) == {"a", "b"}
+    assert set(out) == {"a", "b", "e"}
+    assert out["e"]["seeds_for_target"] is None and not out["e"]["paired_seeds"]  # unpaired: P5, not 1/sqrt(S)
     assert out["a"]["half_width"] == pytest.approx(0.08) and not out["a"]["meets_target"]
     assert out["a"]["seeds_for_target"] == 8  # ceil(3 * (0.08 / 0.05)^2) = ceil(7.68)
     # the count it returns reaches the target under 1/sqrt(S) scaling and one seed fewer does not
