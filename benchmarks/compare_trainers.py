@@ -263,7 +263,7 @@ from compare_harness.runs import (  # noqa: E402
     run_one,
     run_or_reuse,
 )
-from compare_harness.settings import build_parser, resolve_settings  # noqa: E402
+from compare_harness.settings import build_parser, resolve_settings, seeds_of  # noqa: E402
 from compare_harness.setups import (  # noqa: E402
     VALUE_TABLE_DIR,
     counting_reward,
@@ -352,11 +352,11 @@ __all__ = [
     "harness_runs",
     "load_trace",
     "lora_config",
-    "memory_key",
     "lr_key",
     "lr_ladder_neighbour",
     "lr_scores",
     "make_plots",
+    "memory_key",
     "merge_lr_choice",
     "pinned_start_checkpoint",
     "point_accuracy",
@@ -364,6 +364,7 @@ __all__ = [
     "resolve_settings",
     "run_one",
     "run_or_reuse",
+    "seeds_of",
     "setup_basis",
     "setup_tiebreak",
     "start_evaluation",
@@ -453,7 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[jobs] {m}: measured peak {gb:.1f} GB -> estimate {peak_memory_gb(s['scale'], m, measured):g} GB",
                   flush=True)
         queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST,
-                          budget_gb=budget, engine_gb=engine_gb, measured=measured)
+                          budget_gb=budget, engine_gb=engine_gb, measured=measured,
+                          extra_seeds=None if args.tune_only else s["extra_seeds"])
         run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=engine_gb, out=out,
                  script=os.path.abspath(__file__), bind_vllm=engines,
                  reestimate=lambda m: peak_memory_gb(s["scale"], m, measured_peaks(out, {m: keys[m]})))
@@ -477,15 +479,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr, source = lrs[name]
         if lr is None:  # tuning gave no learning rate: recorded, not trained
             runs.extend(_skip_record(spec, seed, f"no learning rate: {source}", lr_source=source)
-                        for seed in s["seeds"])
+                        for seed in seeds_of(s, name))
             continue
-        for i, seed in enumerate(s["seeds"]):
+        seeds = seeds_of(s, name)
+        for i, seed in enumerate(seeds):
             rec = harness_runs.run_or_reuse(ctx, spec, seed, os.path.join(out, "runs", name, f"seed{seed}"),
                                             setup_cache, lr)
             rec["lr_source"] = source
             runs.append(rec)
             if rec["status"] == "skipped":  # the same reason holds for every seed
-                runs.extend({**rec, "seed": other} for other in s["seeds"][i + 1:])
+                runs.extend({**rec, "seed": other} for other in seeds[i + 1:])
                 break
 
     if args.queue_job:  # one run of a --jobs queue: the queue's own invocation writes the report
@@ -493,10 +496,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[{r['method']} seed {r['seed']}] {r['status']}: final accuracy "
                   f"{r.get('final_accuracy', float('nan')):.3f} at {r.get('tokens', 0):.0f} tokens", flush=True)
         return 0
-    threshold, threshold_rule = choose_threshold(runs, s["threshold"], start.accuracy, s["threshold_reference"])
-    rows = summarize(runs, threshold, start.accuracy, tune_runs)
-    verdicts = compute_verdicts(runs, rows, s)
-    plots = [] if args.no_plots else make_plots(runs, start.accuracy, out, s.get("eval_mode", "greedy"))
+    # the paired report (threshold, table, verdicts, plots) on --seeds; --extra_seeds runs only in runs.json
+    paired = [r for r in runs if r["seed"] in s["seeds"]]
+    threshold, threshold_rule = choose_threshold(paired, s["threshold"], start.accuracy, s["threshold_reference"])
+    rows = summarize(paired, threshold, start.accuracy, tune_runs)
+    verdicts = compute_verdicts(paired, rows, s)
+    plots = [] if args.no_plots else make_plots(paired, start.accuracy, out, s.get("eval_mode", "greedy"))
     settings = {k: v for k, v in s.items()}
     if settings.get("eval_vllm_python"):  # a machine path: recorded as set, not where
         settings["eval_vllm_python"] = MACHINE_PATH

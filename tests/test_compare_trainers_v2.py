@@ -793,16 +793,43 @@ def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path, caps
     main = {r["method"]: r for r in doc["runs"]}
     assert all(0.05 < r["worker_peak_rss_gb"] < 64 for r in doc["runs"] + doc["tuning_runs"])
     assert main["grpo_g8"]["memory_key"] != main["reinforce_pp"]["memory_key"]
-    # a second invocation with a new seed takes its estimates from the measured peaks
+    # a second invocation with an extra seed of G = 8 (--extra_seeds) takes its estimates from the measured peaks
     rc = ct.main(["--output_dir", str(out), "--smoke", "--protocol", "v2", "--task", "scratchpad",
-                  "--model_name_or_path", tiny_model, "--n_train", "32", "--methods", "grpo_g8", "--tune_lr",
-                  "1e-4", "--tune_extend", "0", "--seeds", "0", "1", "--jobs", "2", "--no_plots"])
+                  "--model_name_or_path", tiny_model, "--n_train", "32", "--methods", "grpo_g8", "reinforce_pp",
+                  "--tune_lr", "1e-4", "--tune_extend", "0", "--seeds", "0", "--extra_seeds", "grpo_g8=1", "--jobs",
+                  "2", "--no_plots"])
     assert rc == 0
+    doc = json.loads((out / "runs.json").read_text())
+    assert sorted((r["method"], r["seed"], r["status"]) for r in doc["runs"]) == [
+        ("grpo_g8", 0, "ok"), ("grpo_g8", 1, "ok"), ("reinforce_pp", 0, "ok")]
+    # the paired report stays on --seeds: one seed a method in the table and the verdicts
+    assert {r["method"]: r["n_seeds"] for r in json.loads((out / "table.json").read_text())["rows"]} == {
+        "grpo_g8": 1, "reinforce_pp": 1}
+    assert all(c.get("n_seeds") in (None, 1) for c in json.loads((out / "verdicts.json").read_text())["comparisons"])
+    seed1_log = (out / "logs" / "jobs" / "grpo_g8_seed1.log").read_text()
+    assert "[grpo_g8 seed 1 lr" in seed1_log and "[grpo_g8 seed 0 lr" not in seed1_log  # the job ran its seed only
     printed = capsys.readouterr().out
     estimate = jobs_mod.peak_memory_gb("cpu", "grpo_g8", {"grpo_g8": main["grpo_g8"]["worker_peak_rss_gb"]})
     assert f"[jobs] grpo_g8: measured peak {main['grpo_g8']['worker_peak_rss_gb']:.1f} GB" in printed
     assert f"[jobs] grpo_g8 seed 1 (slot 0, ~{estimate:g} GB" in printed
     assert estimate != jobs_mod.peak_memory_gb("cpu", "grpo_g8")  # not the table's 2 GB
+
+
+def test_extra_seeds_are_parsed_validated_and_queued(capsys):
+    parse = ct.build_parser().parse_args
+    s = ct.resolve_settings(parse(["--output_dir", "x", "--protocol", "v2", "--seeds", "0", "1", "--methods",
+                                   "grpo_g8", "dapo_dynamic", "--extra_seeds", "grpo_g8=1-3,7", "grpo_g8=9"]))
+    assert s["extra_seeds"] == {"grpo_g8": [2, 3, 7, 9]}  # seed 1 is already in --seeds
+    assert ct.seeds_of(s, "grpo_g8") == [0, 1, 2, 3, 7, 9] and ct.seeds_of(s, "dapo_dynamic") == [0, 1]
+    assert ct.resolve_settings(parse(["--output_dir", "x", "--extra_seeds"]))["extra_seeds"] == {}
+    with pytest.raises(SystemExit, match="not among the methods run"):
+        ct.resolve_settings(parse(["--output_dir", "x", "--methods", "grpo_g8", "--extra_seeds", "pair=5"]))
+    for bad in ("grpo_g8", "grpo_g8=", "=3", "grpo_g8=a-b", "grpo_g8=-1"):
+        with pytest.raises(SystemExit):
+            parse(["--output_dir", "x", "--extra_seeds", bad])
+        assert "must be METHOD=SEEDS" in capsys.readouterr().err
+    q = jobs_mod.plan_jobs(["grpo_g8", "pair"], [0], "smollm2", ct.METHOD_COST, extra_seeds={"grpo_g8": [1, 2]})
+    assert [(j.method, j.seed) for j in q] == [("pair", 0), ("grpo_g8", 0), ("grpo_g8", 1), ("grpo_g8", 2)]
 
 
 def test_jobs_estimates_from_the_measured_peaks_of_the_same_configuration(tmp_path):

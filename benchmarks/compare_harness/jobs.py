@@ -124,15 +124,18 @@ def machine_memory_gb() -> float | None:
 
 def plan_jobs(methods: Sequence[str], seeds: Sequence[int], scale: str,
               cost: dict[str, float] | None = None, *, budget_gb: float | None = None,
-              engine_gb: float = 0.0, measured: dict[str, float] | None = None) -> list[Job]:
+              engine_gb: float = 0.0, measured: dict[str, float] | None = None,
+              extra_seeds: dict[str, Sequence[int]] | None = None) -> list[Job]:
     """The queue: first the jobs that must run alone (:func:`runs_alone` under ``budget_gb`` and ``engine_gb``; in
     increasing seed), then the others seed-major in increasing seed; within a seed, the costliest methods first
     (ties keep the command's order). Each method's jobs stay in increasing seed, so its first job has its smallest
-    seed (:func:`startable`). Estimates: :func:`peak_memory_gb` with ``measured``."""
-    cost = cost or {}
+    seed (:func:`startable`). Estimates: :func:`peak_memory_gb` with ``measured``. ``extra_seeds``: seeds of some
+    methods beyond ``seeds`` (``--extra_seeds``), in the same seed-major order."""
+    cost, extra = cost or {}, extra_seeds or {}
     order = sorted(range(len(methods)), key=lambda i: (-cost.get(methods[i], 1.0), i))
-    queue = [Job(methods[i], s, peak_memory_gb(scale, methods[i], measured)) for s in sorted({int(x) for x in seeds})
-             for i in order]
+    mine = {m: {int(x) for x in seeds} | {int(x) for x in extra.get(m, ())} for m in methods}
+    queue = [Job(methods[i], s, peak_memory_gb(scale, methods[i], measured))
+             for s in sorted(set().union(*mine.values())) for i in order if s in mine[methods[i]]]
     alone = [j for j in queue if runs_alone(j, budget_gb, engine_gb)]
     return alone + [j for j in queue if j not in alone]
 
@@ -198,7 +201,7 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
              out: str, script: str, bind_vllm: bool = False, poll_s: float = 5.0,
              popen: Callable = subprocess.Popen, reestimate: Callable[[str], float] | None = None) -> None:
     """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus
-    ``--methods <m> --seeds <s> --jobs 1 --no_plots --queue_job`` (no report: this invocation writes it), logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
+    ``--methods <m> --seeds <s> --extra_seeds --jobs 1 --no_plots --queue_job`` (no report: this invocation writes it), logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
     ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot
     (``VLLM_CPU_OMP_THREADS_BIND``, unless set). A failed job stops new starts; the others finish, then the
     invocation stops with the failed logs named (finished runs are reused when the command is run again).
@@ -230,8 +233,8 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
                 env = dict(os.environ)
                 if bind_vllm and "VLLM_CPU_OMP_THREADS_BIND" not in env:
                     env["VLLM_CPU_OMP_THREADS_BIND"] = str(slot % (os.cpu_count() or 1))
-                cmd = [sys.executable, script, *argv, "--methods", job.method, "--seeds", str(job.seed), "--jobs",
-                       "1", "--no_plots", "--queue_job"]
+                cmd = [sys.executable, script, *argv, "--methods", job.method, "--seeds", str(job.seed),
+                       "--extra_seeds", "--jobs", "1", "--no_plots", "--queue_job"]
                 print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{job.peak_gb:g} GB; log {log})",
                       flush=True)
                 with open(log, "a", encoding="utf-8") as f:

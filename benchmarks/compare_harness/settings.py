@@ -15,6 +15,22 @@ from trl_ext._argtypes import positive_int as _pos_int
 from .presets import METHODS, PROTOCOLS, REAL_TASK_NAMES, SCALE_PROTOCOL, SCALES, SMOKE, TASK_PRESETS
 
 
+def _extra_seeds_item(text: str) -> tuple[str, list[int]]:
+    """``--extra_seeds`` item ``METHOD=SEEDS``: ``SEEDS`` a comma-separated list of seeds >= 0 or ranges ``a-b``."""
+    method, sep, spec = text.partition("=")
+    seeds: list[int] = []
+    try:
+        for part in spec.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            seeds.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+    except ValueError:
+        seeds = []
+    if not sep or not method or not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"must be METHOD=SEEDS with SEEDS like 10-22 or 10,11,15 (seeds >= 0), got "
+                                         f"{text!r}")
+    return method, sorted(set(seeds))
+
+
 def _memory_gb(text: str) -> float:
     """``--memory_gb``: a finite number >= 0 (0: no limit)."""
     v = float(text)
@@ -26,6 +42,11 @@ def _memory_gb(text: str) -> float:
 #: ``--help`` description (the script's module docstring has the full protocol).
 DESCRIPTION = ("Compute-matched comparison of every trl_ext trainer against plain GRPO and the published "
                "baselines.")
+
+
+def seeds_of(s: dict, method: str) -> list[int]:
+    """The main-run seeds of ``method``: ``--seeds`` then its ``--extra_seeds``."""
+    return [*s["seeds"], *s.get("extra_seeds", {}).get(method, [])]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune_lr", nargs="+", type=_pos_float, default=None, metavar="LR",
                    help="tune each method's learning rate over these values on the validation split (v2 default: "
                         "3e-5 1e-4 3e-4); lr_choice.json in --output_dir, if present, is read instead")
+    p.add_argument("--extra_seeds", nargs="*", type=_extra_seeds_item, default=None, metavar="METHOD=SEEDS",
+                   help="main-run seeds of one method beyond --seeds, e.g. grpo_g8=10-22 (an unbalanced design: the "
+                        "noisier side gets more seeds). They are trained and written to runs.json, where trl-ext "
+                        "curves compares them with unpaired seeds; the table, the verdicts and the threshold use "
+                        "--seeds only, so the paired report is unchanged")
     p.add_argument("--tune_seeds", nargs="+", type=_nonneg_int, default=None,
                    help="training seeds of the tuning runs (default 0)")
     p.add_argument("--tune_extend", type=_nonneg_int, default=None,
@@ -181,6 +207,14 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         s["seeds"] = list(dict.fromkeys(args.seeds))
     if args.tune_seeds is not None:
         s["tune_seeds"] = list(dict.fromkeys(args.tune_seeds))
+    s["extra_seeds"] = {}
+    for method, seeds in args.extra_seeds or []:
+        if method not in s["methods"]:
+            raise SystemExit(f"--extra_seeds names {method!r}, which is not among the methods run "
+                             f"({', '.join(s['methods'])}): add it to --methods or drop it")
+        extra = [x for x in seeds if x not in s["seeds"]]
+        if extra:
+            s["extra_seeds"][method] = sorted(set(s["extra_seeds"].get(method, [])) | set(extra))
     if args.tune_extend is not None:
         s["tune_extend"] = args.tune_extend
     if args.lr_choice_from and (args.tune_lr is not None or args.no_tune or args.tune_only):
