@@ -756,6 +756,7 @@ def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypat
             return 3 if "reinforce_pp" in self.cmd else 0
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(jobs_mod.os, "cpu_count", lambda: 8)
     q = jobs_mod.plan_jobs(["grpo_g8", "reinforce_pp", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST)
     with pytest.raises(SystemExit, match=r"reinforce_pp seed 0 exited with 3 .*reinforce_pp_seed0\.log"):
         jobs_mod.run_jobs(["--scale", "smollm2"], q, slots=2, budget_gb=22.5, engine_gb=4.5, out=str(tmp_path),
@@ -764,7 +765,10 @@ def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypat
     # seed 1; its failure stops the rest (V0.5 seed 1 never starts)
     assert [(p.cmd[p.cmd.index("--methods") + 1], p.cmd[p.cmd.index("--seeds") + 1]) for p in started] == [
         ("grpo_g8", "0"), ("v05_osla", "0"), ("reinforce_pp", "0"), ("grpo_g8", "1")]
-    assert [p.env["VLLM_CPU_OMP_THREADS_BIND"] for p in started] == ["0", "0", "0", "1"]
+    # V0.5 runs alone: it gets both slots' cores (torch threads and its engine's binding)
+    assert [p.env["VLLM_CPU_OMP_THREADS_BIND"] for p in started] == ["0", "0-1", "0", "1"]
+    threads = [p.cmd[p.cmd.index("--num_threads") + 1] if "--num_threads" in p.cmd else None for p in started]
+    assert threads == [None, "2", None, None]
     assert sorted(os.listdir(tmp_path / "logs" / "jobs")) == [
         "grpo_g8_seed0.log", "grpo_g8_seed1.log", "reinforce_pp_seed0.log", "v05_osla_seed0.log"]
     assert started[0].cmd[:4] == [sys.executable, "x.py", "--scale", "smollm2"]

@@ -203,7 +203,8 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
     """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus
     ``--methods <m> --seeds <s> --extra_seeds --jobs 1 --no_plots --queue_job`` (no report: this invocation writes it), logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
     ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot
-    (``VLLM_CPU_OMP_THREADS_BIND``, unless set). A failed job stops new starts; the others finish, then the
+    (``VLLM_CPU_OMP_THREADS_BIND``, unless set). A job that runs alone (:func:`runs_alone`: nothing starts beside
+    it) gets every slot's core: ``--num_threads <slots>`` and an engine bound to CPUs ``0-<slots - 1>``. A failed job stops new starts; the others finish, then the
     invocation stops with the failed logs named (finished runs are reused when the command is run again).
     ``reestimate(method)``: the method's estimate after one of its jobs finished (its new measured peak,
     :func:`measured_peaks`); its pending jobs take it."""
@@ -230,13 +231,17 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
                 pending.remove(job)
                 slot = min(set(range(slots)) - {s for s, _, _ in running.values()})
                 log = os.path.join(log_dir, f"{job.method}_seed{job.seed}.log")
+                # a job that runs alone has every slot's core: its torch threads and its engine use them all
+                threads = min(slots, os.cpu_count() or 1) if runs_alone(job, budget_gb, engine_gb) else 1
                 env = dict(os.environ)
                 if bind_vllm and "VLLM_CPU_OMP_THREADS_BIND" not in env:
-                    env["VLLM_CPU_OMP_THREADS_BIND"] = str(slot % (os.cpu_count() or 1))
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = (f"0-{threads - 1}" if threads > 1
+                                                        else str(slot % (os.cpu_count() or 1)))
                 cmd = [sys.executable, script, *argv, "--methods", job.method, "--seeds", str(job.seed),
-                       "--extra_seeds", "--jobs", "1", "--no_plots", "--queue_job"]
-                print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{job.peak_gb:g} GB; log {log})",
-                      flush=True)
+                       "--extra_seeds", *(["--num_threads", str(threads)] if threads > 1 else []), "--jobs", "1",
+                       "--no_plots", "--queue_job"]
+                print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{job.peak_gb:g} GB"
+                      f"{f', alone: {threads} threads' if threads > 1 else ''}; log {log})", flush=True)
                 with open(log, "a", encoding="utf-8") as f:
                     running[job] = (slot, log, popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env))
         elif not running:
