@@ -200,12 +200,15 @@ def _fits(running: Sequence[Job], job: Job, budget_gb: float | None, engine_gb: 
 def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb: float | None, engine_gb: float,
              out: str, script: str, bind_vllm: bool = False, poll_s: float = 5.0,
              popen: Callable = subprocess.Popen, reestimate: Callable[[str], float] | None = None) -> None:
-    """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus
-    ``--methods <m> --seeds <s> --extra_seeds --jobs 1 --no_plots --queue_job`` (no report: this invocation writes it), logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
-    ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot
-    (``VLLM_CPU_OMP_THREADS_BIND``, unless set). A job that runs alone (:func:`runs_alone`: nothing starts beside
-    it) gets every slot's core: ``--num_threads <slots>`` and an engine bound to CPUs ``0-<slots - 1>``. A failed job stops new starts; the others finish, then the
-    invocation stops with the failed logs named (finished runs are reused when the command is run again).
+    """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus ``--methods <m>
+    --seeds <s> --extra_seeds --jobs 1 --no_plots --queue_job`` (one run; no report: this invocation writes it),
+    logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
+
+    ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot (``VLLM_CPU_OMP_THREADS_BIND``,
+    unless set). A job that runs alone (:func:`runs_alone`: nothing starts beside it) gets every slot's core:
+    ``--num_threads <slots>`` and an engine bound to CPUs ``0-<slots - 1>``. A failed job stops new starts; the
+    others finish, then the invocation stops with the failed logs named (finished runs are reused when the command
+    is run again).
     ``reestimate(method)``: the method's estimate after one of its jobs finished (its new measured peak,
     :func:`measured_peaks`); its pending jobs take it."""
     log_dir = os.path.join(out, "logs", "jobs")
