@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Also bootstrap over questions (two-level: seeds, then questions) from the per-question "
                              "outcome files every curve point names (`outcomes`, relative to runs.json; written by "
                              "the harness with checkpoint_outcomes, e.g. --scale smollm2), with the start "
-                             "checkpoint's outcomes from start_eval.json next to runs.json.")
+                             "checkpoint's outcomes from start_eval.json next to runs.json. Differences to the "
+                             "baseline are paired by question, and by seed where the seed sets match (else each "
+                             "side's seeds are resampled on their own).")
     parser.add_argument("--output", default=None, help="Write the result as JSON.")
 
 
