@@ -901,14 +901,14 @@ def test_run_jobs_reestimates_a_method_when_its_job_finishes():
 def test_peak_rss_measures_from_the_reset():
     import numpy as np
 
-    block = np.ones(2 ** 25)  # 256 MB resident
+    block = np.ones(2 ** 26)  # 512 MB resident (mapped on its own: returned to the system when freed)
     block += 1
     before = jobs_mod.peak_rss_gb()
     del block
     if not jobs_mod.reset_peak_rss():
         pytest.skip("this kernel does not allow resetting the peak resident memory")
     after = jobs_mod.peak_rss_gb()
-    assert before is not None and after is not None and after < before - 0.2
+    assert before is not None and after is not None and after < before - 0.4
 
 
 def test_lr_choice_of_a_concurrent_invocation_is_not_overwritten(monkeypatch, tmp_path):
