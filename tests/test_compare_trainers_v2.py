@@ -619,16 +619,15 @@ def test_jobs_queue_puts_the_jobs_that_run_alone_first():
     assert roomy == jobs_mod.plan_jobs(["grpo_g8", "pair", "v05_osla"], [0, 1], "smollm2", ct.METHOD_COST)
 
 
-def _idle_slot_polls(queue, durations, monkeypatch, slots=2, budget=22.5):
-    """Run ``queue`` with stand-in jobs lasting ``durations[method]`` polls: the polls at which a slot stood empty
-    while jobs were still waiting to start."""
-    live, state = [], {"started": 0, "idle": 0}
-
+def _stand_in_popen(live, duration, on_start=lambda proc: None):
+    """A ``popen`` for :func:`run_jobs` whose processes exit 0 after ``duration(method)`` polls; ``live`` holds the
+    running ones, ``on_start(proc)`` sees each start (``proc.job`` is its (method, seed))."""
     class Proc:
         def __init__(self, cmd, stdout, stderr, env):
-            self.left = durations[cmd[cmd.index("--methods") + 1]]
+            self.job = (cmd[cmd.index("--methods") + 1], int(cmd[cmd.index("--seeds") + 1]))
+            self.left = duration(self.job[0])
             live.append(self)
-            state["started"] += 1
+            on_start(self)
 
         def poll(self):
             self.left -= 1
@@ -636,6 +635,15 @@ def _idle_slot_polls(queue, durations, monkeypatch, slots=2, budget=22.5):
                 return None
             live.remove(self)
             return 0
+
+    return Proc
+
+
+def _idle_slot_polls(queue, durations, monkeypatch, slots=2, budget=22.5):
+    """Run ``queue`` with stand-in jobs lasting ``durations[method]`` polls: the polls at which a slot stood empty
+    while jobs were still waiting to start."""
+    live, state = [], {"started": 0, "idle": 0}
+    Proc = _stand_in_popen(live, durations.__getitem__, lambda _p: state.update(started=state["started"] + 1))
 
     def tick(_seconds):  # the runner's wait between polls
         if len(live) < slots and state["started"] < len(queue):
@@ -866,19 +874,7 @@ def test_run_jobs_reestimates_a_method_when_its_job_finishes():
     """V0.5 starts under the table's 20 GB (alone); once its first job has measured 10 GB, its later seeds run
     beside another job."""
     live, together = [], []
-
-    class Proc:
-        def __init__(self, cmd, stdout, stderr, env):
-            self.job, self.left = (cmd[cmd.index("--methods") + 1], int(cmd[cmd.index("--seeds") + 1])), 3
-            live.append(self)
-            together.append(sorted(p.job for p in live))
-
-        def poll(self):
-            self.left -= 1
-            if self.left > 0:
-                return None
-            live.remove(self)
-            return 0
+    Proc = _stand_in_popen(live, lambda _m: 3, lambda _p: together.append(sorted(p.job for p in live)))
 
     asked = []
 

@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .vllm_eval import proc_field_gib
+
 #: Estimated peak resident memory (GB) of one run's worker process by scale and method (training and its
 #: evaluations, without the evaluation engine); measured with ``benchmarks/rss_monitor.sh`` on the SmolLM2 runs
 #: (``steps_matched_t07/logs/rss*.log``: V0.5 + OSLA 15.7-19.3; GRPO G = 4 / 8, REINFORCE++, DAPO, James-Stein,
@@ -82,14 +84,7 @@ def reset_peak_rss() -> bool:
 def peak_rss_gb() -> float | None:
     """This process's peak resident memory in GB (``VmHWM`` in ``/proc/self/status``; child processes such as the
     evaluation engine are not counted), or ``None`` where it cannot be read."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024 ** 2
-    except OSError:
-        return None
-    return None
+    return proc_field_gib("/proc/self/status", "VmHWM")
 
 
 def measured_peaks(out: str, memory_keys: dict[str, str]) -> dict[str, float]:
@@ -112,14 +107,8 @@ def measured_peaks(out: str, memory_keys: dict[str, str]) -> dict[str, float]:
 
 def machine_memory_gb() -> float | None:
     """Total memory of this machine less 1 GiB (``/proc/meminfo``), or ``None`` where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) / 1024 ** 2 - 1.0
-    except OSError:
-        return None
-    return None
+    total = proc_field_gib("/proc/meminfo", "MemTotal")
+    return None if total is None else total - 1.0
 
 
 def plan_jobs(methods: Sequence[str], seeds: Sequence[int], scale: str,

@@ -42,16 +42,22 @@ ENGINE_OVERHEAD_GIB = 2.0
 MEMORY_RETRIES, RETRY_WAIT_S, MEMORY_WAIT_MAX_S = 10, 60.0, 1800.0
 
 
-def available_gib() -> float | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in GiB (``None`` where there is no such file)."""
+def proc_field_gib(path: str, field: str) -> float | None:
+    """A ``kB`` field of a ``/proc`` file (``/proc/meminfo``'s ``MemAvailable``, ``/proc/self/status``'s ``VmHWM``)
+    in GiB; ``None`` where the file or field is missing."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 2**20
     except OSError:
         return None
     return None
+
+
+def available_gib() -> float | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in GiB (``None`` where there is no such file)."""
+    return proc_field_gib("/proc/meminfo", "MemAvailable")
 
 
 def wait_for_memory(gib: float, *, poll_s: float = 30.0, max_s: float = MEMORY_WAIT_MAX_S) -> float:
