@@ -206,6 +206,45 @@ def unbalanced_designs(components: dict, baseline: str, target: float, seeds_a: 
     return out
 
 
+def baseline_seed_rule(unbalanced: dict, baseline: str, method_seeds: int, baseline_seeds: int,
+                       cap: int = 30) -> dict:
+    """The amended seed rule (docs/results.md, fixed before any seed 6-9 result was read), from P5's designs.
+
+    Each method's count is the baseline seeds that bring its unpaired half-width to the target with ``method_seeds``
+    seeds of its own (``baseline_seeds_for_target[str(method_seeds)]`` of :func:`unbalanced_designs`). The baseline
+    runs to ``N`` seeds, the largest count that is at most ``cap`` (never fewer than it has); a method whose count is
+    ``None`` (no number suffices) or over ``cap`` is named not resolved. The rule reads the spreads only: no
+    difference's sign or size enters it.
+
+    Returns
+    -------
+    dict
+        ``baseline_seeds`` (``N``), ``extra_seeds`` (the seed indices ``baseline_seeds .. N - 1``, empty when none are
+        needed), ``extra_seeds_arg`` (``"<baseline>=<first>-<last>"`` for ``compare_trainers.py --extra_seeds``, or
+        ``None``), ``counts`` (method -> count), ``expected_resolved`` and ``not_resolved`` (sorted method lists).
+
+    Raises
+    ------
+    ValueError
+        When a method has no design at ``method_seeds`` seeds (run :func:`unbalanced_designs` with it in
+        ``seeds_a``).
+    """
+    key = str(method_seeds)
+    counts = {}
+    for m, u in unbalanced.items():
+        if key not in u["baseline_seeds_for_target"]:
+            raise ValueError(f"{m}: no P5 design at {method_seeds} seeds of its own; pass seeds_a=({method_seeds},) to "
+                             "unbalanced_designs")
+        counts[m] = u["baseline_seeds_for_target"][key]
+    within = {m: c for m, c in counts.items() if c is not None and c <= cap}
+    n = max([baseline_seeds, *within.values()])
+    extra = list(range(baseline_seeds, n))
+    return {"cap": cap, "method_seeds": method_seeds, "baseline": baseline, "baseline_seeds": n,
+            "extra_seeds": extra,
+            "extra_seeds_arg": f"{baseline}={extra[0]}-{extra[-1]}" if extra else None,
+            "counts": counts, "expected_resolved": sorted(within), "not_resolved": sorted(set(counts) - set(within))}
+
+
 def finite_interval(ci) -> bool:
     """A two-level interval with both ends finite (``trl-ext curves`` writes ``[None, None]`` where the two sides'
     seed sets differ and no paired interval exists)."""
@@ -246,6 +285,9 @@ def main(argv=None) -> int:
     p.add_argument("--without_start_term", action="store_true",
                    help="leave the start checkpoint's share out of each run's AUC, as the records written before it "
                         "was counted did (power_design.json, the five-seed power_check.json)")
+    p.add_argument("--method_seeds", type=int, default=10,
+                   help="each method's own seeds in the amended seed rule (the baseline's extra seeds, P5)")
+    p.add_argument("--seed_cap", type=int, default=30, help="the most baseline seeds the amended seed rule allows")
     p.add_argument("--output", default=None)
     args = p.parse_args(argv)
     cal = calibrate(args.runs_json, args.baseline, args.value_table, start_term=not args.without_start_term)
@@ -271,9 +313,12 @@ def main(argv=None) -> int:
     # evaluation with the same seed) cancels in d_s, all of var(d) is training and more evaluation does not help
     pessimistic = {f"hw_S{s}": Z * math.sqrt(cal["var_d_pooled"] / s) for s in (3, 5, 6, 8, 10)}
     components = seed_components(cal["auc_per_seed"], args.baseline)
-    unbalanced = unbalanced_designs(components, args.baseline, args.target)
+    unbalanced = unbalanced_designs(components, args.baseline, args.target, seeds_a=(10, args.method_seeds))
+    rule = (baseline_seed_rule(unbalanced, args.baseline, args.method_seeds, components[args.baseline]["seeds"],
+                               args.seed_cap) if args.baseline in components else None)
     out = {"calibration": cal, "target_half_width": args.target, "designs": designs, "check": check,
            "if_evaluation_noise_cancels": pessimistic, "seed_components": components, "unbalanced": unbalanced,
+           "seed_rule": rule,
            "command": "python " + " ".join([os.path.relpath(__file__), *(argv if argv is not None else sys.argv[1:])])}
     print(f"calibration on {cal['runs_json']} ({cal['n_seeds']} seeds, {cal['n_questions']} questions, "
           f"{cal['eval_samples']} sample(s) each): var(d) {cal['var_d_pooled']:.5f} ({cal['var_d_dof']} dof) = train "
@@ -301,6 +346,12 @@ def main(argv=None) -> int:
         print(f"  {m}: AUC sd {math.sqrt(u['var']):.3f}, corr with baseline {corr}; half-width paired "
               f"{u.get('paired_half_width', math.nan):.3f}, unpaired {u['unpaired_half_width']:.3f}; baseline seeds "
               f"for +-{args.target:.2f} with the method's {need}")
+    if rule is not None:
+        print(f"  seed rule (cap {rule['cap']}, {rule['method_seeds']} seeds a method): {args.baseline} to "
+              f"{rule['baseline_seeds']} seeds"
+              + (f" (--extra_seeds {rule['extra_seeds_arg']})" if rule["extra_seeds_arg"] else " (no extra seeds)")
+              + f"; expected resolved: {', '.join(rule['expected_resolved']) or 'none'}; not resolved: "
+              f"{', '.join(rule['not_resolved']) or 'none'}")
     if args.output:
         from trl_ext._io import write_json
 

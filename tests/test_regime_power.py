@@ -141,3 +141,44 @@ def test_training_variance_removes_the_evaluation_part_at_the_runs_own_samples()
     cal = {"var_train": rp.training_variance(0.0066, 0.0016, 4), "var_eval": 0.0016, "n_questions": 48}
     # the half-width at the runs' own design (S seeds, Q0, M0) reproduces var(d) / S
     assert rp.half_width(cal, 5, 48, 4) == pytest.approx(rp.Z * np.sqrt(0.0066 / 5))
+
+
+def test_baseline_seed_rule_takes_the_largest_count_within_the_cap():
+    """The amended seed rule: the baseline runs to the largest per-method count <= cap; counts over the cap or with
+    no number sufficing are named not resolved; no extra seeds when every count is already met."""
+    rp = _mod()
+
+    def des(counts):
+        return {m: {"baseline_seeds_for_target": {"10": c, "5": 99}} for m, c in counts.items()}
+
+    rule = rp.baseline_seed_rule(des({"dapo": 15, "v05": 17, "g4": 23, "js": 49, "basis": None}), "grpo_g8", 10, 10)
+    assert rule["baseline_seeds"] == 23 and rule["extra_seeds"] == list(range(10, 23))
+    assert rule["extra_seeds_arg"] == "grpo_g8=10-22"
+    assert rule["expected_resolved"] == ["dapo", "g4", "v05"] and rule["not_resolved"] == ["basis", "js"]
+    # a count exactly at the cap is within it; one over is not
+    assert rp.baseline_seed_rule(des({"a": 30, "b": 31}), "ref", 10, 10)["baseline_seeds"] == 30
+    assert rp.baseline_seed_rule(des({"a": 30, "b": 31}), "ref", 10, 10)["not_resolved"] == ["b"]
+    # counts below the baseline's own seeds: nothing to add, never fewer seeds than it has
+    none = rp.baseline_seed_rule(des({"a": 4, "b": None}), "ref", 10, 10)
+    assert none["baseline_seeds"] == 10 and none["extra_seeds"] == [] and none["extra_seeds_arg"] is None
+    # the seeds of a method's design are the rule's; a missing design is an error, not a silent default
+    assert rp.baseline_seed_rule(des({"a": 12}), "ref", 5, 10)["counts"] == {"a": 99}
+    with pytest.raises(ValueError, match="no P5 design at 8 seeds"):
+        rp.baseline_seed_rule(des({"a": 12}), "ref", 8, 10)
+
+
+def test_seed_rule_in_the_cli_output_follows_the_p5_designs(tmp_path):
+    """End to end on the committed five-seed regime runs: ``seed_rule`` in the output applies the rule to the
+    ``unbalanced`` designs written beside it."""
+    rp = _mod()
+    out_dir = os.path.join(ROOT, "benchmarks", "results", "compare", "smollm2", "steps_matched_t07")
+    dest = tmp_path / "power.json"
+    assert rp.main(["--runs_json", os.path.join(out_dir, "runs.json"), "--baseline", "grpo_g8", "--output",
+                    str(dest)]) == 0
+    rec = json.load(open(dest))
+    rule, unb = rec["seed_rule"], rec["unbalanced"]
+    counts = {m: u["baseline_seeds_for_target"]["10"] for m, u in unb.items()}
+    assert rule["counts"] == counts
+    within = [c for c in counts.values() if c is not None and c <= 30]
+    assert rule["baseline_seeds"] == max([rec["seed_components"]["grpo_g8"]["seeds"], *within])
+    assert set(rule["expected_resolved"]) | set(rule["not_resolved"]) == set(unb)
