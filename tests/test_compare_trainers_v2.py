@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from types import SimpleNamespace
@@ -779,6 +780,10 @@ def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypat
     assert threads == [None, "2", None, None]
     assert sorted(os.listdir(tmp_path / "logs" / "jobs")) == [
         "grpo_g8_seed0.log", "grpo_g8_seed1.log", "reinforce_pp_seed0.log", "v05_osla_seed0.log"]
+    # each start is marked in its log (the logs are appended to across invocations)
+    marks = (tmp_path / "logs" / "jobs" / "v05_osla_seed0.log").read_text().splitlines()
+    assert len(marks) == 1 and re.fullmatch(r"\[jobs\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: v05_osla seed 0 started "
+                                            r"\(slot 0, 2 thread\(s\)\)", marks[0])
     assert started[0].cmd[:4] == [sys.executable, "x.py", "--scale", "smollm2"]
     assert started[0].cmd[-4:] == ["--jobs", "1", "--no_plots", "--queue_job"]
 

@@ -191,7 +191,8 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
              popen: Callable = subprocess.Popen, reestimate: Callable[[str], float] | None = None) -> None:
     """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus ``--methods <m>
     --seeds <s> --extra_seeds --jobs 1 --no_plots --queue_job`` (one run; no report: this invocation writes it),
-    logging to ``<out>/logs/jobs/<method>_seed<s>.log``.
+    logging to ``<out>/logs/jobs/<method>_seed<s>.log`` (appended, each start marked by a ``[jobs] <UTC time>``
+    line).
 
     ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot (``VLLM_CPU_OMP_THREADS_BIND``,
     unless set). A job that runs alone (:func:`runs_alone`: nothing starts beside it) gets every slot's core:
@@ -235,6 +236,10 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
                 print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{job.peak_gb:g} GB"
                       f"{f', alone: {threads} threads' if threads > 1 else ''}; log {log})", flush=True)
                 with open(log, "a", encoding="utf-8") as f:
+                    # the log is appended to by every invocation that runs (or reuses) this job: mark where one starts
+                    f.write(f"[jobs] {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: {job.method} seed "
+                            f"{job.seed} started (slot {slot}, {threads} thread(s))\n")
+                    f.flush()
                     running[job] = (slot, log, popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env))
         elif not running:
             break
