@@ -592,6 +592,40 @@ def test_trace_lives_in_its_own_file_and_old_inline_traces_still_read(tiny_model
     assert ct.load_trace({"status": "failed"}, str(out)) is None
 
 
+def test_engine_waits_are_recorded_per_checkpoint_and_per_run(tiny_model, tmp_path, monkeypatch):
+    """An engine evaluation's wait for another worker (the engine lock plus free memory) is recorded on its
+    checkpoint and summed on the run; each checkpoint's evaluation wall adds up to the run's; the per-call waits are
+    kept out of ``eval_engine`` (the engine's setup)."""
+    runs_mod = sys.modules["compare_harness.runs"]
+    real = runs_mod.evaluate_checkpoint
+    waits = {"lock_wait_s": 2.0, "memory_wait_s": 0.5, "engine_attempts": 1}
+
+    def on_engine(ctx, model, seed, split):
+        g, sampled = real(ctx, model, seed, split)
+        for r in (g, sampled):
+            if r is not None:
+                r.backend_settings = {"backend": "vllm", "dtype": "float32", **waits}
+        return g, sampled
+
+    monkeypatch.setattr(runs_mod, "evaluate_checkpoint", on_engine)
+    out = tmp_path / "out"
+    assert ct.main(["--output_dir", str(out), "--smoke", "--model_name_or_path", tiny_model, "--methods", "grpo_g4",
+                    "--seeds", "0", "--no_plots"]) == 0
+    res = json.loads((out / "runs" / "grpo_g4" / "seed0" / "result.json").read_text())
+    per_eval = 2.5 * (1 + (res["curve"][0].get("sampled_accuracy") is not None and "greedy_accuracy" in
+                           res["curve"][0]))  # greedy + sampled: two engine calls a checkpoint
+    fresh = [p for p in res["curve"] if "eval_engine_wait_s" in p]
+    assert fresh and all(p["eval_engine_wait_s"] == pytest.approx(per_eval) for p in fresh)
+    assert res["eval_engine_wait_s"] == pytest.approx(per_eval * len(fresh))
+    assert sum(p["eval_wall_s"] for p in res["curve"]) == pytest.approx(res["eval_wall_s"])
+    assert res["eval_engine"] == {"backend": "vllm", "dtype": "float32"}
+    monkeypatch.setattr(runs_mod, "evaluate_checkpoint", real)  # transformers sampling: no wait recorded
+    assert ct.main(["--output_dir", str(tmp_path / "hf"), "--smoke", "--model_name_or_path", tiny_model,
+                    "--methods", "grpo_g4", "--seeds", "0", "--no_plots"]) == 0
+    hf = json.loads((tmp_path / "hf" / "runs" / "grpo_g4" / "seed0" / "result.json").read_text())
+    assert hf["eval_engine_wait_s"] is None and not any("eval_engine_wait_s" in p for p in hf["curve"])
+
+
 def _job(m, s, gb=8.0):
     return jobs_mod.Job(m, s, gb)
 

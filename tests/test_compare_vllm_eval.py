@@ -191,16 +191,68 @@ def test_a_child_refused_for_memory_is_retried_and_other_failures_raise(tiny, mo
     monkeypatch.setattr(subprocess, "run", fake_run)
     monkeypatch.setattr(vllm_eval.time, "sleep", lambda s: None)
     monkeypatch.setattr(vllm_eval, "wait_for_memory", lambda gib: waits.append(gib) or 0.0)
+    monkeypatch.setattr(vllm_eval.tempfile, "gettempdir", lambda: str(tmp_path / "lock"))  # not a running benchmark's
+    os.makedirs(tmp_path / "lock")
     kw = dict(num_samples=1, temperature=1.0, max_new_tokens=4, eval_seed=0, work_dir=str(tmp_path))
     outcome = "memory"
     comps, settings = vllm_eval.generate(model, tok, [r["prompt"] for r in rows[:2]], [0, 1], **kw)
-    assert len(runs) == 3 and comps == [[[1, 2]]] * 2 and settings == {"backend": "vllm"}
+    assert len(runs) == 3 and comps == [[[1, 2]]] * 2
+    assert settings == {"backend": "vllm", "lock_wait_s": pytest.approx(0.0, abs=1.0), "memory_wait_s": 0.0,
+                        "engine_attempts": 3}
     assert len(waits) == 3 and waits[0] == float(vllm_eval.DEFAULT_KVCACHE_GIB) + vllm_eval.ENGINE_OVERHEAD_GIB
     runs.clear()
     outcome = "other"
     with pytest.raises(RuntimeError, match="something else"):
         vllm_eval.generate(model, tok, [r["prompt"] for r in rows[:2]], [0, 1], **kw)
-    assert len(runs) == 1 and os.listdir(tmp_path) == []
+    assert len(runs) == 1 and os.listdir(tmp_path) == ["lock"]
+
+
+def test_engine_wait_is_measured_while_another_engine_holds_the_lock(tiny, monkeypatch, tmp_path):
+    """``lock_wait_s``: the time a call waited for another worker's engine (the lock held elsewhere); the
+    harness's ``engine_wait_s`` adds the memory wait and ignores transformers evaluations."""
+    import json
+    import subprocess
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from compare_harness import evaluation, vllm_eval
+    from transformers import AutoModelForCausalLM
+
+    path, tok, rows = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+
+    def fake_run(cmd, env, capture_output, text):
+        with open(cmd[cmd.index("--response") + 1], "w") as f:
+            json.dump({"completions": [[[1, 2]]], "settings": {"backend": "vllm"}}, f)
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(vllm_eval, "wait_for_memory", lambda gib: 0.25)
+    monkeypatch.setattr(vllm_eval.tempfile, "gettempdir", lambda: str(tmp_path / "lock"))  # not a running benchmark's
+    os.makedirs(tmp_path / "lock")
+    held = threading.Event()
+
+    def other_worker():
+        with vllm_eval.one_engine_at_a_time():
+            held.set()
+            time.sleep(0.5)
+
+    t = threading.Thread(target=other_worker)
+    t.start()
+    held.wait()
+    kw = dict(num_samples=1, temperature=1.0, max_new_tokens=4, eval_seed=0, work_dir=str(tmp_path / "work"))
+    os.makedirs(tmp_path / "work")
+    _, settings = vllm_eval.generate(model, tok, [rows[0]["prompt"]], [0], **kw)
+    t.join()
+    assert 0.3 <= settings["lock_wait_s"] < 5.0 and settings["memory_wait_s"] == 0.25
+    assert settings["engine_attempts"] == 1
+    _, free = vllm_eval.generate(model, tok, [rows[0]["prompt"]], [0], **kw)
+    assert free["lock_wait_s"] < 0.3  # nobody held it
+    r = SimpleNamespace(backend_settings=settings)
+    assert evaluation.engine_wait_s(r, None) == pytest.approx(settings["lock_wait_s"] + 0.25)
+    assert evaluation.engine_wait_s(r, r) == pytest.approx(2 * (settings["lock_wait_s"] + 0.25))
+    assert evaluation.engine_wait_s(SimpleNamespace(backend_settings=None), None) is None
 
 
 def test_wait_for_memory_polls_until_enough_is_free(monkeypatch):

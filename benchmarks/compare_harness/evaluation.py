@@ -139,6 +139,19 @@ def evaluate_checkpoint(ctx: Context, model, seed: int, split: str):
     return g, sampled
 
 
+#: Per-call keys of an engine evaluation's settings (:func:`.vllm_eval.generate`): its waits, not the engine's setup.
+ENGINE_WAIT_KEYS = ("lock_wait_s", "memory_wait_s", "engine_attempts")
+
+
+def engine_wait_s(*results) -> float | None:
+    """Seconds the engine evaluations among ``results`` (``EvalResult`` or ``None``) waited for another worker
+    before their engines ran: the machine's engine lock plus free memory (:func:`.vllm_eval.generate`); ``None``
+    when none of them ran on an engine (transformers sampling does not wait)."""
+    waits = [float(st.get("lock_wait_s", 0.0)) + float(st.get("memory_wait_s", 0.0))
+             for st in (getattr(r, "backend_settings", None) for r in results) if st and "lock_wait_s" in st]
+    return sum(waits) if waits else None
+
+
 def eval_samples_for(s: dict, split: str) -> int:
     """Samples per question of an evaluation on ``split``: ``test_eval_samples`` on the test split when set (more
     samples where the comparison is read, the validation split of the tuning unchanged), else ``eval_samples``."""

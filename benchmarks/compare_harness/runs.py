@@ -23,7 +23,7 @@ from .callbacks import (
     step_trace,
 )
 from .context import Context, _load_object
-from .evaluation import accuracy_by_level, eval_engine_dtype, evaluate_checkpoint
+from .evaluation import ENGINE_WAIT_KEYS, accuracy_by_level, engine_wait_s, eval_engine_dtype, evaluate_checkpoint
 from .jobs import peak_rss_gb, reset_peak_rss
 from .presets import GRADED_REWARDS, TOKEN_METRIC, MethodSpec, MethodUnavailable, SetupResult
 from .setups import get_setup
@@ -142,7 +142,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         rec["setup_info"] = dict(setup.info)
 
     curve: list[dict] = []
-    timer = {"eval_s": 0.0, "t0": None}
+    timer = {"eval_s": 0.0, "t0": None, "engine_wait_s": 0.0}
     final: dict = {}
     model_holder: dict = {}
 
@@ -154,16 +154,21 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         trained_s = train_wall()  # read before this evaluation runs: it is not training time
         model = model_holder["trainer"].model
         last = model_holder.get("last_eval")
+        waited = None
         if last is not None and last[:2] == (step, tokens):  # several checkpoints crossed in one step: same model
             g, sampled = last[2:]
         else:
             g, sampled = evaluate_checkpoint(ctx, model, seed, split)
             model_holder["last_eval"] = (step, tokens, g, sampled)
+            waited = engine_wait_s(g, sampled)
+            timer["engine_wait_s"] += waited or 0.0
         sampled_primary = s.get("eval_mode") == "sampled"  # then g holds the sampled evaluation
         point = {"nominal_tokens": nominal, "tokens": tokens, "step": step, "train_wall_s": trained_s,
                  "accuracy": g.accuracy, ("sampled_accuracy" if sampled_primary else "greedy_accuracy"): g.accuracy}
         if sampled is not None:
             point["sampled_accuracy"] = sampled.accuracy
+        if waited is not None:  # an engine evaluation: the part of it spent waiting for another worker's engine
+            point["eval_engine_wait_s"] = waited
         from trl_ext.testbed import write_outcomes_jsonl
 
         if s.get("checkpoint_outcomes") and not is_final:  # per-question outcomes of every checkpoint
@@ -182,10 +187,13 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
             final["point"] = point
             final["engine"] = getattr(g, "backend_settings", None)
             final["by_level"] = accuracy_by_level(g.records, ctx.difficulty_levels(split))
-        timer["eval_s"] += time.perf_counter() - t
+        point["eval_wall_s"] = time.perf_counter() - t
+        timer["eval_s"] += point["eval_wall_s"]
         print(f"  [{spec.name} seed {seed} lr {lr:g}] {tokens:>9.0f} tokens (step {step}, train "
               f"{point['train_wall_s']:.1f} s): {split} {'sampled' if sampled_primary else 'greedy'} "
-              f"{g.accuracy:.3f}" + (f", sampled {sampled.accuracy:.3f}" if sampled else ""), flush=True)
+              f"{g.accuracy:.3f}" + (f", sampled {sampled.accuracy:.3f}" if sampled else "")
+              + (f" (evaluation {point['eval_wall_s']:.0f} s, {waited:.0f} s of it waiting for another engine)"
+                 if waited is not None else ""), flush=True)
 
     budget = float(s["token_budget"])
     every = float(s["eval_every_tokens"])
@@ -218,10 +226,12 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         curve=curve, tokens=cb.tokens, token_metric=TOKEN_METRIC if cb.seen else None,
         budget_reached=cb.reached,
         steps=trainer.state.global_step, train_wall_s=train_wall(), eval_wall_s=timer["eval_s"],
+        eval_engine_wait_s=timer["engine_wait_s"] if any("eval_engine_wait_s" in p for p in curve) else None,
         final_accuracy=final["point"]["accuracy"], final_greedy_accuracy=final["point"].get("greedy_accuracy"),
         final_sampled_accuracy=final["point"].get("sampled_accuracy"),
         final_accuracy_by_level=final["by_level"],
-        eval_engine=({k: v for k, v in final["engine"].items() if k != "calls"} if final.get("engine") else None),
+        eval_engine=({k: v for k, v in final["engine"].items() if k not in ("calls", *ENGINE_WAIT_KEYS)}
+                     if final.get("engine") else None),
         outcomes=os.path.relpath(final["outcomes"], s["output_dir"]),
         outcomes_sampled=(os.path.relpath(final["outcomes_sampled"], s["output_dir"])
                           if "outcomes_sampled" in final else None),

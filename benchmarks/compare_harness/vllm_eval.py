@@ -142,7 +142,9 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
     -------
     (completions, settings)
         ``completions[i][j]``: token ids of sample ``j`` of prompt ``i`` (up to and including the first EOS);
-        ``settings``: the engine and sampling settings the child recorded.
+        ``settings``: the engine and sampling settings the child recorded, plus this call's waits before its
+        engine ran: ``lock_wait_s`` (for another worker's engine, :func:`one_engine_at_a_time`), ``memory_wait_s``
+        (:func:`wait_for_memory`, over every attempt) and ``engine_attempts``.
 
     Raises
     ------
@@ -170,9 +172,11 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
             json.dump(request, f)
         cmd = [python or sys.executable, os.path.abspath(__file__), "--request", req_path, "--response", resp_path]
         env = child_env()
+        t_lock, memory_wait_s = time.perf_counter(), 0.0
         with one_engine_at_a_time():
+            lock_wait_s = time.perf_counter() - t_lock  # another worker's engine held the machine's lock
             for attempt in range(MEMORY_RETRIES + 1):
-                wait_for_memory(float(env["VLLM_CPU_KVCACHE_SPACE"]) + ENGINE_OVERHEAD_GIB)
+                memory_wait_s += wait_for_memory(float(env["VLLM_CPU_KVCACHE_SPACE"]) + ENGINE_OVERHEAD_GIB)
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 out = proc.stdout + proc.stderr
                 if proc.returncode == 0 or KV_MEMORY_ERROR not in out or attempt == MEMORY_RETRIES:
@@ -183,7 +187,8 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
             raise RuntimeError(f"the vLLM evaluation child failed (exit {proc.returncode}):\n{tail}")
         with open(resp_path) as f:
             resp = json.load(f)
-        return resp["completions"], resp["settings"]
+        waits = {"lock_wait_s": lock_wait_s, "memory_wait_s": memory_wait_s, "engine_attempts": attempt + 1}
+        return resp["completions"], {**resp["settings"], **waits}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
