@@ -911,19 +911,19 @@ def test_jobs_estimates_from_the_measured_peaks_of_the_same_configuration(tmp_pa
 
 
 def test_measured_estimates_keep_two_smollm2_runs_side_by_side_and_v05_alone():
-    """The margin on measured peaks must not serialise the queue: at the SmolLM2 regime runs' measured worker peaks
-    (GB, ``worker_peak_rss_gb``) two GRPO-class runs fit the 22.5 GB budget beside one engine, V0.5 + OSLA still
-    runs alone (a margin of 1.25 had left every pair over the budget and a core idle)."""
+    """The margin on measured peaks must not serialise the queue: at the SmolLM2 regime runs' largest measured worker
+    peaks (GB, ``worker_peak_rss_gb``) any two of the other methods fit the 22.5 GB budget beside one
+    engine, V0.5 + OSLA still runs alone (a margin of 1.25, then 1.1, left pairs over the budget and a core idle)."""
     measured = {"grpo_g8": 8.0, "grpo_g4": 7.76, "reinforce_pp": 8.2, "dapo_dynamic": 7.58, "james_stein": 7.85,
-                "pair": 6.51, "v05_osla": 19.49}
+                "pair": 6.51, "basis": 8.74, "v05_osla": 19.49}
     budget, engine = 22.5, jobs_mod.ENGINE_PEAK_GB
     q = jobs_mod.plan_jobs(list(measured), [7], "smollm2", ct.METHOD_COST, budget_gb=budget, engine_gb=engine,
                            measured=measured)
     by = {j.method: j for j in q}
     assert q[0].method == "v05_osla" and jobs_mod.runs_alone(by["v05_osla"], budget, engine)
     others = [m for m in measured if m != "v05_osla"]
-    for a in others:
-        for b in others:
+    for i, a in enumerate(others):
+        for b in others[i + 1:]:  # one method's seeds meet only at the queue's end (seed-major)
             assert jobs_mod._fits([by[a]], by[b], budget, engine), (a, b)
     # every estimate still covers its measured peak
     assert all(j.peak_gb >= measured[j.method] for j in q)
