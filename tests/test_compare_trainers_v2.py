@@ -911,8 +911,8 @@ def test_jobs_estimates_from_the_measured_peaks_of_the_same_configuration(tmp_pa
 
 
 def test_measured_estimates_keep_two_smollm2_runs_side_by_side_and_v05_alone():
-    """The margin on measured peaks must not serialise the queue: at the SmolLM2 regime runs' largest measured worker
-    peaks (GB, ``worker_peak_rss_gb``) any two of the other methods fit the 22.5 GB budget beside one
+    """The margin on measured peaks must not serialise the queue: at the SmolLM2 regime runs' worker peaks measured
+    when the margin was set (GB, ``worker_peak_rss_gb``) any two of the other methods fit the 22.5 GB budget beside one
     engine, V0.5 + OSLA still runs alone (a margin of 1.25, then 1.1, left pairs over the budget and a core idle)."""
     measured = {"grpo_g8": 8.0, "grpo_g4": 7.76, "reinforce_pp": 8.2, "dapo_dynamic": 7.58, "james_stein": 7.85,
                 "pair": 6.51, "basis": 8.74, "v05_osla": 19.49}

@@ -52,8 +52,9 @@ FALLBACK_PEAK_GB = 2.0
 #: (in its evaluation, while the worker idles below its peak) never coincide, yet :func:`_fits` adds both. 1.25 (the
 #: ratio of V0.5 + OSLA's seed peaks, 15.7 to 19.5 GB) put every SmolLM2 pair over the 22.5 GB budget (runs
 #: measured at 6.5-8.7 GB planned at 8.1-10.9 each, beside a 4.5 GB engine) and left a core idle, while such pairs
-#: never used more than 17.7 GB together, engine and queue included (30 s samples, ``logs/rss_main12.log``).
-#: At 1.05 every such pair fits and V0.5's runs (17.2-19.5 GB) stay alone.
+#: never used more than 17.6 GB together, engine and queue included (30 s samples, ``logs/rss_main12.log``).
+#: At 1.05 every such pair fitted (G = 8 seed 7 then peaked at 8.8 GB, over the budget beside BASIS: see docs/results.md)
+#: and V0.5's runs (17.2-19.5 GB) stay alone.
 MEASURED_MARGIN = 1.05
 #: The evaluation engine's child process (``--test_eval_backend vllm``; measured 3.9-4.1 GB on SmolLM2).
 ENGINE_PEAK_GB = 4.5
