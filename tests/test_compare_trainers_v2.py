@@ -598,7 +598,7 @@ def test_engine_waits_are_recorded_per_checkpoint_and_per_run(tiny_model, tmp_pa
     kept out of ``eval_engine`` (the engine's setup)."""
     runs_mod = sys.modules["compare_harness.runs"]
     real = runs_mod.evaluate_checkpoint
-    waits = {"lock_wait_s": 2.0, "memory_wait_s": 0.5, "engine_attempts": 1}
+    waits = {"lock_wait_s": 2.0, "memory_wait_s": 0.5, "engine_attempts": 1, "worker_rss_gb": 5.5}
 
     def on_engine(ctx, model, seed, split):
         g, sampled = real(ctx, model, seed, split)
@@ -619,11 +619,13 @@ def test_engine_waits_are_recorded_per_checkpoint_and_per_run(tiny_model, tmp_pa
     assert res["eval_engine_wait_s"] == pytest.approx(per_eval * len(fresh))
     assert sum(p["eval_wall_s"] for p in res["curve"]) == pytest.approx(res["eval_wall_s"])
     assert res["eval_engine"] == {"backend": "vllm", "dtype": "float32"}
+    assert res["worker_eval_rss_gb"] == 5.5  # the worker's memory while its engine ran
     monkeypatch.setattr(runs_mod, "evaluate_checkpoint", real)  # transformers sampling: no wait recorded
     assert ct.main(["--output_dir", str(tmp_path / "hf"), "--smoke", "--model_name_or_path", tiny_model,
                     "--methods", "grpo_g4", "--seeds", "0", "--no_plots"]) == 0
     hf = json.loads((tmp_path / "hf" / "runs" / "grpo_g4" / "seed0" / "result.json").read_text())
     assert hf["eval_engine_wait_s"] is None and not any("eval_engine_wait_s" in p for p in hf["curve"])
+    assert hf["worker_eval_rss_gb"] is None
 
 
 def _job(m, s, gb=8.0):

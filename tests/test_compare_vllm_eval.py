@@ -197,6 +197,8 @@ def test_a_child_refused_for_memory_is_retried_and_other_failures_raise(tiny, mo
     outcome = "memory"
     comps, settings = vllm_eval.generate(model, tok, [r["prompt"] for r in rows[:2]], [0, 1], **kw)
     assert len(runs) == 3 and comps == [[[1, 2]]] * 2
+    rss = settings.pop("worker_rss_gb")
+    assert rss is None or 0 < rss < 1000  # this process's resident memory, where /proc has it
     assert settings == {"backend": "vllm", "lock_wait_s": pytest.approx(0.0, abs=1.0), "memory_wait_s": 0.0,
                         "engine_attempts": 3}
     assert len(waits) == 3 and waits[0] == float(vllm_eval.DEFAULT_KVCACHE_GIB) + vllm_eval.ENGINE_OVERHEAD_GIB
@@ -253,6 +255,10 @@ def test_engine_wait_is_measured_while_another_engine_holds_the_lock(tiny, monke
     assert evaluation.engine_wait_s(r, None) == pytest.approx(settings["lock_wait_s"] + 0.25)
     assert evaluation.engine_wait_s(r, r) == pytest.approx(2 * (settings["lock_wait_s"] + 0.25))
     assert evaluation.engine_wait_s(SimpleNamespace(backend_settings=None), None) is None
+    big = SimpleNamespace(backend_settings={**settings, "worker_rss_gb": 7.0})
+    small = SimpleNamespace(backend_settings={**settings, "worker_rss_gb": 5.0})
+    assert evaluation.worker_rss_during_engine(small, big) == 7.0
+    assert evaluation.worker_rss_during_engine(SimpleNamespace(backend_settings={"worker_rss_gb": None}), None) is None
 
 
 def test_wait_for_memory_polls_until_enough_is_free(monkeypatch):

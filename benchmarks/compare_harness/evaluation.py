@@ -139,8 +139,9 @@ def evaluate_checkpoint(ctx: Context, model, seed: int, split: str):
     return g, sampled
 
 
-#: Per-call keys of an engine evaluation's settings (:func:`.vllm_eval.generate`): its waits, not the engine's setup.
-ENGINE_WAIT_KEYS = ("lock_wait_s", "memory_wait_s", "engine_attempts")
+#: Per-call keys of an engine evaluation's settings (:func:`.vllm_eval.generate`): its waits and the worker's
+#: memory, not the engine's setup.
+ENGINE_WAIT_KEYS = ("lock_wait_s", "memory_wait_s", "engine_attempts", "worker_rss_gb")
 
 
 def engine_wait_s(*results) -> float | None:
@@ -150,6 +151,14 @@ def engine_wait_s(*results) -> float | None:
     waits = [float(st.get("lock_wait_s", 0.0)) + float(st.get("memory_wait_s", 0.0))
              for st in (getattr(r, "backend_settings", None) for r in results) if st and "lock_wait_s" in st]
     return sum(waits) if waits else None
+
+
+def worker_rss_during_engine(*results) -> float | None:
+    """The largest resident memory (GB) the worker held while one of the engine evaluations among ``results`` ran
+    (``worker_rss_gb`` of :func:`.vllm_eval.generate`); ``None`` when none ran on an engine or none was read."""
+    rss = [float(st["worker_rss_gb"]) for st in (getattr(r, "backend_settings", None) for r in results)
+           if st and isinstance(st.get("worker_rss_gb"), (int, float))]
+    return max(rss) if rss else None
 
 
 def eval_samples_for(s: dict, split: str) -> int:

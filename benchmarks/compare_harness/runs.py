@@ -23,7 +23,14 @@ from .callbacks import (
     step_trace,
 )
 from .context import Context, _load_object
-from .evaluation import ENGINE_WAIT_KEYS, accuracy_by_level, engine_wait_s, eval_engine_dtype, evaluate_checkpoint
+from .evaluation import (
+    ENGINE_WAIT_KEYS,
+    accuracy_by_level,
+    engine_wait_s,
+    eval_engine_dtype,
+    evaluate_checkpoint,
+    worker_rss_during_engine,
+)
 from .jobs import peak_rss_gb, reset_peak_rss
 from .presets import GRADED_REWARDS, TOKEN_METRIC, MethodSpec, MethodUnavailable, SetupResult
 from .setups import get_setup
@@ -142,7 +149,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         rec["setup_info"] = dict(setup.info)
 
     curve: list[dict] = []
-    timer = {"eval_s": 0.0, "t0": None, "engine_wait_s": 0.0}
+    timer = {"eval_s": 0.0, "t0": None, "engine_wait_s": 0.0, "worker_eval_rss_gb": None}
     final: dict = {}
     model_holder: dict = {}
 
@@ -162,6 +169,9 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
             model_holder["last_eval"] = (step, tokens, g, sampled)
             waited = engine_wait_s(g, sampled)
             timer["engine_wait_s"] += waited or 0.0
+            rss = worker_rss_during_engine(g, sampled)
+            if rss is not None:
+                timer["worker_eval_rss_gb"] = max(rss, timer["worker_eval_rss_gb"] or 0.0)
         sampled_primary = s.get("eval_mode") == "sampled"  # then g holds the sampled evaluation
         point = {"nominal_tokens": nominal, "tokens": tokens, "step": step, "train_wall_s": trained_s,
                  "accuracy": g.accuracy, ("sampled_accuracy" if sampled_primary else "greedy_accuracy"): g.accuracy}
@@ -227,6 +237,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         budget_reached=cb.reached,
         steps=trainer.state.global_step, train_wall_s=train_wall(), eval_wall_s=timer["eval_s"],
         eval_engine_wait_s=timer["engine_wait_s"] if any("eval_engine_wait_s" in p for p in curve) else None,
+        worker_eval_rss_gb=timer["worker_eval_rss_gb"],  # the worker while its engine ran (<= its peak)
         final_accuracy=final["point"]["accuracy"], final_greedy_accuracy=final["point"].get("greedy_accuracy"),
         final_sampled_accuracy=final["point"].get("sampled_accuracy"),
         final_accuracy_by_level=final["by_level"],

@@ -144,7 +144,8 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
         ``completions[i][j]``: token ids of sample ``j`` of prompt ``i`` (up to and including the first EOS);
         ``settings``: the engine and sampling settings the child recorded, plus this call's waits before its
         engine ran: ``lock_wait_s`` (for another worker's engine, :func:`one_engine_at_a_time`), ``memory_wait_s``
-        (:func:`wait_for_memory`, over every attempt) and ``engine_attempts``.
+        (:func:`wait_for_memory`, over every attempt) and ``engine_attempts``; and ``worker_rss_gb``, this process's
+        resident memory while its engine ran (``None`` where ``/proc`` cannot be read).
 
     Raises
     ------
@@ -172,6 +173,8 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
             json.dump(request, f)
         cmd = [python or sys.executable, os.path.abspath(__file__), "--request", req_path, "--response", resp_path]
         env = child_env()
+        # what this worker holds while its engine runs (below its training peak): for planning pairs of runs
+        worker_rss_gb = proc_field_gib("/proc/self/status", "VmRSS")
         t_lock, memory_wait_s = time.perf_counter(), 0.0
         with one_engine_at_a_time():
             lock_wait_s = time.perf_counter() - t_lock  # another worker's engine held the machine's lock
@@ -187,7 +190,8 @@ def generate(model, tokenizer, prompts: list, question_ids, *, num_samples: int,
             raise RuntimeError(f"the vLLM evaluation child failed (exit {proc.returncode}):\n{tail}")
         with open(resp_path) as f:
             resp = json.load(f)
-        waits = {"lock_wait_s": lock_wait_s, "memory_wait_s": memory_wait_s, "engine_attempts": attempt + 1}
+        waits = {"lock_wait_s": lock_wait_s, "memory_wait_s": memory_wait_s, "engine_attempts": attempt + 1,
+                 "worker_rss_gb": worker_rss_gb}
         return resp["completions"], {**resp["settings"], **waits}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
