@@ -50,7 +50,7 @@ FALLBACK_PEAK_GB = 2.0
 #: Factor on a measured peak (:func:`measured_peaks`): one run's peak understates another seed's where the work per
 #: step varies. It is small because the plan already double-counts: a worker's peak (in training) and its engine
 #: (in its evaluation, while the worker idles below its peak) never coincide, yet :func:`_fits` adds both. 1.25 (the
-#: ratio of V0.5 + OSLA's seed peaks, 15.7 to 19.5 GB) put every SmolLM2 pair over the 22.5 GB budget (runs
+#: ratio of V0.5 + OSLA's seed peaks, 15.7 to 19.5 GB) put 18 of 21 SmolLM2 pairs over the 22.5 GB budget (runs
 #: measured at 6.5-8.7 GB planned at 8.1-10.9 each, beside a 4.5 GB engine) and left a core idle, while such pairs
 #: never used more than 17.6 GB together, engine and queue included (30 s samples, ``logs/rss_main12.log``).
 #: At 1.05 every such pair fitted (G = 8 seed 7 then peaked at 8.8 GB, over the budget beside BASIS: see docs/results.md)
