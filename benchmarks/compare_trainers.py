@@ -209,6 +209,7 @@ from compare_harness.evaluation import (  # noqa: E402
 )
 from compare_harness.jobs import (  # noqa: E402
     ENGINE_PEAK_GB,
+    job_estimate,
     machine_memory_gb,
     measured_peaks,
     peak_memory_gb,
@@ -450,15 +451,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine_gb = ENGINE_PEAK_GB if engines else 0.0
         keys = {m: memory_key(s, METHODS[m]) for m in s["methods"]}
         measured = measured_peaks(out, keys)
+        measured_eval = measured_peaks(out, keys, field="worker_eval_rss_gb")
         for m, gb in sorted(measured.items()):
-            print(f"[jobs] {m}: measured peak {gb:.1f} GB -> estimate {peak_memory_gb(s['scale'], m, measured):g} GB",
-                  flush=True)
+            ev = f", evaluating {measured_eval[m]:.1f} GB" if m in measured_eval else ""
+            print(f"[jobs] {m}: measured peak {gb:.1f} GB{ev} -> estimate "
+                  f"{peak_memory_gb(s['scale'], m, measured):g} GB", flush=True)
+
+        def reestimate(m: str) -> tuple[float, float | None]:
+            job = job_estimate(s["scale"], m, 0, measured_peaks(out, {m: keys[m]}),
+                               measured_peaks(out, {m: keys[m]}, field="worker_eval_rss_gb"))
+            return job.peak_gb, job.eval_gb
+
         queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST,
                           budget_gb=budget, engine_gb=engine_gb, measured=measured,
-                          extra_seeds=None if args.tune_only else s["extra_seeds"])
+                          extra_seeds=None if args.tune_only else s["extra_seeds"], measured_eval=measured_eval)
         run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=engine_gb, out=out,
-                 script=os.path.abspath(__file__), bind_vllm=engines,
-                 reestimate=lambda m: peak_memory_gb(s["scale"], m, measured_peaks(out, {m: keys[m]})))
+                 script=os.path.abspath(__file__), bind_vllm=engines, reestimate=reestimate)
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])

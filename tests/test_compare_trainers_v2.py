@@ -21,6 +21,7 @@ What is checked:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -806,14 +807,14 @@ def test_run_jobs_starts_by_the_queue_and_stops_on_a_failure(tmp_path, monkeypat
     with pytest.raises(SystemExit, match=r"reinforce_pp seed 0 exited with 3 .*reinforce_pp_seed0\.log"):
         jobs_mod.run_jobs(["--scale", "smollm2"], q, slots=2, budget_gb=22.5, engine_gb=4.5, out=str(tmp_path),
                           script="x.py", bind_vllm=True, poll_s=0.0, popen=Proc)
-    # queue g8, v05, rpp (costliest first): V0.5 waits for G = 8 and runs alone; then REINFORCE++ beside G = 8's
-    # seed 1; its failure stops the rest (V0.5 seed 1 never starts)
+    # queue g8, v05, rpp (costliest first): V0.5 does not fit beside G = 8, so G = 8 runs alone, then V0.5 alone;
+    # then REINFORCE++ beside G = 8's seed 1; its failure stops the rest (V0.5 seed 1 never starts)
     assert [(p.cmd[p.cmd.index("--methods") + 1], p.cmd[p.cmd.index("--seeds") + 1]) for p in started] == [
         ("grpo_g8", "0"), ("v05_osla", "0"), ("reinforce_pp", "0"), ("grpo_g8", "1")]
-    # V0.5 runs alone: it gets both slots' cores (torch threads and its engine's binding)
-    assert [p.env["VLLM_CPU_OMP_THREADS_BIND"] for p in started] == ["0", "0-1", "0", "1"]
+    # a job alone until it ends gets both slots' cores (torch threads and its engine's binding); a pair one each
+    assert [p.env["VLLM_CPU_OMP_THREADS_BIND"] for p in started] == ["0-1", "0-1", "0", "1"]
     threads = [p.cmd[p.cmd.index("--num_threads") + 1] if "--num_threads" in p.cmd else None for p in started]
-    assert threads == [None, "2", None, None]
+    assert threads == ["2", "2", None, None]
     assert sorted(os.listdir(tmp_path / "logs" / "jobs")) == [
         "grpo_g8_seed0.log", "grpo_g8_seed1.log", "reinforce_pp_seed0.log", "v05_osla_seed0.log"]
     # each start is marked in its log (the logs are appended to across invocations)
@@ -931,6 +932,106 @@ def test_measured_estimates_keep_two_smollm2_runs_side_by_side_and_v05_alone():
     assert all(j.peak_gb >= measured[j.method] for j in q)
 
 
+def test_jobs_memory_is_the_worst_moment_with_one_engine():
+    """:func:`memory_gb` equals the largest total over the moments the queue allows: every worker at its peak, or
+    one worker's engine running (that worker at its evaluation memory, the others at their peaks); an unmeasured
+    evaluation memory counts the engine whole, as before it was measured."""
+    g8, basis = jobs_mod.Job("grpo_g8", 8, 9.2, 6.2), jobs_mod.Job("basis", 8, 9.7, 6.0)
+    assert jobs_mod.memory_gb([g8, basis], 4.5) == pytest.approx(9.2 + 9.7 + 4.5 + 6.2 - 9.2)  # G = 8 evaluating
+    assert jobs_mod.memory_gb([g8, basis], 0.0) == pytest.approx(18.9)  # no engines
+    assert jobs_mod.memory_gb([_job("grpo_g8", 0, 9.2), basis], 4.5) == pytest.approx(9.2 + 9.7 + 4.5)
+    assert jobs_mod.memory_gb([jobs_mod.Job("pair", 0, 9.0, 2.0)], 4.5) == 9.0  # the engine fits under the peak
+    assert jobs_mod.memory_gb([], 4.5) == 0.0
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 20.0), st.one_of(st.none(), st.floats(0.1, 1.0))), min_size=1, max_size=4),
+       st.sampled_from([0.0, 4.5]))
+def test_jobs_memory_matches_enumerated_moments(specs, engine):
+    jobs = [jobs_mod.Job(f"m{i}", 0, peak, None if frac is None else peak * frac)
+            for i, (peak, frac) in enumerate(specs)]
+    peaks = [j.peak_gb for j in jobs]
+    moments = [sum(peaks)]  # all training
+    if engine > 0:
+        for i, j in enumerate(jobs):  # job i's engine runs: its worker at its evaluation memory (peak if unmeasured)
+            moments.append(sum(peaks) - peaks[i] + (j.peak_gb if j.eval_gb is None else j.eval_gb) + engine)
+    assert jobs_mod.memory_gb(jobs, engine) == pytest.approx(max(moments))
+    unmeasured = [jobs_mod.Job(j.method, 0, j.peak_gb) for j in jobs]
+    assert jobs_mod.memory_gb(unmeasured, engine) == pytest.approx(sum(peaks) + engine)  # the old plan
+    assert jobs_mod.memory_gb(jobs, engine) <= jobs_mod.memory_gb(unmeasured, engine) + 1e-9
+
+
+def test_jobs_evaluation_memory_lets_the_over_budget_pairs_run_side_by_side(tmp_path):
+    """The pairs a whole engine put over the 22.5 GB budget (G = 8 at its seed-7 peak of 8.8 GB beside BASIS at 9.2
+    GB, or two G = 8 seeds: 9.2 + 9.7 + 4.5 > 22.5) fit once each method's evaluation memory is measured (the
+    workers sat at about 5-6 GB while their engines ran, ``logs/rss_main12b.log``); V0.5 + OSLA still runs alone
+    (no other job fits beside it) and leads the queue, on an empty machine."""
+    def write(method, seed, **rec):
+        d = tmp_path / "runs" / method / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"status": "ok", "memory_key": "k", **rec}))
+
+    write("grpo_g8", 7, worker_peak_rss_gb=8.8, worker_eval_rss_gb=5.9)
+    write("grpo_g8", 6, worker_peak_rss_gb=8.0)  # before the evaluation memory was recorded
+    write("basis", 7, worker_peak_rss_gb=9.2, worker_eval_rss_gb=5.6)
+    write("v05_osla", 9, worker_peak_rss_gb=19.5, worker_eval_rss_gb=8.0)
+    keys = {"grpo_g8": "k", "basis": "k", "v05_osla": "k"}
+    measured, measured_eval = (jobs_mod.measured_peaks(str(tmp_path), keys),
+                               jobs_mod.measured_peaks(str(tmp_path), keys, field="worker_eval_rss_gb"))
+    assert measured == {"grpo_g8": 8.8, "basis": 9.2, "v05_osla": 19.5}
+    assert measured_eval == {"grpo_g8": 5.9, "basis": 5.6, "v05_osla": 8.0}
+    budget, engine = 22.5, jobs_mod.ENGINE_PEAK_GB
+    plan = functools.partial(jobs_mod.plan_jobs, ["grpo_g8", "basis", "v05_osla"], [8, 9], "smollm2",
+                             ct.METHOD_COST, budget_gb=budget, engine_gb=engine, measured=measured)
+    q = plan(measured_eval=measured_eval)
+    by = {(j.method, j.seed): j for j in q}
+    assert by[("grpo_g8", 8)] == jobs_mod.Job("grpo_g8", 8, round(8.8 * jobs_mod.MEASURED_MARGIN, 1),
+                                              round(5.9 * jobs_mod.MEASURED_MARGIN, 1))
+    assert jobs_mod._fits([by[("grpo_g8", 8)]], by[("basis", 8)], budget, engine)
+    assert jobs_mod._fits([by[("grpo_g8", 8)]], by[("grpo_g8", 9)], budget, engine)
+    # V0.5 fits the budget on its own now, yet nothing fits beside it: it still goes first and runs alone
+    assert jobs_mod._fits([], by[("v05_osla", 8)], budget, engine)
+    assert [(j.method, j.seed) for j in q[:2]] == [("v05_osla", 8), ("v05_osla", 9)]
+    assert jobs_mod.runs_alone(by[("v05_osla", 8)], budget, engine, [by[("grpo_g8", 8)]])
+    assert not jobs_mod.runs_alone(by[("v05_osla", 8)], budget, engine)  # on its own it fits
+    # without the evaluation memory both pairs are over the budget (the engine counted whole)
+    old = {(j.method, j.seed): j for j in plan()}
+    assert old[("grpo_g8", 8)].eval_gb is None
+    assert not jobs_mod._fits([old[("grpo_g8", 8)]], old[("basis", 8)], budget, engine)
+    assert not jobs_mod._fits([old[("grpo_g8", 8)]], old[("grpo_g8", 9)], budget, engine)
+
+
+def test_run_jobs_gives_a_job_alone_until_it_ends_every_core():
+    """A job that starts on an empty machine with nothing startable beside it (here G = 8's seed 1, the queue's
+    last, which had to wait for its seed 0) gets every slot's core; jobs started beside another get one each."""
+    live, starts = [], []
+
+    class Proc:
+        def __init__(self, cmd, stdout, stderr, env):
+            job = (cmd[cmd.index("--methods") + 1], int(cmd[cmd.index("--seeds") + 1]))
+            threads = cmd[cmd.index("--num_threads") + 1] if "--num_threads" in cmd else "1"
+            starts.append((job, threads, env["VLLM_CPU_OMP_THREADS_BIND"], len(live)))
+            self.left = {"grpo_g8": 5, "pair": 2}[job[0]]
+            live.append(self)
+
+        def poll(self):
+            self.left -= 1
+            if self.left > 0:
+                return None
+            live.remove(self)
+            return 0
+
+    q = jobs_mod.plan_jobs(["grpo_g8", "pair"], [0, 1], "smollm2", ct.METHOD_COST)
+    assert [(j.method, j.seed) for j in q] == [("pair", 0), ("grpo_g8", 0), ("pair", 1), ("grpo_g8", 1)]
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+        mp.setattr(jobs_mod.os, "cpu_count", lambda: 2)
+        jobs_mod.run_jobs([], q, slots=2, budget_gb=22.5, engine_gb=4.5, out=tmp, script="x.py", poll_s=0.0,
+                          popen=Proc, bind_vllm=True)
+    assert starts == [(("pair", 0), "1", "0", 0), (("grpo_g8", 0), "1", "1", 1), (("pair", 1), "1", "0", 1),
+                      (("grpo_g8", 1), "2", "0-1", 0)]
+
+
 def test_run_jobs_reestimates_a_method_when_its_job_finishes():
     """V0.5 starts under the table's 20 GB (alone); once its first job has measured 10 GB, its later seeds run
     beside another job."""
@@ -941,7 +1042,7 @@ def test_run_jobs_reestimates_a_method_when_its_job_finishes():
 
     def reestimate(method):
         asked.append(method)
-        return 10.0 if method == "v05_osla" else 8.0
+        return (10.0, None) if method == "v05_osla" else (8.0, None)
 
     q = jobs_mod.plan_jobs(["grpo_g8", "v05_osla"], [0, 1, 2], "smollm2", ct.METHOD_COST, budget_gb=22.5,
                            engine_gb=4.5)

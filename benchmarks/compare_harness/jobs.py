@@ -8,19 +8,24 @@ shared ``runs/`` tree and the aggregating pass that follows reuses them. Three r
   jobs before it to drain, one slot idle meanwhile (up to a whole run for each such job). The other jobs follow in
   seed-major order: every method's seed ``s`` before any method's seed ``s + 1``, so an interrupted invocation
   leaves every method equally far (within a seed, the costliest methods first, :data:`METHOD_COST`);
-* **memory**: a job starts only while the estimated peaks of the running jobs plus its own fit the budget
-  (``--memory_gb``, default this machine's total memory less 1 GiB), with one evaluation engine counted once
-  (the engines run one at a time, ``compare_harness.vllm_eval``); a job whose estimate alone exceeds the budget
-  runs with nothing beside it. V0.5 + OSLA on SmolLM2 is such a job: its training peaked at 19.3 GB resident
-  (killed by the kernel beside a GRPO worker on a 24 GB machine) where a GRPO run peaks at about 8 GB;
+* **memory**: a job starts only while the estimated memory of the running jobs and its own fits the budget
+  (``--memory_gb``, default this machine's total memory less 1 GiB; :func:`_fits`): the sum of their peaks, plus
+  what one evaluation engine adds at the worst moment. The engines run one at a time (``compare_harness.vllm_eval``)
+  and while a worker's engine runs the worker itself sits at its evaluation memory (``eval_gb``), not its training
+  peak, so the engine adds ``max(0, engine + eval_gb - peak_gb)`` of the job it serves, the largest over the jobs
+  (the whole engine where a job's evaluation memory is not measured yet). A job that no other job of the queue
+  can run beside runs with nothing beside it, on every slot's core. V0.5 + OSLA on SmolLM2 is such a job: its
+  training peaked at 19.3 GB resident (killed by the kernel beside a GRPO worker on a 24 GB machine) where a GRPO
+  run peaks at about 8 GB;
 * **first in, first out**: a job that does not fit yet blocks the jobs behind it (no job is starved), and a
   method's later seeds wait for its first job, which tunes its learning rate when that is still to do.
 
 **Measured estimates.** Every run records its worker's peak resident memory (``worker_peak_rss_gb``, the
-kernel's high-water mark, reset when the run starts: :func:`reset_peak_rss`, :func:`peak_rss_gb`) and a
-``memory_key`` (its settings without seed and learning rate). Where finished runs of a method with the same key
-exist in the output directory, its estimate is their largest peak times :data:`MEASURED_MARGIN` instead of the
-table's (:func:`measured_peaks`); when one of its jobs finishes, the method's pending jobs are re-estimated. So a
+kernel's high-water mark, reset when the run starts: :func:`reset_peak_rss`, :func:`peak_rss_gb`), with vLLM
+evaluation its memory while its engine ran (``worker_eval_rss_gb``), and a ``memory_key`` (its settings without
+seed and learning rate). Where finished runs of a method with the same key exist in the output directory, its
+estimates are their largest values times :data:`MEASURED_MARGIN` instead of the table's (:func:`measured_peaks`);
+when one of its jobs finishes, the method's pending jobs are re-estimated. So a
 configuration the table does not know (V0.5 with gradient checkpointing, a 4x budget) runs under the table's
 estimate until its first run has measured it.
 """
@@ -47,14 +52,13 @@ PEAK_MEMORY_GB: dict[str, dict[str, float]] = {"smollm2": {"v05_osla": 20.0}}
 DEFAULT_PEAK_GB = {"smollm2": 8.0}
 #: Any scale not in :data:`DEFAULT_PEAK_GB` (the testbed's ~1M-parameter models).
 FALLBACK_PEAK_GB = 2.0
-#: Factor on a measured peak (:func:`measured_peaks`): one run's peak understates another seed's where the work per
-#: step varies. It is small because the plan already double-counts: a worker's peak (in training) and its engine
-#: (in its evaluation, while the worker idles below its peak) never coincide, yet :func:`_fits` adds both. 1.25 (the
-#: ratio of V0.5 + OSLA's seed peaks, 15.7 to 19.5 GB) put 18 of 21 SmolLM2 pairs over the 22.5 GB budget (runs
-#: measured at 6.5-8.7 GB planned at 8.1-10.9 each, beside a 4.5 GB engine) and left a core idle, while such pairs
-#: never used more than 17.6 GB together, engine and queue included (30 s samples, ``logs/rss_main12.log``).
-#: At 1.05 every such pair fitted (G = 8 seed 7 then peaked at 8.8 GB, over the budget beside BASIS: see docs/results.md)
-#: and V0.5's runs (17.2-19.5 GB) stay alone.
+#: Factor on a measured peak or evaluation memory (:func:`measured_peaks`): one run's value understates another
+#: seed's where the work per step varies. 1.25 (the ratio of V0.5 + OSLA's seed peaks, 15.7 to 19.5 GB) put 18 of 21
+#: SmolLM2 pairs over the 22.5 GB budget (runs measured at 6.5-8.7 GB planned at 8.1-10.9 each, beside a whole
+#: 4.5 GB engine) and left a core idle, while such pairs never used more than 17.6 GB together, engine and queue
+#: included (30 s samples, ``logs/rss_main12.log``). At 1.05 every such pair fitted until G = 8 seed 7 peaked at
+#: 8.8 GB (over the budget beside BASIS while the engine counted whole); the engine now counts only above the
+#: evaluating worker's measured evaluation memory (:func:`_fits`), which ends that double count.
 MEASURED_MARGIN = 1.05
 #: The evaluation engine's child process (``--test_eval_backend vllm``; measured 3.9-4.1 GB on SmolLM2).
 ENGINE_PEAK_GB = 4.5
@@ -62,9 +66,14 @@ ENGINE_PEAK_GB = 4.5
 
 @dataclass(frozen=True)
 class Job:
+    """One (method, seed) run of the queue with its memory estimates (GB): ``peak_gb`` its worker's peak,
+    ``eval_gb`` its worker's resident memory while its own evaluation engine runs (``None``: not measured, taken as
+    its peak, so the engine counts whole)."""
+
     method: str
     seed: int
     peak_gb: float
+    eval_gb: float | None = None
 
 
 def peak_memory_gb(scale: str, method: str, measured: dict[str, float] | None = None) -> float:
@@ -73,6 +82,21 @@ def peak_memory_gb(scale: str, method: str, measured: dict[str, float] | None = 
     if measured and measured.get(method) is not None:
         return round(MEASURED_MARGIN * measured[method], 1)
     return PEAK_MEMORY_GB.get(scale, {}).get(method, DEFAULT_PEAK_GB.get(scale, FALLBACK_PEAK_GB))
+
+
+def eval_memory_gb(method: str, measured_eval: dict[str, float] | None = None) -> float | None:
+    """Estimated resident memory of ``method``'s worker while its evaluation engine runs: :data:`MEASURED_MARGIN`
+    times the measured ``worker_eval_rss_gb`` (:func:`measured_peaks` with that field), else ``None`` (no table:
+    an unmeasured job counts the engine whole)."""
+    if measured_eval and measured_eval.get(method) is not None:
+        return round(MEASURED_MARGIN * measured_eval[method], 1)
+    return None
+
+
+def job_estimate(scale: str, method: str, seed: int, measured: dict[str, float] | None = None,
+                 measured_eval: dict[str, float] | None = None) -> Job:
+    """``method``'s run of ``seed`` with its estimates (:func:`peak_memory_gb`, :func:`eval_memory_gb`)."""
+    return Job(method, seed, peak_memory_gb(scale, method, measured), eval_memory_gb(method, measured_eval))
 
 
 def reset_peak_rss() -> bool:
@@ -92,10 +116,11 @@ def peak_rss_gb() -> float | None:
     return proc_field_gib("/proc/self/status", "VmHWM")
 
 
-def measured_peaks(out: str, memory_keys: dict[str, str]) -> dict[str, float]:
-    """The largest recorded ``worker_peak_rss_gb`` of each method's finished runs (``<out>/runs/<method>/seed*/
-    result.json``, status ok) whose ``memory_key`` is the method's entry in ``memory_keys``; methods with no such
-    run are absent. Runs recorded before the harness measured peaks carry no peak and are ignored."""
+def measured_peaks(out: str, memory_keys: dict[str, str], field: str = "worker_peak_rss_gb") -> dict[str, float]:
+    """The largest recorded ``field`` (``worker_peak_rss_gb``, or ``worker_eval_rss_gb``: the worker while its
+    engine ran) of each method's finished runs (``<out>/runs/<method>/seed*/result.json``, status ok) whose
+    ``memory_key`` is the method's entry in ``memory_keys``; methods with no such run are absent. Runs recorded
+    before the harness measured the field carry none and are ignored."""
     peaks: dict[str, float] = {}
     for method, key in memory_keys.items():
         for path in sorted(glob.glob(os.path.join(out, "runs", method, "seed*", "result.json"))):
@@ -104,7 +129,7 @@ def measured_peaks(out: str, memory_keys: dict[str, str]) -> dict[str, float]:
                     rec = json.load(f)
             except (OSError, ValueError):
                 continue
-            peak = rec.get("worker_peak_rss_gb")
+            peak = rec.get(field)
             if rec.get("status") == "ok" and rec.get("memory_key") == key and isinstance(peak, (int, float)):
                 peaks[method] = max(peaks.get(method, 0.0), float(peak))
     return peaks
@@ -119,25 +144,29 @@ def machine_memory_gb() -> float | None:
 def plan_jobs(methods: Sequence[str], seeds: Sequence[int], scale: str,
               cost: dict[str, float] | None = None, *, budget_gb: float | None = None,
               engine_gb: float = 0.0, measured: dict[str, float] | None = None,
-              extra_seeds: dict[str, Sequence[int]] | None = None) -> list[Job]:
+              extra_seeds: dict[str, Sequence[int]] | None = None,
+              measured_eval: dict[str, float] | None = None) -> list[Job]:
     """The queue: first the jobs that must run alone (:func:`runs_alone` under ``budget_gb`` and ``engine_gb``; in
     increasing seed), then the others seed-major in increasing seed; within a seed, the costliest methods first
     (ties keep the command's order). Each method's jobs stay in increasing seed, so its first job has its smallest
-    seed (:func:`startable`). Estimates: :func:`peak_memory_gb` with ``measured``. ``extra_seeds``: seeds of some
-    methods beyond ``seeds`` (``--extra_seeds``), in the same seed-major order."""
+    seed (:func:`startable`). Estimates: :func:`job_estimate` with ``measured`` (peaks) and ``measured_eval``
+    (evaluation memory). ``extra_seeds``: seeds of some methods beyond ``seeds`` (``--extra_seeds``), in the same
+    seed-major order."""
     cost, extra = cost or {}, extra_seeds or {}
     order = sorted(range(len(methods)), key=lambda i: (-cost.get(methods[i], 1.0), i))
     mine = {m: {int(x) for x in seeds} | {int(x) for x in extra.get(m, ())} for m in methods}
-    queue = [Job(methods[i], s, peak_memory_gb(scale, methods[i], measured))
+    queue = [job_estimate(scale, methods[i], s, measured, measured_eval)
              for s in sorted(set().union(*mine.values())) for i in order if s in mine[methods[i]]]
-    alone = [j for j in queue if runs_alone(j, budget_gb, engine_gb)]
+    alone = [j for j in queue if runs_alone(j, budget_gb, engine_gb, [k for k in queue if k is not j])]
     return alone + [j for j in queue if j not in alone]
 
 
-def runs_alone(job: Job, budget_gb: float | None, engine_gb: float = 0.0) -> bool:
-    """Whether ``job``'s estimated peak with one evaluation engine exceeds the budget on its own: it starts only on
-    an empty machine."""
-    return not _fits([], job, budget_gb, engine_gb)
+def runs_alone(job: Job, budget_gb: float | None, engine_gb: float = 0.0, others: Sequence[Job] = ()) -> bool:
+    """Whether ``job`` can only run on an empty machine: its estimate with one evaluation engine exceeds the budget
+    on its own, or none of ``others`` (the queue's other jobs) fits beside it."""
+    if not _fits([], job, budget_gb, engine_gb):
+        return True
+    return bool(others) and not any(_fits([o], job, budget_gb, engine_gb) for o in others)
 
 
 def startable(pending: Sequence[Job], running: Sequence[Job], finished: set, *, slots: int,
@@ -177,42 +206,63 @@ def startable(pending: Sequence[Job], running: Sequence[Job], finished: set, *, 
     return out
 
 
-def _reestimated(pending: list[Job], method: str, peak_gb: float) -> list[Job]:
-    """``pending`` with ``method``'s jobs at estimate ``peak_gb`` (queue order kept); a change is printed."""
-    old = {j.peak_gb for j in pending if j.method == method}
-    if old and old != {peak_gb}:
-        print(f"[jobs] {method}: estimate {'/'.join(f'{g:g}' for g in sorted(old))} -> {peak_gb:g} GB (measured)",
-              flush=True)
-    return [Job(j.method, j.seed, peak_gb) if j.method == method else j for j in pending]
+def _reestimated(pending: list[Job], method: str, estimate: tuple[float, float | None]) -> list[Job]:
+    """``pending`` with ``method``'s jobs at ``estimate`` (peak, evaluation memory; queue order kept); a change is
+    printed."""
+    peak_gb, eval_gb = estimate
+    old = {(j.peak_gb, j.eval_gb) for j in pending if j.method == method}
+    if old and old != {(peak_gb, eval_gb)}:
+        print(f"[jobs] {method}: estimate {'/'.join(_gb(*o) for o in sorted(old, key=str))} -> "
+              f"{_gb(peak_gb, eval_gb)} (measured)", flush=True)
+    return [Job(j.method, j.seed, peak_gb, eval_gb) if j.method == method else j for j in pending]
+
+
+def _gb(peak_gb: float, eval_gb: float | None) -> str:
+    return f"{peak_gb:g} GB" + ("" if eval_gb is None else f" ({eval_gb:g} GB evaluating)")
+
+
+def memory_gb(jobs: Sequence[Job], engine_gb: float) -> float:
+    """Estimated memory of ``jobs`` running together with one evaluation engine at a time: the sum of their peaks
+    plus the most the engine adds, ``max(0, max_j(engine_gb + eval_j - peak_j))`` (while a job's engine runs, that
+    job's worker is at its evaluation memory ``eval_j``; an unmeasured ``eval_j`` is taken as its peak, so the
+    engine counts whole). ``engine_gb = 0``: no engines, the sum of the peaks."""
+    total = sum(j.peak_gb for j in jobs)
+    if engine_gb <= 0 or not jobs:
+        return total
+    extra = max(engine_gb + (j.peak_gb if j.eval_gb is None else j.eval_gb) - j.peak_gb for j in jobs)
+    return total + max(0.0, extra)
 
 
 def _fits(running: Sequence[Job], job: Job, budget_gb: float | None, engine_gb: float) -> bool:
-    """Whether ``job`` fits the budget beside ``running`` (one evaluation engine counted once)."""
-    return budget_gb is None or sum(r.peak_gb for r in running) + job.peak_gb + engine_gb <= budget_gb
+    """Whether ``job`` fits the budget beside ``running`` (:func:`memory_gb`)."""
+    return budget_gb is None or memory_gb([*running, job], engine_gb) <= budget_gb + 1e-9
 
 
 def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb: float | None, engine_gb: float,
              out: str, script: str, bind_vllm: bool = False, poll_s: float = 5.0,
-             popen: Callable = subprocess.Popen, reestimate: Callable[[str], float] | None = None) -> None:
+             popen: Callable = subprocess.Popen,
+             reestimate: Callable[[str], tuple[float, float | None]] | None = None) -> None:
     """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus ``--methods <m>
     --seeds <s> --extra_seeds --jobs 1 --no_plots --queue_job`` (one run; no report: this invocation writes it),
     logging to ``<out>/logs/jobs/<method>_seed<s>.log`` (appended, each start marked by a ``[jobs] <UTC time>``
     line).
 
     ``bind_vllm``: a job's evaluation engine binds its threads to the CPU of its slot (``VLLM_CPU_OMP_THREADS_BIND``,
-    unless set). A job that runs alone (:func:`runs_alone`: nothing starts beside it) gets every slot's core:
-    ``--num_threads <slots>`` and an engine bound to CPUs ``0-<slots - 1>``. A failed job stops new starts; the
-    others finish, then the invocation stops with the failed logs named (finished runs are reused when the command
-    is run again).
-    ``reestimate(method)``: the method's estimate after one of its jobs finished (its new measured peak,
-    :func:`measured_peaks`); its pending jobs take it."""
+    unless set). A job that starts on an empty machine with nothing startable beside it gets every slot's core
+    (``--num_threads <slots>`` and an engine bound to CPUs ``0-<slots - 1>``): nothing can start beside it until it
+    ends, since the queue is first in, first out and estimates change only when a job ends (a job over the budget,
+    :func:`runs_alone`; one whose queue head does not fit beside it; the queue's last job). A failed job stops new
+    starts; the others finish, then the invocation stops with the failed logs named (finished runs are reused when
+    the command is run again).
+    ``reestimate(method)``: the method's estimates (peak, evaluation memory) after one of its jobs finished (its new
+    measurements, :func:`measured_peaks`); its pending jobs take them."""
     log_dir = os.path.join(out, "logs", "jobs")
     os.makedirs(log_dir, exist_ok=True)
     pending, running, finished, failed = list(jobs), {}, set(), []
-    alone = [j for j in jobs if runs_alone(j, budget_gb, engine_gb)]
+    alone = [j for j in jobs if runs_alone(j, budget_gb, engine_gb, [k for k in jobs if k is not j])]
     if alone:
-        print(f"[jobs] {', '.join(sorted({j.method for j in alone}))}: estimated peak over the {budget_gb:.1f} GB "
-              "budget: run with nothing beside them", flush=True)
+        print(f"[jobs] {', '.join(sorted({j.method for j in alone}))}: no other job fits beside them in the "
+              f"{budget_gb:.1f} GB budget: run with nothing beside them", flush=True)
     while pending or running:
         for job, (_slot, log, proc) in list(running.items()):
             rc = proc.poll()
@@ -224,13 +274,16 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
                 elif reestimate is not None:
                     pending = _reestimated(pending, job.method, reestimate(job.method))
         if not failed:
-            for job in startable(pending, list(running), finished, slots=slots, budget_gb=budget_gb,
-                                 engine_gb=engine_gb):
+            starting = startable(pending, list(running), finished, slots=slots, budget_gb=budget_gb,
+                                 engine_gb=engine_gb)
+            # alone until it ends (nothing else startable now, and nothing ends to change that): every slot's core
+            # for its torch threads and its engine
+            alone_now = not running and len(starting) == 1
+            for job in starting:
                 pending.remove(job)
                 slot = min(set(range(slots)) - {s for s, _, _ in running.values()})
                 log = os.path.join(log_dir, f"{job.method}_seed{job.seed}.log")
-                # a job that runs alone has every slot's core: its torch threads and its engine use them all
-                threads = min(slots, os.cpu_count() or 1) if runs_alone(job, budget_gb, engine_gb) else 1
+                threads = min(slots, os.cpu_count() or 1) if alone_now else 1
                 env = dict(os.environ)
                 if bind_vllm and "VLLM_CPU_OMP_THREADS_BIND" not in env:
                     env["VLLM_CPU_OMP_THREADS_BIND"] = (f"0-{threads - 1}" if threads > 1
@@ -238,7 +291,7 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
                 cmd = [sys.executable, script, *argv, "--methods", job.method, "--seeds", str(job.seed),
                        "--extra_seeds", *(["--num_threads", str(threads)] if threads > 1 else []), "--jobs", "1",
                        "--no_plots", "--queue_job"]
-                print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{job.peak_gb:g} GB"
+                print(f"[jobs] {job.method} seed {job.seed} (slot {slot}, ~{_gb(job.peak_gb, job.eval_gb)}"
                       f"{f', alone: {threads} threads' if threads > 1 else ''}; log {log})", flush=True)
                 with open(log, "a", encoding="utf-8") as f:
                     # the log is appended to by every invocation that runs (or reuses) this job: mark where one starts
