@@ -964,7 +964,7 @@ def test_jobs_memory_matches_enumerated_moments(specs, engine):
 def test_jobs_evaluation_memory_lets_the_over_budget_pairs_run_side_by_side(tmp_path):
     """The pairs a whole engine put over the 22.5 GB budget (G = 8 at its seed-7 peak of 8.8 GB beside BASIS at 9.2
     GB, or two G = 8 seeds: 9.2 + 9.7 + 4.5 > 22.5) fit once each method's evaluation memory is measured (the
-    SmolLM2 regime runs recorded 4.4-6.3 GB, ``worker_eval_rss_gb``); V0.5 + OSLA still runs alone (no other job
+    SmolLM2 regime runs recorded 4.4-7.3 GB, ``worker_eval_rss_gb``); V0.5 + OSLA still runs alone (no other job
     fits beside it) and leads the queue, on an empty machine."""
     def write(method, seed, **rec):
         d = tmp_path / "runs" / method / f"seed{seed}"
