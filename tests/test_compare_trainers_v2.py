@@ -659,9 +659,11 @@ def test_jobs_queue_puts_the_jobs_that_run_alone_first():
 
 def _stand_in_popen(live, duration, on_start=lambda proc: None):
     """A ``popen`` for :func:`run_jobs` whose processes exit 0 after ``duration(method)`` polls; ``live`` holds the
-    running ones, ``on_start(proc)`` sees each start (``proc.job`` is its (method, seed))."""
+    running ones, ``on_start(proc)`` sees each start (``proc.job`` is its (method, seed); ``proc.cmd``,
+    ``proc.env`` its command and environment)."""
     class Proc:
         def __init__(self, cmd, stdout, stderr, env):
+            self.cmd, self.env = cmd, env
             self.job = (cmd[cmd.index("--methods") + 1], int(cmd[cmd.index("--seeds") + 1]))
             self.left = duration(self.job[0])
             live.append(self)
@@ -1006,20 +1008,11 @@ def test_run_jobs_gives_a_job_alone_until_it_ends_every_core():
     last, which had to wait for its seed 0) gets every slot's core; jobs started beside another get one each."""
     live, starts = [], []
 
-    class Proc:
-        def __init__(self, cmd, stdout, stderr, env):
-            job = (cmd[cmd.index("--methods") + 1], int(cmd[cmd.index("--seeds") + 1]))
-            threads = cmd[cmd.index("--num_threads") + 1] if "--num_threads" in cmd else "1"
-            starts.append((job, threads, env["VLLM_CPU_OMP_THREADS_BIND"], len(live)))
-            self.left = {"grpo_g8": 5, "pair": 2}[job[0]]
-            live.append(self)
+    def on_start(proc):  # (job, torch threads, engine binding, jobs already running)
+        threads = proc.cmd[proc.cmd.index("--num_threads") + 1] if "--num_threads" in proc.cmd else "1"
+        starts.append((proc.job, threads, proc.env["VLLM_CPU_OMP_THREADS_BIND"], len(live) - 1))
 
-        def poll(self):
-            self.left -= 1
-            if self.left > 0:
-                return None
-            live.remove(self)
-            return 0
+    Proc = _stand_in_popen(live, {"grpo_g8": 5, "pair": 2}.__getitem__, on_start)
 
     q = jobs_mod.plan_jobs(["grpo_g8", "pair"], [0, 1], "smollm2", ct.METHOD_COST)
     assert [(j.method, j.seed) for j in q] == [("pair", 0), ("grpo_g8", 0), ("pair", 1), ("grpo_g8", 1)]
