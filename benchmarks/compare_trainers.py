@@ -162,6 +162,7 @@ settings (``--no_resume`` re-runs them), so an interrupted run can be continued.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -419,6 +420,41 @@ def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[fl
     return out
 
 
+def finished_main_runs(s: dict, out: str) -> set[tuple[str, int]]:
+    """``(method, seed)`` of the main runs in ``out`` that this invocation would reuse as they are: a ``result.json``
+    with status ok and the settings key of the run it would train (the reuse check of
+    :func:`compare_harness.runs.run_or_reuse`). The learning rates are the ones already fixed (``--lr_choice_from``,
+    the recorded ``lr_choice.json``, or no tuning); a method whose rate the queue's own jobs still tune has none
+    here. The ``--jobs`` queue starts no worker for these runs (each one loaded the model to reuse a record); the
+    report pass reuses them as before."""
+    if s.get("lr_choice_from"):
+        choice = borrowed_lr_choice(s, s["lr_choice_from"])
+    elif s["tune_lr"]:
+        path = os.path.join(out, LR_CHOICE_FILE)
+        if not os.path.exists(path):
+            return set()
+        with open(path, encoding="utf-8") as f:
+            choice = json.load(f)
+        check_lr_choice_context(choice, s, path)
+    else:
+        choice = None
+    done = set()
+    for name, (lr, _source) in method_learning_rates(s, choice).items():
+        if lr is None:
+            continue
+        for seed in seeds_of(s, name):
+            path = os.path.join(out, "runs", name, f"seed{seed}", "result.json")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    rec = json.load(f)
+            except (OSError, ValueError):  # absent, or cut off mid-write: the worker decides
+                continue
+            if rec.get("status") == "ok" and rec.get("settings_key") == harness_runs._settings_key(
+                    s, METHODS[name], seed, lr):
+                done.add((name, seed))
+    return done
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -465,6 +501,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST,
                           budget_gb=budget, engine_gb=engine_gb, measured=measured,
                           extra_seeds=None if args.tune_only else s["extra_seeds"], measured_eval=measured_eval)
+        if not args.tune_only:
+            done = finished_main_runs(s, out)
+            if done:
+                queue = [j for j in queue if (j.method, j.seed) not in done]
+                print(f"[jobs] {len(done)} finished run(s) reused without a worker", flush=True)
         run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=engine_gb, out=out,
                  script=os.path.abspath(__file__), bind_vllm=engines, reestimate=reestimate)
 

@@ -850,6 +850,7 @@ def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path, caps
     assert all(0.05 < r["worker_peak_rss_gb"] < 64 for r in doc["runs"] + doc["tuning_runs"])
     assert main["grpo_g8"]["memory_key"] != main["reinforce_pp"]["memory_key"]
     # a second invocation with an extra seed of G = 8 (--extra_seeds) takes its estimates from the measured peaks
+    capsys.readouterr()  # what the first invocation printed
     rc = ct.main(["--output_dir", str(out), "--smoke", "--protocol", "v2", "--task", "scratchpad",
                   "--model_name_or_path", tiny_model, "--n_train", "32", "--methods", "grpo_g8", "reinforce_pp",
                   "--tune_lr", "1e-4", "--tune_extend", "0", "--seeds", "0", "--extra_seeds", "grpo_g8=1", "--jobs",
@@ -869,6 +870,10 @@ def test_jobs_runs_workers_then_aggregates_their_runs(tiny_model, tmp_path, caps
     assert f"[jobs] grpo_g8: measured peak {main['grpo_g8']['worker_peak_rss_gb']:.1f} GB" in printed
     assert f"[jobs] grpo_g8 seed 1 (slot 0, ~{estimate:g} GB" in printed
     assert estimate != jobs_mod.peak_memory_gb("cpu", "grpo_g8")  # not the table's 2 GB
+    # the finished seed-0 runs got no worker the second time (one would only load the model to reuse them)
+    assert "[jobs] 2 finished run(s) reused without a worker" in printed
+    assert "[jobs] grpo_g8 seed 0 (slot" not in printed and "[jobs] reinforce_pp seed 0 (slot" not in printed
+    assert (out / "logs" / "jobs" / "grpo_g8_seed0.log").read_text().count(" started (slot ") == 1
 
 
 def test_extra_seeds_are_parsed_validated_and_queued(capsys):
@@ -1192,3 +1197,36 @@ def test_start_regime_shares_and_icc():
         assert committed["n_questions"] == 48
         assert (committed["share_none"], committed["share_all"], committed["icc"]) == pytest.approx(
             (none, always, icc), abs=5e-4)
+
+
+def test_finished_main_runs_are_exactly_the_runs_a_worker_would_reuse(tmp_path):
+    """The queue skips a run only when the worker's reuse check would pass: status ok and the settings key of the
+    run at the rate this invocation would train it with; anything else (failed, another rate, a cut-off file, an
+    untuned method) still gets its worker."""
+    parse = ct.build_parser().parse_args
+    base = ["--output_dir", str(tmp_path), "--protocol", "v2", "--seeds", "0", "1", "--methods", "grpo_g8",
+            "dapo_dynamic"]
+    s = ct.resolve_settings(parse(base + ["--no_tune", "--learning_rate", "1e-4"]))
+    s["start_checkpoint_sha"] = "abc"  # set by Context from the start checkpoint; part of every v2 key
+
+    def write(method, seed, **rec):
+        d = tmp_path / "runs" / method / f"seed{seed}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "result.json").write_text(rec.pop("text", None) or json.dumps(rec))
+
+    key = lambda m, seed, lr: ct.harness_runs._settings_key(s, ct.METHODS[m], seed, lr)  # noqa: E731
+    write("grpo_g8", 0, status="ok", settings_key=key("grpo_g8", 0, 1e-4))
+    write("grpo_g8", 1, status="failed", settings_key=key("grpo_g8", 1, 1e-4))
+    write("dapo_dynamic", 0, status="ok", settings_key=key("dapo_dynamic", 0, 3e-4))  # another rate
+    write("dapo_dynamic", 1, text='{"status": "ok", "settings_')  # cut off mid-write
+    assert ct.finished_main_runs(s, str(tmp_path)) == {("grpo_g8", 0)}
+    # with tuning: the rates come from the recorded lr_choice.json; before it exists, nothing is known
+    t = ct.resolve_settings(parse(base + ["--tune_lr", "1e-4", "3e-4"]))
+    t["start_checkpoint_sha"] = "abc"
+    assert ct.finished_main_runs(t, str(tmp_path)) == set()
+    choice = {"context": json.loads(json.dumps(ct.tuning_context(t), default=str)),
+              "methods": {"dapo_dynamic": {"chosen_lr": 3e-4}, "grpo_g8": {"chosen_lr": None, "status": "failed"}}}
+    (tmp_path / ct.LR_CHOICE_FILE).write_text(json.dumps(choice))
+    write("dapo_dynamic", 0, status="ok", settings_key=ct.harness_runs._settings_key(t, ct.METHODS["dapo_dynamic"],
+                                                                                     0, 3e-4))
+    assert ct.finished_main_runs(t, str(tmp_path)) == {("dapo_dynamic", 0)}  # grpo_g8 has no rate yet: not skipped
