@@ -420,6 +420,17 @@ def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[fl
     return out
 
 
+def portable_path(value):
+    """``value`` with the cache root (``$TRL_EXT_CACHE`` or ``~/.cache/trl_ext``) written ``<TRL_EXT_CACHE>``, so that
+    a committed ``runs.json`` names no machine path; anything else unchanged."""
+    from trl_ext.realmodel.fetch import default_cache_root
+
+    root = default_cache_root().rstrip(os.sep)
+    if isinstance(value, str) and (value == root or value.startswith(root + os.sep)):
+        return "<TRL_EXT_CACHE>" + value[len(root):]
+    return value
+
+
 def finished_main_runs(s: dict, out: str) -> set[tuple[str, int]]:
     """``(method, seed)`` of the main runs in ``out`` that this invocation would reuse as they are: a ``result.json``
     with status ok and the settings key of the run it would train (the reuse check of
@@ -551,10 +562,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summarize(paired, threshold, start.accuracy, tune_runs)
     verdicts = compute_verdicts(paired, rows, s)
     plots = [] if args.no_plots else make_plots(paired, start.accuracy, out, s.get("eval_mode", "greedy"))
-    settings = {k: v for k, v in s.items()}
+    settings = {k: portable_path(v) for k, v in s.items()}  # cache paths as <TRL_EXT_CACHE>/...
     if settings.get("eval_vllm_python"):  # a machine path: recorded as set, not where
         settings["eval_vllm_python"] = MACHINE_PATH
-    doc = {"settings": settings, "start_checkpoint": ctx.model_path, "start_accuracy": start.accuracy,
+    doc = {"settings": settings, "start_checkpoint": portable_path(ctx.model_path), "start_accuracy": start.accuracy,
            "start_regime": regime, "start_accuracy_by_level": start_by_level, "difficulty_column": DIFFICULTY_COLUMN,
            "threshold": threshold, "threshold_rule": threshold_rule, "n_eval": len(ctx.eval_ds),
            "n_train": len(ctx.train_ds), "n_val": len(ctx.val_ds) if s["tune_lr"] else None,

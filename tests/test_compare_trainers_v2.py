@@ -1230,3 +1230,13 @@ def test_finished_main_runs_are_exactly_the_runs_a_worker_would_reuse(tmp_path):
     write("dapo_dynamic", 0, status="ok", settings_key=ct.harness_runs._settings_key(t, ct.METHODS["dapo_dynamic"],
                                                                                      0, 3e-4))
     assert ct.finished_main_runs(t, str(tmp_path)) == {("dapo_dynamic", 0)}  # grpo_g8 has no rate yet: not skipped
+
+
+def test_runs_json_writes_cache_paths_portably(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache") + os.sep)
+    root = str(tmp_path / "cache")
+    assert ct.portable_path(os.path.join(root, "bench")) == "<TRL_EXT_CACHE>/bench"
+    assert ct.portable_path(root) == "<TRL_EXT_CACHE>"
+    # not under the root (a sibling that shares its prefix, a relative path, a non-string): unchanged
+    assert ct.portable_path(root + "-other/x") == root + "-other/x"
+    assert ct.portable_path("smollm2") == "smollm2" and ct.portable_path(3) == 3 and ct.portable_path(None) is None
