@@ -421,13 +421,19 @@ def method_learning_rates(s: dict, lr_choice: dict | None) -> dict[str, tuple[fl
 
 
 def portable_path(value):
-    """``value`` with the cache root (``$TRL_EXT_CACHE`` or ``~/.cache/trl_ext``) written ``<TRL_EXT_CACHE>``, so that
-    a committed ``runs.json`` names no machine path; anything else unchanged."""
+    """``value`` with the cache root (``$TRL_EXT_CACHE`` or ``~/.cache/trl_ext``) written ``<TRL_EXT_CACHE>``, and an
+    absolute path under the working directory (the repository, for the committed results) written relative to it,
+    so that a committed ``runs.json`` names no machine path; anything else unchanged."""
     from trl_ext.realmodel.fetch import default_cache_root
 
+    if not isinstance(value, str):
+        return value
     root = default_cache_root().rstrip(os.sep)
-    if isinstance(value, str) and (value == root or value.startswith(root + os.sep)):
+    if value == root or value.startswith(root + os.sep):
         return "<TRL_EXT_CACHE>" + value[len(root):]
+    cwd = os.getcwd().rstrip(os.sep)
+    if os.path.isabs(value) and value.startswith(cwd + os.sep):
+        return value[len(cwd) + 1:]
     return value
 
 

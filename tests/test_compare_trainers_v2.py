@@ -1240,3 +1240,7 @@ def test_runs_json_writes_cache_paths_portably(monkeypatch, tmp_path):
     # not under the root (a sibling that shares its prefix, a relative path, a non-string): unchanged
     assert ct.portable_path(root + "-other/x") == root + "-other/x"
     assert ct.portable_path("smollm2") == "smollm2" and ct.portable_path(3) == 3 and ct.portable_path(None) is None
+    # the output directory given absolute (resolve_settings makes it so) is written relative to the working directory
+    monkeypatch.chdir(tmp_path)
+    assert ct.portable_path(str(tmp_path / "results" / "x")) == os.path.join("results", "x")
+    assert ct.portable_path(str(tmp_path)) == str(tmp_path)  # the working directory itself: not under it
