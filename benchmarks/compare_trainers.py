@@ -518,13 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         queue = plan_jobs(s["methods"], s["seeds"][:1] if args.tune_only else s["seeds"], s["scale"], METHOD_COST,
                           budget_gb=budget, engine_gb=engine_gb, measured=measured,
                           extra_seeds=None if args.tune_only else s["extra_seeds"], measured_eval=measured_eval)
-        if not args.tune_only:
-            done = finished_main_runs(s, out)
-            if done:
-                queue = [j for j in queue if (j.method, j.seed) not in done]
-                print(f"[jobs] {len(done)} finished run(s) reused without a worker", flush=True)
+        done = set() if args.tune_only else finished_main_runs(s, out)
+        if done:
+            queue = [j for j in queue if (j.method, j.seed) not in done]
+            print(f"[jobs] {len(done)} finished run(s) reused without a worker", flush=True)
         run_jobs(argv, queue, slots=args.jobs, budget_gb=budget, engine_gb=engine_gb, out=out,
-                 script=os.path.abspath(__file__), bind_vllm=engines, reestimate=reestimate)
+                 script=os.path.abspath(__file__), bind_vllm=engines, reestimate=reestimate, done=done)
 
     setup_cache: dict = {}
     lr_choice, tune_runs = (None, [])

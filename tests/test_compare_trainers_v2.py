@@ -1030,6 +1030,25 @@ def test_run_jobs_gives_a_job_alone_until_it_ends_every_core():
                       (("grpo_g8", 1), "2", "0-1", 0)]
 
 
+def test_run_jobs_counts_runs_finished_before_it_for_the_first_job_rule():
+    """Extra seeds of a method whose earlier seeds finished in another invocation (left out of the queue by the
+    reuse check) start side by side: the first-job rule waits only for a job that may still tune. Without ``done``
+    the first pending seed would hold the others back, one core idle."""
+    def starts_with(done):
+        live, starts = [], []
+        Proc = _stand_in_popen(live, lambda m: 3, lambda p: starts.append((p.job, len(live) - 1)))
+        q = [jobs_mod.Job("grpo_g8", s, 9.3, 6.6) for s in (11, 12, 13)]
+        with tempfile.TemporaryDirectory() as tmp:
+            jobs_mod.run_jobs([], q, slots=2, budget_gb=22.5, engine_gb=4.5, out=tmp, script="x.py", poll_s=0.0,
+                              popen=Proc, done=done)
+        return starts
+
+    # (job, jobs already running when it started)
+    assert starts_with({("grpo_g8", s) for s in range(11)}) == [
+        (("grpo_g8", 11), 0), (("grpo_g8", 12), 1), (("grpo_g8", 13), 0)]
+    assert starts_with(()) == [(("grpo_g8", 11), 0), (("grpo_g8", 12), 0), (("grpo_g8", 13), 1)]
+
+
 def test_run_jobs_reestimates_a_method_when_its_job_finishes():
     """V0.5 starts under the table's 20 GB (alone); once its first job has measured 10 GB, its later seeds run
     beside another job."""

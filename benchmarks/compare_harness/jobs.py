@@ -38,7 +38,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .vllm_eval import proc_field_gib
@@ -241,7 +241,8 @@ def _fits(running: Sequence[Job], job: Job, budget_gb: float | None, engine_gb: 
 def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb: float | None, engine_gb: float,
              out: str, script: str, bind_vllm: bool = False, poll_s: float = 5.0,
              popen: Callable = subprocess.Popen,
-             reestimate: Callable[[str], tuple[float, float | None]] | None = None) -> None:
+             reestimate: Callable[[str], tuple[float, float | None]] | None = None,
+             done: Iterable[tuple[str, int]] = ()) -> None:
     """Run ``jobs`` (:func:`plan_jobs`) by :func:`startable`, each ``script`` with ``argv`` plus ``--methods <m>
     --seeds <s> --extra_seeds --jobs 1 --no_plots --queue_job`` (one run; no report: this invocation writes it),
     logging to ``<out>/logs/jobs/<method>_seed<s>.log`` (appended, each start marked by a ``[jobs] <UTC time>``
@@ -255,10 +256,13 @@ def run_jobs(argv: Sequence[str], jobs: Sequence[Job], *, slots: int, budget_gb:
     starts; the others finish, then the invocation stops with the failed logs named (finished runs are reused when
     the command is run again).
     ``reestimate(method)``: the method's estimates (peak, evaluation memory) after one of its jobs finished (its new
-    measurements, :func:`measured_peaks`); its pending jobs take them."""
+    measurements, :func:`measured_peaks`); its pending jobs take them.
+    ``done``: ``(method, seed)`` of runs finished before this invocation and left out of ``jobs`` (the caller's reuse
+    check): they count as finished, so a method whose first seed is among them starts its other seeds side by side
+    (:func:`startable`'s first-job rule waits only for a job that may still tune)."""
     log_dir = os.path.join(out, "logs", "jobs")
     os.makedirs(log_dir, exist_ok=True)
-    pending, running, finished, failed = list(jobs), {}, set(), []
+    pending, running, finished, failed = list(jobs), {}, set(done), []
     alone = [j for j in jobs if runs_alone(j, budget_gb, engine_gb, [k for k in jobs if k is not j])]
     if alone:
         print(f"[jobs] {', '.join(sorted({j.method for j in alone}))}: no other job fits beside them in the "
