@@ -112,16 +112,20 @@ def calibrate(runs_json: str, baseline: str, value_table: str | None, start_term
 
     auc_per_seed = {m: {int(seed): run_auc_and_var_e(o[s], t[s])[0] for s, seed in enumerate(seeds)}
                     for m, (o, t, seeds) in arrays.items()}
-    pairs, dev2, dof, var_e_pairs = {}, 0.0, 0, []
+    pairs, dev2, dof, var_e_pairs, n_paired = {}, 0.0, 0, [], 0
+    b_index = {int(seed): i for i, seed in enumerate(b_seeds)}
     for m, (o, t, seeds) in arrays.items():
-        if m == baseline or seeds != b_seeds:
+        # paired on the seeds both sides have (the baseline may have extra seeds, --extra_seeds: not in the pairs)
+        shared = [(s, b_index[int(seed)]) for s, seed in enumerate(seeds) if int(seed) in b_index]
+        if m == baseline or len(shared) < 2:
             continue
         d, ve = [], []
-        for s in range(len(seeds)):
+        for s, bs in shared:
             a_auc, a_ve = run_auc_and_var_e(o[s], t[s])
-            b_auc, b_ve = run_auc_and_var_e(b_o[s], b_t[s])
+            b_auc, b_ve = run_auc_and_var_e(b_o[bs], b_t[bs])
             d.append(a_auc - b_auc)
             ve.append(a_ve + b_ve)
+        n_paired = max(n_paired, len(shared))
         d = np.asarray(d)
         pairs[m] = {"d_per_seed": d.tolist(), "d_mean": float(d.mean()), "d_var": float(d.var(ddof=1)),
                     "var_eval": float(np.mean(ve))}
@@ -132,7 +136,7 @@ def calibrate(runs_json: str, baseline: str, value_table: str | None, start_term
     var_e = float(np.mean(var_e_pairs))  # per single evaluation sample (P2 with M = 1)
     var_t = training_variance(var_d, var_e, m0)
     return {"runs_json": os.path.relpath(runs_json), "baseline": baseline, "budget": budget, "n_questions": q0,
-            "n_seeds": len(b_seeds), "start_term": start_term, "start_accuracy": a0, "heterogeneity_h": h, "heterogeneity_prompts": n_prompts,
+            "n_seeds": n_paired, "start_term": start_term, "start_accuracy": a0, "heterogeneity_h": h, "heterogeneity_prompts": n_prompts,
             "eval_samples": m0, "var_d_pooled": var_d, "var_d_dof": dof, "var_eval": var_e, "var_train": var_t,
             "eval_share": var_e / m0 / var_d if var_d > 0 else math.nan, "pairs": pairs,
             "auc_per_seed": auc_per_seed}

@@ -182,3 +182,25 @@ def test_seed_rule_in_the_cli_output_follows_the_p5_designs(tmp_path):
     within = [c for c in counts.values() if c is not None and c <= 30]
     assert rule["baseline_seeds"] == max([rec["seed_components"]["grpo_g8"]["seeds"], *within])
     assert set(rule["expected_resolved"]) | set(rule["not_resolved"]) == set(unb)
+
+
+def test_calibration_pairs_on_the_shared_seeds_when_the_baseline_has_extra_seeds(tmp_path):
+    """With the amended rule's extra G = 8 seeds in runs.json, the paired variance model uses the seeds both sides
+    have: the same pairs (and so the same variance split) as the runs.json without the extra seeds."""
+    rp = _mod()
+    out = os.path.join(ROOT, "benchmarks", "results", "compare", "smollm2", "steps_matched_t07")
+    doc = json.load(open(os.path.join(out, "runs.json")))
+    g8 = sorted(r["seed"] for r in doc["runs"] if r["method"] == "grpo_g8" and r["status"] == "ok")
+    assert len(g8) > 10  # the committed report carries the extra seeds
+    ten = dict(doc, runs=[r for r in doc["runs"] if not (r["method"] == "grpo_g8" and r["seed"] >= 10)])
+    (tmp_path / "runs.json").write_text(json.dumps(ten))
+    for name in ("runs", "start_eval.json"):  # outcome files are read relative to runs.json
+        os.symlink(os.path.join(out, name), tmp_path / name)
+    full = rp.calibrate(os.path.join(out, "runs.json"), "grpo_g8", None, budget=6000.0)
+    cut = rp.calibrate(str(tmp_path / "runs.json"), "grpo_g8", None, budget=6000.0)
+    assert full["n_seeds"] == cut["n_seeds"] == 10
+    assert set(full["pairs"]) == set(cut["pairs"]) and len(full["pairs"]) == 7
+    for m in full["pairs"]:
+        assert full["pairs"][m]["d_per_seed"] == pytest.approx(cut["pairs"][m]["d_per_seed"], abs=1e-12)
+    assert full["var_d_pooled"] == pytest.approx(cut["var_d_pooled"])
+    assert len(full["auc_per_seed"]["grpo_g8"]) == len(g8)  # every baseline seed still in the seed components
