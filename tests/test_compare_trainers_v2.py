@@ -1186,9 +1186,19 @@ def test_lr_choice_from_another_folder_for_a_longer_horizon(tiny_model, tmp_path
     run = doc["runs"][0]
     assert run["learning_rate"] == chosen and "tuned at 500 tokens" in run["lr_source"]
     assert doc["lr_choice"]["tuned_at_token_budget"] == 500
-    with pytest.raises(SystemExit, match="only token_budget may differ"):
+    with pytest.raises(SystemExit, match="only token_budget and the weight-neutral overrides"):
         ct.main([*base, "--output_dir", str(long_), "--n_val", "20", "--seeds", "0",
                  "--lr_choice_from", str(short / "lr_choice.json")])
+    with pytest.raises(SystemExit, match="config_overrides: file {}, now {'max_grad_norm': 0.5}"):
+        ct.main([*base, "--output_dir", str(long_), "--seeds", "0", "--config_overrides", '{"max_grad_norm": 0.5}',
+                 "--lr_choice_from", str(short / "lr_choice.json")])
+    # gradient checkpointing changes memory, not the weights (tests/test_base_trainer.py): the rates transfer
+    gc = tmp_path / "long_gc"
+    assert ct.main([*base, "--output_dir", str(gc), "--token_budget", "1000", "--seeds", "0", "--config_overrides",
+                    '{"gradient_checkpointing": true}', "--lr_choice_from", str(short / "lr_choice.json")]) == 0
+    doc = json.loads((gc / "runs.json").read_text())
+    assert doc["lr_choice"]["weight_neutral_overrides"] == ["gradient_checkpointing"]
+    assert doc["runs"][0]["learning_rate"] == chosen and doc["runs"][0]["status"] == "ok"
     with pytest.raises(SystemExit, match="drop --tune_lr"):
         ct.main([*base, "--output_dir", str(long_), "--tune_lr", "1e-4", "--lr_choice_from", "x.json"])
 

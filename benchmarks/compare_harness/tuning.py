@@ -30,6 +30,11 @@ TUNING_CONTEXT_KEYS = ("task", "dataset_fn", "reward_fn", "model_name_or_path", 
                        "token_budget", "n_train", "n_val", "rollouts_per_step", "max_completion_length",
                        "config_overrides", "scale", "bf16", "tune_extend")
 
+WEIGHT_NEUTRAL_OVERRIDES = frozenset({"gradient_checkpointing"})
+"""``--config_overrides`` keys that change memory and time but not the trained weights, so a rate tuned without them
+transfers (:func:`borrowed_lr_choice`): gradient checkpointing recomputes the same activations, bitwise the same
+weights on CPU (``tests/test_v05_trainer.py``, ``tests/test_trainer_base.py``)."""
+
 
 def lr_key(lr: float) -> str:
     """JSON key and directory tag of a learning rate (``3e-05``, ``0.0001``)."""
@@ -179,12 +184,20 @@ def borrowed_lr_choice(s: dict, path: str) -> dict:
         doc = json.load(f)
     old = doc.get("context") or {}
     now = json.loads(json.dumps(tuning_context(s), default=str))
-    diff = [f"{k}: file {old.get(k)!r}, now {now[k]!r}" for k in now
-            if k != "token_budget" and k in old and old[k] != now[k]]
+    neutral = sorted(set(now.get("config_overrides") or {}) & WEIGHT_NEUTRAL_OVERRIDES)
+
+    def comparable(ctx: dict) -> dict:
+        return {**ctx, "config_overrides": {k: v for k, v in (ctx.get("config_overrides") or {}).items()
+                                            if k not in WEIGHT_NEUTRAL_OVERRIDES}}
+
+    old_c, now_c = comparable(old), comparable(now)
+    diff = [f"{k}: file {old_c.get(k)!r}, now {now_c[k]!r}" for k in now_c
+            if k != "token_budget" and k in old_c and old_c[k] != now_c[k]]
     if diff:
         raise SystemExit(f"--lr_choice_from {path} was tuned under other settings ({'; '.join(diff)}); only "
-                         "token_budget may differ")
-    return {**doc, "borrowed_from": os.path.relpath(path), "tuned_at_token_budget": old.get("token_budget")}
+                         f"token_budget and the weight-neutral overrides {sorted(WEIGHT_NEUTRAL_OVERRIDES)} may differ")
+    return {**doc, "borrowed_from": os.path.relpath(path), "tuned_at_token_budget": old.get("token_budget"),
+            "weight_neutral_overrides": neutral}
 
 
 def tune_learning_rates(ctx: Context, setup_cache: dict) -> tuple[dict, list[dict]]:
