@@ -438,9 +438,9 @@ def portable_path(value):
 
 
 def finished_main_runs(s: dict, out: str) -> set[tuple[str, int]]:
-    """``(method, seed)`` of the main runs in ``out`` that this invocation would reuse as they are: a ``result.json``
-    with status ok and the settings key of the run it would train (the reuse check of
-    :func:`compare_harness.runs.run_or_reuse`). The learning rates are the ones already fixed (``--lr_choice_from``,
+    """``(method, seed)`` of the main runs in ``out`` that this invocation would reuse as they are
+    (:func:`compare_harness.runs.reusable_record`, the one reuse check of :func:`compare_harness.runs.run_or_reuse`:
+    resume on, status ok, the settings key of the run it would train; none with ``--no_resume``). The learning rates are the ones already fixed (``--lr_choice_from``,
     the recorded ``lr_choice.json``, or no tuning); a method whose rate the queue's own jobs still tune has none
     here. The ``--jobs`` queue starts no worker for these runs (each one loaded the model to reuse a record); the
     report pass reuses them as before."""
@@ -459,16 +459,9 @@ def finished_main_runs(s: dict, out: str) -> set[tuple[str, int]]:
     for name, (lr, _source) in method_learning_rates(s, choice).items():
         if lr is None:
             continue
-        for seed in seeds_of(s, name):
-            path = os.path.join(out, "runs", name, f"seed{seed}", "result.json")
-            try:
-                with open(path, encoding="utf-8") as f:
-                    rec = json.load(f)
-            except (OSError, ValueError):  # absent, or cut off mid-write: the worker decides
-                continue
-            if rec.get("status") == "ok" and rec.get("settings_key") == harness_runs._settings_key(
-                    s, METHODS[name], seed, lr):
-                done.add((name, seed))
+        done |= {(name, seed) for seed in seeds_of(s, name)
+                 if harness_runs.reusable_record(s, METHODS[name], seed, lr,
+                                                 os.path.join(out, "runs", name, f"seed{seed}")) is not None}
     return done
 
 

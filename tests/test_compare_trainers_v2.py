@@ -1249,6 +1249,10 @@ def test_finished_main_runs_are_exactly_the_runs_a_worker_would_reuse(tmp_path):
     write("dapo_dynamic", 0, status="ok", settings_key=key("dapo_dynamic", 0, 3e-4))  # another rate
     write("dapo_dynamic", 1, text='{"status": "ok", "settings_')  # cut off mid-write
     assert ct.finished_main_runs(s, str(tmp_path)) == {("grpo_g8", 0)}
+    # --no_resume: the worker retrains every run, so the queue skips none
+    assert ct.finished_main_runs({**s, "resume": False}, str(tmp_path)) == set()
+    assert ct.harness_runs.reusable_record(s, ct.METHODS["grpo_g8"], 0, 1e-4,
+                                           str(tmp_path / "runs" / "grpo_g8" / "seed0"))["status"] == "ok"
     # with tuning: the rates come from the recorded lr_choice.json; before it exists, nothing is known
     t = ct.resolve_settings(parse(base + ["--tune_lr", "1e-4", "3e-4"]))
     t["start_checkpoint_sha"] = "abc"

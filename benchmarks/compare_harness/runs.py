@@ -271,6 +271,21 @@ def _skip_record(spec: MethodSpec, seed: int, reason: str, key: str | None = Non
             "reason": reason, "settings_key": key, **extra}
 
 
+def reusable_record(s: dict, spec: MethodSpec, seed: int, lr: float, run_dir: str, split: str = "test") -> dict | None:
+    """The record of ``run_dir/result.json`` when a run with these settings reuses it instead of training (resume on,
+    status ok, the same settings key), else ``None`` (absent, cut off mid-write, failed, or other settings). The one
+    reuse condition of :func:`run_or_reuse` and of the ``--jobs`` queue's ``finished_main_runs``."""
+    if not s["resume"]:
+        return None
+    try:
+        with open(os.path.join(run_dir, "result.json"), encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return rec if rec.get("status") == "ok" and rec.get("settings_key") == _settings_key(s, spec, seed, lr, split) \
+        else None
+
+
 def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache: dict, lr: float,
                  split: str = "test") -> dict:
     """Reuse ``run_dir/result.json`` when it finished (status ok) with the same settings key, else train.
@@ -282,14 +297,15 @@ def run_or_reuse(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_
     s = ctx.s
     res_path = os.path.join(run_dir, "result.json")
     key = _settings_key(s, spec, seed, lr, split)
-    if s["resume"] and os.path.exists(res_path):
+    old = reusable_record(s, spec, seed, lr, run_dir, split)
+    if old is not None:
+        print(f"[{spec.name} seed {seed} lr {lr:g} {split}] reusing {res_path}", flush=True)
+        return _trace_by_reference(_complete_reused(ctx, spec, old, setup_cache, lr, split), res_path,
+                                   s["output_dir"])
+    if s["resume"] and s.get("report_only") and os.path.exists(res_path):
         with open(res_path, encoding="utf-8") as f:
             old = json.load(f)
-        if old.get("settings_key") == key and old.get("status") == "ok":
-            print(f"[{spec.name} seed {seed} lr {lr:g} {split}] reusing {res_path}", flush=True)
-            return _trace_by_reference(_complete_reused(ctx, spec, old, setup_cache, lr, split), res_path,
-                                       s["output_dir"])
-        if s.get("report_only") and old.get("settings_key") == key and old.get("status") == "skipped":
+        if old.get("settings_key") == key and old.get("status") == "skipped":
             # a method not defined for the task (or not importable) was recorded as skipped: it is not pending
             return old
     if s.get("report_only"):  # an interim report: nothing is trained or written
