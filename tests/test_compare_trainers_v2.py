@@ -1277,3 +1277,56 @@ def test_runs_json_writes_cache_paths_portably(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert ct.portable_path(str(tmp_path / "results" / "x")) == os.path.join("results", "x")
     assert ct.portable_path(str(tmp_path)) == str(tmp_path)  # the working directory itself: not under it
+
+
+@pytest.mark.parametrize("method,budget", [("grpo_g8", 900), ("v05_osla", 6000)])  # V0.5: ~1,700 tokens a step here
+def test_a_run_cut_off_resumes_from_its_last_evaluation_bitwise(tiny_model, tmp_path, monkeypatch, method, budget):
+    """Mid-run checkpoints: a main run that dies after its first evaluation (a session's end, a crash) resumes from
+    the checkpoint saved after that evaluation and ends bitwise where the uninterrupted run ends (every curve point,
+    every step's reward and gradient norm, the final outcomes); the checkpoints are deleted when it finishes, and
+    ``--no_run_checkpoints`` saves none."""
+    import compare_harness.runs as harness
+
+    base = ["--smoke", "--protocol", "v2", "--task", "scratchpad", "--model_name_or_path", tiny_model, "--n_train", "32",
+            "--methods", method, "--no_plots", "--no_tune", "--learning_rate", "1e-3", "--seeds", "0",
+            "--token_budget", str(budget), "--eval_every_tokens", str(budget // 3)]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert ct.main([*base, "--output_dir", str(whole)]) == 0
+    ref = json.loads((whole / "runs.json").read_text())["runs"][0]
+    assert ref["status"] == "ok" and ref["resumed"] == []
+    assert len({p["step"] for p in ref["curve"]}) == 3  # three evaluations at three steps: the cut falls between two
+
+    real, calls = harness.evaluate_checkpoint, []
+
+    def dies_at_the_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("cut off")
+        return real(*a, **k)
+
+    monkeypatch.setattr(harness, "evaluate_checkpoint", dies_at_the_second)
+    run_dir = cut / "runs" / method / "seed0"
+    assert ct.main([*base, "--output_dir", str(cut)]) == 0
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    ckpts = harness.run_checkpoints(str(run_dir))
+    assert len(ckpts) == 1 and (run_dir / f"checkpoint-{ckpts[0][0]}" / harness.RUN_STATE_FILE).exists()
+    monkeypatch.setattr(harness, "evaluate_checkpoint", real)
+    assert ct.main([*base, "--output_dir", str(cut)]) == 0
+    rec = json.loads((cut / "runs.json").read_text())["runs"][0]
+    assert rec["status"] == "ok" and [r["step"] for r in rec["resumed"]] == [ckpts[0][0]]
+    fields = ("nominal_tokens", "tokens", "step", "accuracy", "sampled_accuracy")
+    assert [[p.get(f) for f in fields] for p in rec["curve"]] == [[p.get(f) for f in fields] for p in ref["curve"]]
+    assert rec["tokens"] == ref["tokens"] and rec["steps"] == ref["steps"]
+    from trl_ext._io import read_json
+
+    trace = lambda r, out: [(t.get("reward"), t.get("grad_norm"), t.get("ext/generated_tokens"))  # noqa: E731
+                            for t in read_json(out / r["trace"])]
+    assert trace(rec, cut) == trace(ref, whole) and len(trace(ref, whole)) == ref["steps"]
+    assert read_outcomes_jsonl(cut / rec["outcomes"]) == read_outcomes_jsonl(whole / ref["outcomes"])
+    assert harness.run_checkpoints(str(run_dir)) == [] and rec["train_wall_s"] > 0
+    # without mid-run checkpoints a cut-off run leaves nothing to resume
+    calls.clear()
+    monkeypatch.setattr(harness, "evaluate_checkpoint", dies_at_the_second)
+    none = tmp_path / "none"
+    assert ct.main([*base, "--output_dir", str(none), "--no_run_checkpoints"]) == 0
+    assert harness.run_checkpoints(str(none / "runs" / method / "seed0")) == []

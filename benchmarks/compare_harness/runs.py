@@ -109,6 +109,48 @@ def build_config(ctx: Context, spec: MethodSpec, config_cls, trainer_cls, seed: 
     return config_cls(**kw), kw, n_prompts
 
 
+#: The harness's own state of a run in progress, written last into each mid-run trainer checkpoint (so a checkpoint
+#: that has it is complete): the curve so far, the token callback, the timers. See :func:`run_one`.
+RUN_STATE_FILE = "harness_state.json"
+
+
+def run_checkpoints(run_dir: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of the trainer checkpoints (``checkpoint-<step>``) in ``run_dir``, by step."""
+    if not os.path.isdir(run_dir):
+        return []
+    found = []
+    for name in os.listdir(run_dir):
+        head, _, step = name.partition("-")
+        if head == "checkpoint" and step.isdigit():
+            found.append((int(step), os.path.join(run_dir, name)))
+    return sorted(found)
+
+
+def resumable_checkpoint(run_dir: str, key: str) -> tuple[str, dict] | None:
+    """The newest complete mid-run checkpoint of the run with settings key ``key``: ``(path, harness state)``, or
+    ``None``. Complete: its :data:`RUN_STATE_FILE` exists and parses (the harness writes it after the trainer's own
+    files); a checkpoint of other settings (another rate, budget, ...) is never resumed."""
+    for _step, path in reversed(run_checkpoints(run_dir)):
+        try:
+            with open(os.path.join(path, RUN_STATE_FILE), encoding="utf-8") as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if state.get("settings_key") == key:
+            return path, state
+    return None
+
+
+def remove_run_checkpoints(run_dir: str, keep: str | None = None) -> None:
+    """Delete the run's trainer checkpoints (a full model with its optimizer: ~1.6 GB for SmolLM2-135M), but
+    ``keep``."""
+    import shutil
+
+    for _step, path in run_checkpoints(run_dir):
+        if path != keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache: dict, lr: float | None = None,
             split: str = "test") -> dict:
     """Train one (method, seed) to the token budget at learning rate ``lr``; returns the run record.
@@ -149,12 +191,18 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         rec["setup_info"] = dict(setup.info)
 
     curve: list[dict] = []
-    timer = {"eval_s": 0.0, "t0": None, "engine_wait_s": 0.0, "worker_eval_rss_gb": None}
+    # eval_s, engine_wait_s, save_s: totals over the run; *_at_start and train_s_before: what a resumed run brought
+    timer = {"eval_s": 0.0, "t0": None, "engine_wait_s": 0.0, "worker_eval_rss_gb": None, "save_s": 0.0,
+             "train_s_before": 0.0, "eval_s_at_start": 0.0, "save_s_at_start": 0.0, "save_t0": None}
     final: dict = {}
     model_holder: dict = {}
 
     def train_wall() -> float:
-        return 0.0 if timer["t0"] is None else time.perf_counter() - timer["t0"] - timer["eval_s"]
+        """Training seconds of the run, over every session of a resumed one (evaluations and checkpoint saves out)."""
+        if timer["t0"] is None:
+            return timer["train_s_before"]
+        return (timer["train_s_before"] + time.perf_counter() - timer["t0"] - (timer["eval_s"] - timer["eval_s_at_start"])
+                - (timer["save_s"] - timer["save_s_at_start"]))
 
     def evaluate(nominal: float, tokens: float, step: int, is_final: bool) -> None:
         t = time.perf_counter()
@@ -213,21 +261,73 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         evaluate(nominal, tokens, state.global_step, is_final=nominal >= budget)
 
     cb = TokenBudgetCallback(budget, cps, on_checkpoint)
+    norms = UpdateNormCallback() if s.get("update_norms") else None
+
+    # Mid-run checkpoints (test runs with intermediate evaluations, unless --no_run_checkpoints): after each
+    # evaluation short of the budget the trainer saves a resumable checkpoint (weights, optimizer, RNG, trl_ext
+    # state) and the harness its own state; a run cut off (a session's end, a crash) resumes from the newest one
+    # instead of starting again. Saved after the evaluation, so the restored RNG is the one training went on with.
+    mid_run = split == "test" and bool(cps) and s.get("run_checkpoints", True)
+    resume_from = resumable_checkpoint(run_dir, rec["settings_key"]) if mid_run and s["resume"] else None
+    resumed = []
+    if resume_from is not None:
+        path, st = resume_from
+        curve.extend(st["curve"])
+        cb.tokens, cb.seen = float(st["tokens"]), bool(st["seen"])
+        cb.fired = [tuple(x) for x in st["fired"]]
+        timer.update(train_s_before=st["train_wall_s"], eval_s=st["eval_wall_s"], eval_s_at_start=st["eval_wall_s"],
+                     save_s=st["save_wall_s"], save_s_at_start=st["save_wall_s"], engine_wait_s=st["engine_wait_s"],
+                     worker_eval_rss_gb=st["worker_eval_rss_gb"])
+        if norms is not None:
+            norms.norms.update({int(k): v for k, v in st.get("update_norms", {}).items()})
+        resumed = [*st.get("resumed", []), {"step": st["step"], "tokens": st["tokens"],
+                                            "num_threads": torch.get_num_threads()}]
+        print(f"[{spec.name} seed {seed} lr {lr:g}] resuming at step {st['step']} ({st['tokens']:.0f} tokens) from "
+              f"{os.path.basename(path)}", flush=True)
 
     class _Clock(_trainer_callback_base()):
         def on_train_begin(self, args, state, control, **kw):
             timer["t0"] = time.perf_counter()
 
-    norms = UpdateNormCallback() if s.get("update_norms") else None
+    class _SaveAfterEvaluation(_trainer_callback_base()):
+        """Asks for a checkpoint in the step whose log fired an evaluation short of the budget (after ``cb``'s
+        ``on_log``, before the trainer's save in the same ``_maybe_log_save_evaluate``); writes the harness state
+        into it and drops the older ones."""
+
+        def __init__(self):
+            self.saved = len(cb.fired)
+
+        def on_log(self, args, state, control, **kw):
+            if len(cb.fired) > self.saved and not cb.reached:
+                self.saved = len(cb.fired)
+                control.should_save = True
+                timer["save_t0"] = time.perf_counter()
+            return control
+
+        def on_save(self, args, state, control, **kw):
+            path = os.path.join(run_dir, f"checkpoint-{state.global_step}")
+            timer["save_s"] += time.perf_counter() - timer["save_t0"]
+            st = {"settings_key": rec["settings_key"], "step": int(state.global_step), "tokens": cb.tokens,
+                  "seen": cb.seen, "fired": [list(x) for x in cb.fired], "curve": curve,
+                  "train_wall_s": train_wall(), "eval_wall_s": timer["eval_s"], "save_wall_s": timer["save_s"],
+                  "engine_wait_s": timer["engine_wait_s"], "worker_eval_rss_gb": timer["worker_eval_rss_gb"],
+                  "update_norms": {str(k): v for k, v in norms.norms.items()} if norms is not None else {},
+                  "resumed": resumed}
+            tmp = os.path.join(path, RUN_STATE_FILE + ".tmp")
+            _write_json(tmp, st)
+            os.replace(tmp, os.path.join(path, RUN_STATE_FILE))  # last: a checkpoint with it is complete
+            remove_run_checkpoints(run_dir, keep=path)
+            return control
+
     torch.manual_seed(seed)
     model = ctx.load_model()
     peft_kw = {"peft_config": lora_config(s)} if s.get("use_peft") else {}
+    callbacks = [_Clock(), cb] + ([_SaveAfterEvaluation()] if mid_run else []) + ([norms] if norms else [])
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=config, train_dataset=ctx.train_ds,
-                          processing_class=ctx.tokenizer, callbacks=[_Clock(), cb] + ([norms] if norms else []),
-                          **peft_kw)
+                          processing_class=ctx.tokenizer, callbacks=callbacks, **peft_kw)
     trainer.remove_callback(PrinterCallback)
     model_holder["trainer"] = trainer
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_from[0] if resume_from else None)
     if not cb.reached:  # max_steps hit first: evaluate where it stopped, say so
         evaluate(budget, cb.tokens, trainer.state.global_step, is_final=True)
         rec["warning"] = f"stopped at max_steps={config.max_steps} before the token budget ({cb.tokens:.0f} < {budget})"
@@ -252,6 +352,11 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         trace=os.path.relpath(write_json_compact(os.path.join(run_dir, TRACE_FILE),
                                                  step_trace(logs, norms.norms if norms else None)), s["output_dir"]),
     )
+    if mid_run:
+        # resumed: where each later session took over (a session with another thread count sums in another order:
+        # the rest of the run is another draw of the seed, as a run on another CPU is)
+        rec.update(run_checkpoint_wall_s=timer["save_s"], resumed=resumed)
+        remove_run_checkpoints(run_dir)  # finished: nothing to resume
     del trainer, model
     gc.collect()
     return rec

@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the BASIS value table is cached "
                         "(default $TRL_EXT_CACHE/bench or ~/.cache/trl_ext/bench)")
     p.add_argument("--no_resume", action="store_true", help="re-run runs whose result.json already exists")
+    p.add_argument("--no_run_checkpoints", action="store_true",
+                   help="save no resumable trainer checkpoint at a main run's evaluations short of the budget (by "
+                        "default a run cut off resumes from its newest one; each is the model with its optimizer "
+                        "state, deleted when the run finishes)")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: tables, verdicts and plots from the finished runs in --output_dir; runs not "
                         "finished yet are recorded as pending, methods with pending tuning runs get no learning "
@@ -280,6 +284,7 @@ def resolve_settings(args: argparse.Namespace) -> dict:
              dataset_fn=args.dataset_fn, reward_fn=args.reward_fn, graded_reward_fn=args.graded_reward_fn,
              max_completion_length=args.max_completion_length,
              output_dir=os.path.abspath(args.output_dir), resume=not args.no_resume,
+             run_checkpoints=not getattr(args, "no_run_checkpoints", False),
              report_only=bool(getattr(args, "report_only", False)),
              lr_choice_from=getattr(args, "lr_choice_from", None),
              cache_dir=os.path.abspath(args.cache_dir or os.path.join(
