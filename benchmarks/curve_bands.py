@@ -39,7 +39,8 @@ def curve_bands(runs: Sequence[dict], metric: str = "accuracy", start_accuracy: 
     -------
     dict
         ``{"metric", "methods": {method: {"seeds": [...], "points": [{"nominal_tokens", "tokens_mean", "mean",
-        "min", "max", "n"}]}}, "not_ok": {method: n}}``. A checkpoint enters a method's points only when every one of
+        "min", "max", "n"}]}}, "not_ok": {method: {status: n}}}`` (runs not finished: pending, failed,
+        skipped). A checkpoint enters a method's points only when every one of
         its seeds has it (a cut-off seed would otherwise pull the mean); its seeds are listed.
 
     Raises
@@ -51,7 +52,8 @@ def curve_bands(runs: Sequence[dict], metric: str = "accuracy", start_accuracy: 
     by_method: dict[str, list[dict]] = {}
     for r in runs:
         if r.get("status") != "ok":
-            out["not_ok"][r["method"]] = out["not_ok"].get(r["method"], 0) + 1
+            counts = out["not_ok"].setdefault(r["method"], {})
+            counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
             continue
         by_method.setdefault(r["method"], []).append(r)
     for method, rs in by_method.items():
@@ -109,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bands["runs_json"] = os.path.relpath(a.runs_json)
     print(markdown(bands), end="")
     if bands["not_ok"]:
-        print(f"runs left out (status not ok): {bands['not_ok']}")
+        print(f"runs left out (not finished, by status): {bands['not_ok']}")
     if a.output:
         with open(a.output, "w", encoding="utf-8") as f:
             json.dump(bands, f, indent=1, sort_keys=True)

@@ -28,7 +28,7 @@ def test_bands_by_hand_and_only_checkpoints_every_seed_has():
     assert p2["mean"] == pytest.approx(0.3) and (p2["min"], p2["max"]) == (0.2, 0.4)
     assert g8["points"][0] == {"nominal_tokens": 0.0, "tokens_mean": 0.0, "mean": 0.25, "min": 0.25, "max": 0.25,
                                "n": 3}
-    assert b["methods"]["v05"]["seeds"] == [0] and b["not_ok"] == {"v05": 1}
+    assert b["methods"]["v05"]["seeds"] == [0] and b["not_ok"] == {"v05": {"failed": 1}}
     table = cb.markdown(b)
     assert "| 1,000 | 30.0 [20.0, 40.0] | 50.0 [50.0, 50.0] |" in table
     assert "| 2,000 | 30.0 [20.0, 40.0] |  |" in table
