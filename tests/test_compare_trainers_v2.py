@@ -1324,6 +1324,7 @@ def test_a_run_cut_off_resumes_from_its_last_evaluation_bitwise(tiny_model, tmp_
     assert trace(rec, cut) == trace(ref, whole) and len(trace(ref, whole)) == ref["steps"]
     assert read_outcomes_jsonl(cut / rec["outcomes"]) == read_outcomes_jsonl(whole / ref["outcomes"])
     assert harness.run_checkpoints(str(run_dir)) == [] and rec["train_wall_s"] > 0
+    assert not (run_dir / "README.md").exists() and rec["run_checkpoint_wall_s"] > 0  # the trainer's model card too
     # without mid-run checkpoints a cut-off run leaves nothing to resume
     calls.clear()
     monkeypatch.setattr(harness, "evaluate_checkpoint", dies_at_the_second)

@@ -3,6 +3,7 @@ evaluations at the checkpoints, and reuse of finished runs (a crash is recorded,
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -142,8 +143,8 @@ def resumable_checkpoint(run_dir: str, key: str) -> tuple[str, dict] | None:
 
 
 def remove_run_checkpoints(run_dir: str, keep: str | None = None) -> None:
-    """Delete the run's trainer checkpoints (a full model with its optimizer: ~1.6 GB for SmolLM2-135M), but
-    ``keep``."""
+    """Delete the run's trainer checkpoints (the trained weights with their optimizer state: 60 MB for a SmolLM2
+    LoRA run, several times the model for full fine-tuning), but ``keep``."""
     import shutil
 
     for _step, path in run_checkpoints(run_dir):
@@ -357,6 +358,9 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
         # the rest of the run is another draw of the seed, as a run on another CPU is)
         rec.update(run_checkpoint_wall_s=timer["save_s"], resumed=resumed)
         remove_run_checkpoints(run_dir)  # finished: nothing to resume
+        if timer["save_s"] > 0 or resumed:  # a checkpoint was saved: TRL wrote a model card into the run folder
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(run_dir, "README.md"))
     del trainer, model
     gc.collect()
     return rec
