@@ -21,6 +21,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from trl_ext._io import write_json
+
 
 def curve_bands(runs: Sequence[dict], metric: str = "accuracy", start_accuracy: float | None = None) -> dict:
     """Per method, per nominal checkpoint: the seed mean, min and max of ``metric`` and the mean actual tokens.
@@ -113,9 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bands["not_ok"]:
         print(f"runs left out (not finished, by status): {bands['not_ok']}")
     if a.output:
-        with open(a.output, "w", encoding="utf-8") as f:
-            json.dump(bands, f, indent=1, sort_keys=True)
-            f.write("\n")
+        write_json(a.output, bands)
     return 0
 
 

@@ -314,9 +314,7 @@ def run_one(ctx: Context, spec: MethodSpec, seed: int, run_dir: str, setup_cache
                   "engine_wait_s": timer["engine_wait_s"], "worker_eval_rss_gb": timer["worker_eval_rss_gb"],
                   "update_norms": {str(k): v for k, v in norms.norms.items()} if norms is not None else {},
                   "resumed": resumed}
-            tmp = os.path.join(path, RUN_STATE_FILE + ".tmp")
-            _write_json(tmp, st)
-            os.replace(tmp, os.path.join(path, RUN_STATE_FILE))  # last: a checkpoint with it is complete
+            _write_json(os.path.join(path, RUN_STATE_FILE), st)  # atomic, and last: a checkpoint with it is complete
             remove_run_checkpoints(run_dir, keep=path)
             return control
 
